@@ -1,0 +1,1 @@
+//! sandbolt agent (not built yet).

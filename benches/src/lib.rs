@@ -1,0 +1,1 @@
+//! sandbolt benches (not built yet).

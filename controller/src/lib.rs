@@ -1,0 +1,1 @@
+//! sandbolt controller (not built yet).

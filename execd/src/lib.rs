@@ -1,0 +1,1 @@
+//! sandbolt execd (not built yet).

@@ -1,0 +1,1 @@
+//! sandbolt janitor (not built yet).

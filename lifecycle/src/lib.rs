@@ -1,0 +1,1 @@
+//! sandbolt lifecycle (not built yet).

@@ -1,0 +1,26 @@
+//! sandbolt's wire contracts, compiled from `proto/`.
+//!
+//! - [`fastpath::v1`] and [`fastpath::v2`]: the public FastPath gRPC API,
+//!   wire-identical to fast-sandbox (v1) and to what the OpenSandbox server
+//!   1.1.x calls (v2). `tests/contract_drift.rs` holds them to the contract
+//!   files field by field.
+//! - [`agent::v1`]: sandbolt's own controller ⇄ agent ⇄ janitor API.
+
+pub mod fastpath {
+    pub mod v1 {
+        tonic::include_proto!("fastpath.v1");
+    }
+    pub mod v2 {
+        tonic::include_proto!("fastpath.v2");
+    }
+}
+
+pub mod agent {
+    pub mod v1 {
+        tonic::include_proto!("sandbolt.agent.v1");
+    }
+}
+
+/// Encoded `FileDescriptorSet` of every proto in this crate (for reflection
+/// and for the contract drift test).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));

@@ -1,0 +1,1 @@
+//! sandbolt testbed (not built yet).
