@@ -1,0 +1,296 @@
+//! Taking a test bed apart, and finding what a crashed one left behind.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::daemon::delete_bridge;
+use crate::Testbed;
+
+/// Every test bed lives in `/tmp/<prefix>XXXXXX`.
+pub const TESTBED_DIR_PREFIX: &str = "sandbolt-testbed-";
+
+const CTR_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// SIGTERM, up to `grace` to exit, then SIGKILL.
+pub(crate) fn stop_child(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    signal(child.id() as i32, libc::SIGTERM);
+    let started = Instant::now();
+    while started.elapsed() < grace {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Kills and deletes every task and container in every namespace, through
+/// containerd itself, so that runc's state and the shims go away cleanly.
+pub(crate) fn remove_all_tasks(bed: &Testbed) {
+    let namespaces = ctr_lines(bed.ctr("default").args(["namespaces", "ls", "-q"]));
+    for ns in namespaces {
+        for task in ctr_lines(bed.ctr(&ns).args(["tasks", "ls", "-q"])) {
+            ctr_lines(bed.ctr(&ns).args(["tasks", "kill", "-a", "-s", "SIGKILL", &task]));
+            ctr_lines(bed.ctr(&ns).args(["tasks", "delete", "-f", &task]));
+        }
+        for container in ctr_lines(bed.ctr(&ns).args(["containers", "ls", "-q"])) {
+            ctr_lines(bed.ctr(&ns).args(["containers", "delete", &container]));
+        }
+        // runc keeps per-namespace state under a host-wide root; drop the
+        // namespace's directory once it is empty (remove_dir refuses otherwise).
+        let _ = fs::remove_dir(Path::new("/run/containerd/runc").join(&ns));
+    }
+}
+
+/// Runs a ctr command with a deadline (a wedged containerd must not hang a
+/// test run's teardown) and returns its non-empty output lines.
+fn ctr_lines(cmd: &mut Command) -> Vec<String> {
+    let Ok(mut child) = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return Vec::new();
+    };
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if started.elapsed() < CTR_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Vec::new();
+            }
+        }
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        use std::io::Read;
+        let _ = stdout.read_to_string(&mut out);
+    }
+    out.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// Kills whatever still refers to `dir`, unmounts everything below it and
+/// removes it.
+pub(crate) fn clean_dir(dir: &Path) {
+    kill_processes_mentioning(dir);
+    unmount_below(dir);
+    if let Ok(bridge) = fs::read_to_string(dir.join("bridge")) {
+        delete_bridge(bridge.trim());
+    }
+    if let Err(e) = fs::remove_dir_all(dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not remove test bed directory");
+        }
+    }
+}
+
+/// Tears down beds whose owning test process is gone.
+pub(crate) fn sweep_stale() {
+    for dir in testbed_dirs() {
+        let owner = fs::read_to_string(dir.join("owner.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        let alive = owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            tracing::warn!(dir = %dir.display(), "removing a test bed left by a dead process");
+            clean_dir(&dir);
+        }
+    }
+}
+
+fn testbed_dirs() -> Vec<std::path::PathBuf> {
+    let Ok(entries) = fs::read_dir("/tmp") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(TESTBED_DIR_PREFIX))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// What test beds left on this machine: directories, mounts, processes and
+/// bridges. Empty when every bed was torn down.
+pub fn leftovers() -> Vec<String> {
+    let mut found = Vec::new();
+    for dir in testbed_dirs() {
+        found.push(format!("directory {}", dir.display()));
+    }
+    let marker = format!("/tmp/{TESTBED_DIR_PREFIX}");
+    for mount in mount_points() {
+        if mount.starts_with(&marker) {
+            found.push(format!("mount {mount}"));
+        }
+    }
+    let me = std::process::id() as i32;
+    for (pid, (_, cmdline)) in processes() {
+        if pid != me && cmdline.contains(&marker) {
+            found.push(format!("process {pid}: {cmdline}"));
+        }
+    }
+    if let Ok(entries) = fs::read_dir("/sys/class/net") {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("sbtb") {
+                found.push(format!("bridge {name}"));
+            }
+        }
+    }
+    found
+}
+
+/// SIGKILLs every process whose command line mentions `dir`, and all of
+/// their descendants (container processes are children of their shim).
+fn kill_processes_mentioning(dir: &Path) {
+    let needle = dir.to_string_lossy().into_owned();
+    let me = std::process::id() as i32;
+    for _round in 0..3 {
+        let table = processes();
+        let mut targets: HashSet<i32> = table
+            .iter()
+            .filter(|(pid, (_, cmd))| **pid != me && cmd.contains(&needle))
+            .map(|(pid, _)| *pid)
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+        for (pid, (ppid, _)) in &table {
+            children.entry(*ppid).or_default().push(*pid);
+        }
+        let mut stack: Vec<i32> = targets.iter().copied().collect();
+        while let Some(pid) = stack.pop() {
+            for child in children.get(&pid).into_iter().flatten() {
+                if *child != me && targets.insert(*child) {
+                    stack.push(*child);
+                }
+            }
+        }
+        for pid in &targets {
+            signal(*pid, libc::SIGKILL);
+        }
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(5)
+            && targets
+                .iter()
+                .any(|p| Path::new(&format!("/proc/{p}")).exists() && !is_zombie(*p))
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true)
+}
+
+/// pid → (parent pid, command line with NULs as spaces)
+fn processes() -> HashMap<i32, (i32, String)> {
+    let mut table = HashMap::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return table;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The command name may contain spaces and parentheses: parse after
+        // the last ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        table.insert(pid, (ppid, cmdline));
+    }
+    table
+}
+
+fn mount_points() -> Vec<String> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mount)
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mount(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn unmount_below(dir: &Path) {
+    let prefix = dir.to_string_lossy().into_owned();
+    // A few rounds: unmounting one level can reveal mounts propagated below.
+    for _ in 0..3 {
+        let mut mounts: Vec<String> = mount_points()
+            .into_iter()
+            .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
+            .collect();
+        if mounts.is_empty() {
+            return;
+        }
+        // Deepest first.
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let Ok(c) = std::ffi::CString::new(m.clone()) else {
+                continue;
+            };
+            // SAFETY: a valid NUL-terminated path; MNT_DETACH cannot corrupt
+            // memory, at worst it fails with an errno we ignore.
+            let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            if rc != 0 {
+                tracing::debug!(mount = %m, error = %std::io::Error::last_os_error(), "umount failed");
+            }
+        }
+    }
+}
+
+fn signal(pid: i32, sig: i32) {
+    if pid > 1 {
+        // SAFETY: kill(2) with a positive pid only sends a signal.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
