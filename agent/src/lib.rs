@@ -1,1 +1,29 @@
-//! sandbolt agent (not built yet).
+//! sandbolt node agent: turns placements into running sandboxes directly over
+//! the containerd socket, and owns everything else on its node (images,
+//! host-path volumes, the data-plane proxy).
+//!
+//! Entry point: [`Agent::start`] with an [`AgentConfig`]; it serves
+//! `sandbolt.agent.v1.AgentService` (bearer token) and the data-plane proxy,
+//! and pushes heartbeats to the controller when one is configured.
+
+pub mod agent;
+pub mod config;
+pub mod containerd;
+pub mod error;
+pub mod events;
+pub mod hardening;
+pub mod heartbeat;
+pub mod images;
+pub mod labels;
+pub mod netns;
+pub mod proxy;
+pub mod reference;
+pub mod runtime;
+pub mod sandbox;
+pub mod server;
+pub mod spec;
+pub mod volumes;
+
+pub use agent::{Agent, AgentHandle};
+pub use config::AgentConfig;
+pub use error::{AgentError, Result};

@@ -1,1 +1,164 @@
-//! sandbolt controller (not built yet).
+//! sandbolt controller: the central scheduler.
+//!
+//! It serves FastPath v2 (what the OpenSandbox server speaks), FastPath v1
+//! (fast-sandbox's API) and sandbolt's RegistryService on one gRPC port,
+//! places sandboxes on agents in memory (image-affinity score, sub-linear
+//! index) and keeps a durable record per sandbox behind the [`Store`] trait.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), sandbolt_controller::Error> {
+//! use sandbolt_controller::{Controller, ControllerConfig};
+//! let cfg = ControllerConfig::new("127.0.0.1:9090".parse().unwrap(), "/var/lib/sandbolt", "agent-secret");
+//! let handle = Controller::start(cfg).await?;
+//! println!("listening on {}", handle.local_addr());
+//! handle.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+pub mod agent_client;
+pub mod auth;
+pub mod clock;
+pub mod config;
+mod consistency;
+pub mod error;
+mod expiry;
+pub mod fastpath;
+pub mod image_ref;
+pub mod placement;
+mod recovery;
+pub mod registry;
+pub mod registry_server;
+pub mod sandboxes;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sandbolt_proto::agent::v1::registry_service_server::RegistryServiceServer;
+use sandbolt_proto::fastpath::v1::fast_path_service_server::FastPathServiceServer as V1Server;
+use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathServiceServer as V2Server;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use config::{ControllerConfig, FAILPOINT_ENV, Failpoint};
+pub use error::{Error, Result};
+pub use sandboxes::Core;
+pub use store::{Consistency, Store};
+
+pub struct Controller;
+
+/// A running controller. Dropping it does not stop it; call `shutdown`.
+pub struct ControllerHandle {
+    addr: SocketAddr,
+    core: Arc<Core>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Controller {
+    /// Opens the embedded store under `config.data_dir` and starts serving.
+    pub async fn start(config: ControllerConfig) -> Result<ControllerHandle> {
+        let store = store::embedded::RedbStore::open(&config.data_dir)?;
+        Self::start_with_store(config, Arc::new(store)).await
+    }
+
+    /// Starts with any [`Store`] implementation.
+    pub async fn start_with_store(config: ControllerConfig, store: Arc<dyn Store>) -> Result<ControllerHandle> {
+        if config.agent_token.is_empty() {
+            return Err(Error::InvalidArgument("agent_token must be set: agents authenticate with it".into()));
+        }
+        let core = Arc::new(Core::new(config.clone(), store));
+        // Records and known agents first: the port opens on a registry that
+        // already holds every slot the store knows about.
+        core.rebuild()?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| Error::Unavailable(format!("bind {}: {e}", config.listen)))?;
+        let addr = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
+        let (stop, stop_rx) = watch::channel(false);
+
+        let fp_auth = auth::RequireBearer::new(config.fastpath_token.as_deref(), "fastpath");
+        let agent_auth = auth::RequireBearer::new(Some(&config.agent_token), "registry");
+        let router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(V2Server::with_interceptor(fastpath::v2::FastPathV2::new(core.clone()), fp_auth.clone()))
+            .add_service(V1Server::with_interceptor(fastpath::v1::FastPathV1::new(core.clone()), fp_auth))
+            .add_service(RegistryServiceServer::with_interceptor(registry_server::RegistryServer::new(core.clone()), agent_auth));
+        let mut rx = stop_rx.clone();
+        let server = tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let shutdown = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown).await {
+                tracing::error!(error = %e, "controller gRPC server failed");
+            }
+        });
+
+        let started = Instant::now();
+        let c = core.clone();
+        let mut rx = stop_rx.clone();
+        let tick = (config.heartbeat_interval / 2).max(Duration::from_millis(20));
+        let recovery = tokio::spawn(async move {
+            loop {
+                if stopped(&mut rx, tick).await {
+                    break;
+                }
+                c.recovery_tick(started).await;
+            }
+        });
+        let c = core.clone();
+        let mut rx = stop_rx;
+        let sweep = config.expiry_sweep_interval.max(Duration::from_millis(10));
+        let expiry = tokio::spawn(async move {
+            loop {
+                if stopped(&mut rx, sweep).await {
+                    break;
+                }
+                c.sweep_expired().await;
+            }
+        });
+        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
+        Ok(ControllerHandle { addr, core, stop, tasks: vec![server, recovery, expiry] })
+    }
+}
+
+/// Sleeps `period`; true if the stop signal came first.
+async fn stopped(rx: &mut watch::Receiver<bool>, period: Duration) -> bool {
+    tokio::select! {
+        r = rx.wait_for(|s| *s) => { drop(r); true }
+        _ = tokio::time::sleep(period) => false,
+    }
+}
+
+impl ControllerHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    /// Waits until writes are served (after a restart: until the known agents
+    /// have heartbeated, or `startup_grace`).
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while !self.core.is_ready() {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// Stops serving and the background loops; waits for them.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}

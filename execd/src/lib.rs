@@ -1,1 +1,130 @@
-//! sandbolt execd (not built yet).
+//! sandbolt execd: the daemon inside every sandbox, speaking the OpenSandbox execd API
+//! (`shared/contracts/opensandbox/execd-api.yaml`).
+//!
+//! * [`run`] is the whole daemon (what the `execd` binary calls): it serves the API and,
+//!   with [`Config::init`], acts as PID 1 — starts the user's entrypoint, forwards
+//!   signals to it, reaps every zombie, and optionally exits with the entrypoint.
+//! * [`Server`] binds and serves the API on an existing Tokio runtime (tests, embedding).
+//! * [`router`] is the bare axum router over an [`AppState`], for in-process tests.
+
+mod commands;
+mod error;
+mod files;
+mod init;
+mod metrics;
+mod process;
+mod proxy;
+mod server;
+mod session;
+mod sse;
+mod state;
+mod util;
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub use error::{ApiError, ExecdError};
+pub use init::run;
+pub use server::{ACCESS_TOKEN_HEADER, router};
+pub use state::{AppState, StateConfig};
+
+/// Default API address (the OpenSandbox execd port).
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:44772";
+/// Where `--init` points `EXECD_ENVS` when the environment does not set it.
+pub const DEFAULT_ENV_FILE: &str = "/opt/sandbolt/.env";
+
+/// Daemon configuration (see the `execd` binary's `--help`).
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Required `X-EXECD-ACCESS-TOKEN`; `None` leaves the API open.
+    pub access_token: Option<String>,
+    /// Act as PID 1: reap every child, forward signals to the entrypoint.
+    pub init: bool,
+    /// Exit with the entrypoint's status when it exits.
+    pub exit_with_entrypoint: bool,
+    /// The user's entrypoint (program and arguments); empty for none.
+    pub entrypoint: Vec<OsString>,
+    /// Environment for user processes; `None` takes execd's own (minus its secrets).
+    pub env: Option<Vec<(OsString, OsString)>>,
+    /// `EXECD_ENVS` file; `None` takes the `EXECD_ENVS` variable.
+    pub env_file: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            access_token: None,
+            init: false,
+            exit_with_entrypoint: false,
+            entrypoint: Vec::new(),
+            env: None,
+            env_file: None,
+        }
+    }
+}
+
+impl Config {
+    /// The state configuration this daemon configuration implies.
+    pub fn state_config(&self) -> StateConfig {
+        let mut sc = StateConfig::from_env(self.access_token.clone());
+        if let Some(env) = &self.env {
+            sc.base_env = env
+                .iter()
+                .filter(|(k, _)| !state::PRIVATE_ENV.iter().any(|p| k == p))
+                .cloned()
+                .collect();
+        }
+        if let Some(f) = &self.env_file {
+            sc.env_file = Some(f.clone());
+        }
+        if self.init && sc.env_file.is_none() {
+            sc.env_file = Some(PathBuf::from(DEFAULT_ENV_FILE));
+        }
+        // User processes see where the env file is (the SDK's `set_env` appends to it).
+        if let Some(f) = &sc.env_file {
+            sc.base_env.retain(|(k, _)| k != "EXECD_ENVS");
+            sc.base_env.push(("EXECD_ENVS".into(), f.clone().into_os_string()));
+        }
+        sc
+    }
+}
+
+/// A bound API server on the current Tokio runtime.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    state: AppState,
+}
+
+impl Server {
+    /// Binds `config.listen` with a fresh [`AppState`].
+    pub async fn bind(config: &Config) -> Result<Server, ExecdError> {
+        let state = AppState::new(config.state_config());
+        Self::bind_with_state(config.listen, state).await
+    }
+
+    pub async fn bind_with_state(addr: SocketAddr, state: AppState) -> Result<Server, ExecdError> {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| ExecdError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+        Ok(Server { listener, state })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let router = router(self.state.clone());
+        server::serve(self.listener, router, shutdown).await
+    }
+}

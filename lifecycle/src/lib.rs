@@ -1,1 +1,193 @@
-//! sandbolt lifecycle (not built yet).
+//! sandbolt lifecycle: the OpenSandbox Lifecycle REST API (1.1.1 shape) in
+//! front of one of two backends — the sandbolt controller over FastPath v2,
+//! or a Docker engine. The `sandbolt` CLI calls [`Lifecycle::start`].
+
+pub mod api;
+pub mod backend;
+pub mod docker;
+pub mod error;
+pub mod expiry;
+pub mod fastpath;
+pub mod model;
+pub mod openapi;
+pub mod proxy;
+pub mod validate;
+pub mod volumes;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use backend::{Backend, Route};
+pub use docker::{DockerBackend, DockerConfig};
+pub use error::{ApiError, StartError};
+pub use fastpath::{FastPathBackend, FastPathConfig};
+
+/// Which engine runs the sandboxes.
+#[derive(Debug, Clone)]
+pub enum BackendConfig {
+    /// The sandbolt controller's FastPath v2 gRPC API.
+    FastPath(FastPathConfig),
+    /// A Docker engine reached through its socket.
+    Docker(DockerConfig),
+}
+
+/// Everything [`Lifecycle::start`] needs.
+#[derive(Debug, Clone)]
+pub struct LifecycleConfig {
+    /// Address to serve on (port 0 picks one; see [`LifecycleHandle::addr`]).
+    pub listen: SocketAddr,
+    /// Required unless `insecure_no_auth` is set.
+    pub api_key: Option<String>,
+    /// Serve without authentication. Must be asked for explicitly.
+    pub insecure_no_auth: bool,
+    pub backend: BackendConfig,
+    /// Host path prefixes volumes may mount (empty: host volumes refused).
+    pub allow_host_paths: Vec<PathBuf>,
+    /// Persisted state (metadata patches, renewed expiries).
+    pub data_dir: PathBuf,
+    /// Upper bound of `timeout` on create.
+    pub max_timeout_secs: i64,
+    /// How often expired sandboxes are looked for.
+    pub sweep_interval: Duration,
+}
+
+impl LifecycleConfig {
+    /// Defaults: `max_timeout_secs` 86400, sweep every 5 s, no host paths.
+    pub fn new(listen: SocketAddr, backend: BackendConfig, data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            listen,
+            api_key: None,
+            insecure_no_auth: false,
+            backend,
+            allow_host_paths: Vec::new(),
+            data_dir: data_dir.into(),
+            max_timeout_secs: validate::DEFAULT_MAX_TIMEOUT_SECS,
+            sweep_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A running lifecycle server.
+pub struct LifecycleHandle {
+    addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    server: JoinHandle<std::io::Result<()>>,
+    sweeper: JoinHandle<()>,
+}
+
+impl LifecycleHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, finishes in-flight requests, stops the sweeper.
+    pub async fn shutdown(self) -> std::io::Result<()> {
+        let _ = self.shutdown.send(true);
+        self.sweeper.abort();
+        match self.server.await {
+            Ok(r) => r,
+            Err(e) if e.is_cancelled() => Ok(()),
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+
+    /// Waits until the server stops on its own (an I/O error) or is shut down.
+    pub async fn wait(&mut self) -> std::io::Result<()> {
+        match (&mut self.server).await {
+            Ok(r) => r,
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+}
+
+pub struct Lifecycle;
+
+impl Lifecycle {
+    /// Connects the configured backend and serves the API.
+    pub async fn start(config: LifecycleConfig) -> Result<LifecycleHandle, StartError> {
+        match config.backend.clone() {
+            BackendConfig::Docker(d) => {
+                let backend = DockerBackend::connect(d, &config.data_dir).await?;
+                Self::start_with(config, backend).await
+            }
+            BackendConfig::FastPath(f) => {
+                let backend = FastPathBackend::connect(f, &config.data_dir).await?;
+                Self::start_with(config, backend).await
+            }
+        }
+    }
+
+    /// Serves the API over an already-built backend.
+    pub async fn start_with<B: Backend>(
+        config: LifecycleConfig,
+        backend: B,
+    ) -> Result<LifecycleHandle, StartError> {
+        let api_key = match (&config.api_key, config.insecure_no_auth) {
+            (Some(k), _) if !k.trim().is_empty() => Some(k.clone()),
+            (_, true) => {
+                tracing::warn!("lifecycle API runs WITHOUT authentication (explicitly configured)");
+                None
+            }
+            _ => return Err(StartError::NoApiKey),
+        };
+        if config.max_timeout_secs < validate::MIN_TIMEOUT_SECS {
+            return Err(StartError::Config(format!(
+                "max_timeout_secs must be at least {}",
+                validate::MIN_TIMEOUT_SECS
+            )));
+        }
+        for p in &config.allow_host_paths {
+            if !p.is_absolute() {
+                return Err(StartError::Config(format!(
+                    "allow_host_paths entry {} is not absolute",
+                    p.display()
+                )));
+            }
+        }
+        let app = Arc::new(api::App {
+            backend,
+            policy: validate::Policy {
+                max_timeout_secs: config.max_timeout_secs,
+                allow_host_paths: config.allow_host_paths.clone(),
+            },
+            api_key,
+        });
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let (tx, mut rx) = watch::channel(false);
+        let sweeper = tokio::spawn(expiry::sweep_forever(
+            app.clone(),
+            config.sweep_interval,
+            tx.subscribe(),
+        ));
+        let router = api::router(app);
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                })
+                .await
+        });
+        tracing::info!(%addr, "lifecycle API serving");
+        Ok(LifecycleHandle {
+            addr,
+            shutdown: tx,
+            server,
+            sweeper,
+        })
+    }
+}

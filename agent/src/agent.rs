@@ -1,0 +1,196 @@
+//! Wiring: connect to containerd, recover state, start the event tracker,
+//! the gRPC API, the data-plane proxy and the heartbeat.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbolt_proto::agent::v1::agent_service_server::AgentServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
+
+use crate::config::AgentConfig;
+use crate::containerd::Containerd;
+use crate::error::{AgentError, Result};
+use crate::heartbeat::Heartbeat;
+use crate::sandbox::Sandboxes;
+use crate::server::{AgentApi, BearerAuth, Identity};
+use crate::{events, proxy, runtime};
+
+/// How long `Agent::start` waits for containerd to answer.
+const CONTAINERD_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Agent;
+
+/// A running agent. Dropping it without [`AgentHandle::shutdown`] leaves the
+/// background tasks running until the runtime ends; sandboxes are never
+/// touched by a shutdown (a restarted agent recovers them).
+pub struct AgentHandle {
+    grpc_addr: SocketAddr,
+    proxy_addr: SocketAddr,
+    instance_id: String,
+    sandboxes: Arc<Sandboxes>,
+    api: Arc<AgentApi>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Agent {
+    pub async fn start(config: AgentConfig) -> Result<AgentHandle> {
+        if config.api_token.is_empty() {
+            return Err(AgentError::InvalidArgument(
+                "api_token must not be empty: every AgentService call is authenticated".into(),
+            ));
+        }
+        if !config.execd_binary.is_file() {
+            return Err(AgentError::InvalidArgument(format!(
+                "execd binary {} does not exist",
+                config.execd_binary.display()
+            )));
+        }
+        let logs = config.logs_dir();
+        std::fs::create_dir_all(&logs)
+            .map_err(AgentError::io(format!("creating {}", logs.display())))?;
+        let cfg = Arc::new(config);
+        let instance_id = uuid::Uuid::new_v4().to_string();
+
+        let ctrd = Containerd::connect(
+            &cfg.containerd_socket,
+            &cfg.containerd_namespace,
+            CONTAINERD_START_TIMEOUT,
+        )
+        .await?;
+        let runtimes = runtime::probe();
+        for r in &runtimes {
+            tracing::info!(runtime = %r.name, available = r.available, reason = %r.reason, "OCI runtime");
+        }
+        let sandboxes = Arc::new(Sandboxes::new(cfg.clone(), ctrd, runtimes));
+        let recovered = sandboxes.recover().await?;
+        tracing::info!(recovered, agent_id = %cfg.agent_id, %instance_id, "agent state recovered from containerd");
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut tasks = vec![tokio::spawn(events::run(
+            sandboxes.clone(),
+            shutdown_rx.clone(),
+        ))];
+
+        let grpc = TcpListener::bind(cfg.grpc_listen)
+            .await
+            .map_err(AgentError::io(format!("binding {}", cfg.grpc_listen)))?;
+        let proxy_listener = TcpListener::bind(cfg.proxy_listen)
+            .await
+            .map_err(AgentError::io(format!("binding {}", cfg.proxy_listen)))?;
+        let grpc_addr = grpc.local_addr().map_err(AgentError::io("grpc addr"))?;
+        let proxy_addr = proxy_listener
+            .local_addr()
+            .map_err(AgentError::io("proxy addr"))?;
+
+        let advertise = |a: SocketAddr| {
+            let host = cfg.advertise_host.clone().unwrap_or_else(|| {
+                if a.ip().is_unspecified() {
+                    "127.0.0.1".to_string()
+                } else {
+                    a.ip().to_string()
+                }
+            });
+            format!("{host}:{}", a.port())
+        };
+        let api = Arc::new(AgentApi {
+            sandboxes: sandboxes.clone(),
+            identity: Identity {
+                agent_id: cfg.agent_id.clone(),
+                instance_id: instance_id.clone(),
+                node_name: cfg.node_name.clone(),
+                pool: cfg.pool.clone(),
+                namespace: cfg.containerd_namespace.clone(),
+                max_sandboxes: cfg.max_sandboxes as i32,
+                api_endpoint: advertise(grpc_addr),
+                proxy_endpoint: advertise(proxy_addr),
+            },
+        });
+
+        let svc = InterceptedService::new(
+            AgentServiceServer::from_arc(api.clone()),
+            BearerAuth::new(&cfg.api_token),
+        );
+        let mut rx = shutdown_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let res = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = res {
+                tracing::error!(error = %e, "agent gRPC server failed");
+            }
+        }));
+
+        let mut rx = shutdown_rx.clone();
+        let lookup: Arc<dyn proxy::SandboxLookup> = sandboxes.clone();
+        tasks.push(tokio::spawn(async move {
+            let stop = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = proxy::serve(proxy_listener, lookup, stop).await {
+                tracing::error!(error = %e, "data-plane proxy failed");
+            }
+        }));
+
+        if let Some(endpoint) = cfg.controller_endpoint.clone() {
+            let hb = Heartbeat {
+                endpoint,
+                token: cfg.controller_token.clone().unwrap_or_default(),
+                interval: cfg.heartbeat_interval,
+            };
+            tasks.push(tokio::spawn(hb.into_task(api.clone(), shutdown_rx.clone())?));
+        }
+        tracing::info!(%grpc_addr, %proxy_addr, "agent started");
+        Ok(AgentHandle {
+            grpc_addr,
+            proxy_addr,
+            instance_id,
+            sandboxes,
+            api,
+            shutdown,
+            tasks,
+        })
+    }
+}
+
+impl AgentHandle {
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_addr
+    }
+
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// Direct (in-process) access to the sandbox table, e.g. for `sandbolt up`.
+    pub fn sandboxes(&self) -> &Arc<Sandboxes> {
+        &self.sandboxes
+    }
+
+    /// The inventory the heartbeat would send now.
+    pub async fn inventory(&self) -> Result<sandbolt_proto::agent::v1::Inventory> {
+        self.api.inventory().await
+    }
+
+    /// Stops serving (gRPC, proxy, heartbeats, event tracking) and waits for
+    /// the tasks to end. Sandboxes keep running.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        tracing::info!("agent stopped");
+    }
+}

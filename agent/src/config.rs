@@ -1,0 +1,102 @@
+//! Agent configuration: everything `sandbolt agent` (and `sandbolt up`) passes in.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Configuration of one agent process.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Stable identity of this agent (survives restarts); stored as a label on
+    /// every container so a restarted agent finds its own sandboxes.
+    pub agent_id: String,
+    pub node_name: String,
+    pub pool: String,
+    /// containerd's gRPC socket.
+    pub containerd_socket: PathBuf,
+    /// containerd namespace; `k8s.io` shares the kubelet's image cache.
+    pub containerd_namespace: String,
+    pub snapshotter: String,
+    /// OCI runtime used when a request names none: "runc", "crun", "runsc".
+    pub default_runtime: String,
+    /// Host path of the static execd binary, bind-mounted read-only into every
+    /// sandbox at [`crate::spec::EXECD_PATH`].
+    pub execd_binary: PathBuf,
+    /// Per-sandbox logs live under `<state_dir>/logs/`.
+    pub state_dir: PathBuf,
+    /// Keep a sandbox's log file after it is deleted.
+    pub keep_logs: bool,
+    /// AgentService listen address (port 0 picks one; see [`crate::AgentHandle`]).
+    pub grpc_listen: SocketAddr,
+    /// Data-plane proxy listen address.
+    pub proxy_listen: SocketAddr,
+    /// Host name or address advertised to the controller for both listeners;
+    /// defaults to the bound IP (or `127.0.0.1` when bound to a wildcard).
+    pub advertise_host: Option<String>,
+    /// Bearer token every AgentService call must carry.
+    pub api_token: String,
+    /// Controller's RegistryService, e.g. `http://127.0.0.1:7400`; no heartbeats when unset.
+    pub controller_endpoint: Option<String>,
+    pub controller_token: Option<String>,
+    pub heartbeat_interval: Duration,
+    /// Roots that host-path volume bindings must lie under.
+    pub allowed_host_paths: Vec<PathBuf>,
+    pub max_sandboxes: u32,
+    /// pids.max for sandboxes whose request says 0.
+    pub default_pids_limit: i64,
+    /// Between SIGTERM and SIGKILL when a delete request says 0.
+    pub stop_grace_period: Duration,
+    /// Upper bound for pulling a missing image (separate from create deadlines).
+    pub pull_timeout: Duration,
+    /// How long `wait_for_execd` creates wait for execd's `/ping`.
+    pub execd_ready_timeout: Duration,
+    /// TCP port execd listens on inside the sandbox.
+    pub execd_port: u16,
+}
+
+impl AgentConfig {
+    /// Defaults for everything but identity, paths and the token.
+    pub fn new(
+        agent_id: impl Into<String>,
+        containerd_socket: impl Into<PathBuf>,
+        execd_binary: impl Into<PathBuf>,
+        state_dir: impl Into<PathBuf>,
+        api_token: impl Into<String>,
+    ) -> Self {
+        let agent_id = agent_id.into();
+        Self {
+            node_name: agent_id.clone(),
+            agent_id,
+            pool: "default".into(),
+            containerd_socket: containerd_socket.into(),
+            containerd_namespace: "k8s.io".into(),
+            snapshotter: "overlayfs".into(),
+            default_runtime: "runc".into(),
+            execd_binary: execd_binary.into(),
+            state_dir: state_dir.into(),
+            keep_logs: false,
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            proxy_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise_host: None,
+            api_token: api_token.into(),
+            controller_endpoint: None,
+            controller_token: None,
+            heartbeat_interval: Duration::from_secs(5),
+            allowed_host_paths: Vec::new(),
+            max_sandboxes: 256,
+            default_pids_limit: 1024,
+            stop_grace_period: Duration::from_secs(10),
+            pull_timeout: Duration::from_secs(60),
+            execd_ready_timeout: Duration::from_secs(15),
+            execd_port: 44772,
+        }
+    }
+
+    pub fn logs_dir(&self) -> PathBuf {
+        self.state_dir.join("logs")
+    }
+
+    pub fn log_path(&self, sandbox_id: &str) -> PathBuf {
+        self.logs_dir().join(format!("{sandbox_id}.log"))
+    }
+}

@@ -1,0 +1,749 @@
+//! Sandbox hardening and resource limits for the OCI runtime spec.
+//!
+//! [`apply`] takes the runtime spec the agent built (as JSON, the shape runc
+//! reads from `config.json`) and adds the defences every sandbox gets:
+//! no-new-privileges, Docker's default capability set, a default seccomp
+//! profile (allowlist, errno by default), containerd's default masked and
+//! read-only `/proc` and `/sys` paths, a device cgroup that denies by
+//! default, a pids limit, rlimits, and the CPU/memory limits parsed from the
+//! OpenSandbox strings by [`parse_cpu`] and [`parse_memory`].
+//!
+//! The policy is data, not code: the capability list and the path lists
+//! below are well-known facts of Docker's and containerd's defaults; the
+//! seccomp profile lives in `seccomp_default.json` next to this file.
+
+use serde_json::{Map, Value, json};
+
+/// The default seccomp profile: `SCMP_ACT_ERRNO` (EPERM) by default, an
+/// allowlist of the syscalls an ordinary unprivileged workload needs, and the
+/// argument-filtered rules that keep the allowlist from being a hole:
+/// - `personality` only with the harmless personas (Linux, 32-bit-Linux,
+///   `UNAME26`, and the query value `0xffffffff`);
+/// - `clone` only without namespace-creating flags (mask `0x7e020000`), so a
+///   sandbox cannot build itself new namespaces to attack the kernel from;
+/// - `clone3` returns ENOSYS: its flags live in a struct seccomp cannot
+///   inspect, and libc falls back to `clone` on ENOSYS;
+/// - `socket` for every family except `AF_VSOCK` (40), which reaches the
+///   hypervisor's host side.
+///
+/// Deliberately absent, as in Docker's default without extra capabilities:
+/// mount/umount, unshare/setns, bpf, perf_event_open, keyctl family,
+/// kexec/module loading, reboot, swapon, acct, clock setting, `io_uring_*`
+/// (a recurring kernel attack surface; Docker dropped it from its default),
+/// `userfaultfd`, `open_by_handle_at` (the "shocker" escape), `kcmp`,
+/// `pidfd_getfd`. `chroot` is allowed because `CAP_SYS_CHROOT` is in the
+/// default capability set; `ptrace` and `process_vm_*` are allowed because on
+/// kernels ≥ 4.8 seccomp is re-checked after a tracer changes syscalls, which
+/// is the condition under which Docker allows them too.
+pub const DEFAULT_SECCOMP_JSON: &str = include_str!("seccomp_default.json");
+
+/// Docker's default capability set. Everything else — notably `SYS_ADMIN`,
+/// `NET_ADMIN`, `SYS_PTRACE`, `SYS_MODULE`, `DAC_READ_SEARCH` — is dropped.
+pub const DEFAULT_CAPABILITIES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// containerd's default masked paths: kernel state that leaks host
+/// information or offers an attack surface (`/proc/kcore`, keyrings, timer
+/// lists that disclose other processes' activity, firmware tables). The
+/// powercap entry hides the RAPL energy counters (the "Platypus" side channel),
+/// as newer containerd releases do.
+pub const MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+
+/// containerd's default read-only paths: writable kernel knobs that are not
+/// namespaced (`/proc/sys`, `/proc/sysrq-trigger`, IRQ affinity, …).
+pub const READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// CFS period used for every CPU limit (the kernel's and Kubernetes' default).
+pub const CFS_PERIOD_US: u64 = 100_000;
+
+/// The smallest quota the kernel accepts (1 ms per period).
+const CFS_MIN_QUOTA_US: i64 = 1_000;
+
+/// Errors from parsing OpenSandbox/Kubernetes quantities.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HardeningError {
+    #[error("{what} quantity is empty")]
+    Empty { what: &'static str },
+    #[error("{what} quantity {input:?} is not a Kubernetes quantity: {reason}")]
+    Invalid {
+        what: &'static str,
+        input: String,
+        reason: &'static str,
+    },
+    #[error("{what} quantity {input:?} is negative")]
+    Negative { what: &'static str, input: String },
+    #[error("{what} quantity {input:?} is zero; a zero limit would stop the sandbox from running")]
+    Zero { what: &'static str, input: String },
+    #[error("{what} quantity {input:?} is too large")]
+    Overflow { what: &'static str, input: String },
+}
+
+/// A CPU limit as CFS bandwidth control: `quota_us` of CPU time per
+/// `period_us` of wall time (quota/period = number of CPUs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuLimit {
+    /// The parsed quantity in millicores (rounded up, as Kubernetes does).
+    pub millicores: u64,
+    pub quota_us: i64,
+    pub period_us: u64,
+}
+
+/// What [`apply`] sets besides the fixed policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// `pids.max` of the sandbox's cgroup: bounds fork bombs. Must be > 0.
+    pub pids_limit: i64,
+    /// `RLIMIT_NOFILE` (soft and hard).
+    pub nofile: u64,
+    /// CFS limit, from [`parse_cpu`]. `None` leaves CPU unlimited.
+    pub cpu: Option<CpuLimit>,
+    /// Memory limit in bytes, from [`parse_memory`]. `None` leaves it unlimited.
+    pub memory_bytes: Option<u64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            // Generous for agent workloads (compilers, test runners), still
+            // far below the host's pid_max.
+            pids_limit: 4096,
+            // High enough for servers and language tooling; well below the
+            // kernel's default nr_open (1 048 576) so runc can always set it.
+            nofile: 65_536,
+            cpu: None,
+            memory_bytes: None,
+        }
+    }
+}
+
+/// Adds the hardening and limits to an OCI runtime spec. Fields the policy
+/// owns (capabilities, seccomp, masked/readonly paths, noNewPrivileges, the
+/// limits) are replaced; everything else in the spec is left as it is.
+pub fn apply(spec: &mut Value, opts: &Options) {
+    let root = object(spec);
+
+    let process = object(root.entry("process").or_insert_with(|| json!({})));
+    process.insert("noNewPrivileges".into(), json!(true));
+    process.insert(
+        "capabilities".into(),
+        json!({
+            "bounding": DEFAULT_CAPABILITIES,
+            "effective": DEFAULT_CAPABILITIES,
+            "permitted": DEFAULT_CAPABILITIES,
+            "inheritable": [],
+            "ambient": [],
+        }),
+    );
+    // Replace any RLIMIT_NOFILE the base spec had; keep other rlimits.
+    let rlimits = process.entry("rlimits").or_insert_with(|| json!([]));
+    if !rlimits.is_array() {
+        *rlimits = json!([]);
+    }
+    let list = rlimits.as_array_mut().expect("made an array above");
+    list.retain(|r| r.get("type").and_then(Value::as_str) != Some("RLIMIT_NOFILE"));
+    list.push(json!({"type": "RLIMIT_NOFILE", "hard": opts.nofile, "soft": opts.nofile}));
+
+    let linux = object(root.entry("linux").or_insert_with(|| json!({})));
+    linux.insert("seccomp".into(), default_seccomp());
+    linux.insert("maskedPaths".into(), json!(MASKED_PATHS));
+    linux.insert("readonlyPaths".into(), json!(READONLY_PATHS));
+
+    let resources = object(linux.entry("resources").or_insert_with(|| json!({})));
+    resources.insert("pids".into(), json!({"limit": opts.pids_limit}));
+    if let Some(cpu) = opts.cpu {
+        let entry = object(resources.entry("cpu").or_insert_with(|| json!({})));
+        entry.insert("quota".into(), json!(cpu.quota_us));
+        entry.insert("period".into(), json!(cpu.period_us));
+    }
+    if let Some(bytes) = opts.memory_bytes {
+        let entry = object(resources.entry("memory").or_insert_with(|| json!({})));
+        // Only `limit`: setting `swap` needs memsw accounting, which this
+        // host's cgroup v1 memory controller may not have enabled.
+        entry.insert("limit".into(), json!(bytes));
+    }
+    // The device cgroup must deny by default; runc then adds its standard
+    // allowed character devices (null, zero, full, tty, random, urandom,
+    // ptmx/pts) after the spec's rules. A deny-all first rule is always
+    // correct because later rules override earlier ones.
+    let devices = resources.entry("devices").or_insert_with(|| json!([]));
+    if !devices.is_array() {
+        *devices = json!([]);
+    }
+    let rules = devices.as_array_mut().expect("made an array above");
+    let deny_all = json!({"allow": false, "access": "rwm"});
+    if rules.first() != Some(&deny_all) {
+        rules.insert(0, deny_all);
+    }
+}
+
+/// The default seccomp profile as a JSON value (parsed from the embedded file).
+pub fn default_seccomp() -> Value {
+    serde_json::from_str(DEFAULT_SECCOMP_JSON)
+        .expect("seccomp_default.json is valid JSON (unit-tested)")
+}
+
+/// Makes `v` an object (replacing a non-object) and returns its map.
+fn object(v: &mut Value) -> &mut Map<String, Value> {
+    if !v.is_object() {
+        *v = json!({});
+    }
+    v.as_object_mut().expect("made an object above")
+}
+
+/// Parses a CPU quantity as OpenSandbox sends it (`"500m"`, `"2"`, `"0.5"`)
+/// into a CFS limit with a 100 ms period. Sub-millicore precision is rounded
+/// up to the next millicore, like Kubernetes does; the quota never goes below
+/// the kernel's 1 ms minimum.
+pub fn parse_cpu(s: &str) -> Result<CpuLimit, HardeningError> {
+    const WHAT: &str = "cpu";
+    let q = Quantity::parse(WHAT, s)?;
+    let millicores = q.scaled_ceil(WHAT, s, 1000)?;
+    if millicores == 0 {
+        return Err(HardeningError::Zero {
+            what: WHAT,
+            input: s.to_string(),
+        });
+    }
+    let overflow = || HardeningError::Overflow {
+        what: WHAT,
+        input: s.to_string(),
+    };
+    let quota = millicores
+        .checked_mul(u128::from(CFS_PERIOD_US))
+        .map(|q| q / 1000)
+        .and_then(|q| i64::try_from(q).ok())
+        .ok_or_else(overflow)?;
+    Ok(CpuLimit {
+        millicores: u64::try_from(millicores).map_err(|_| overflow())?,
+        quota_us: quota.max(CFS_MIN_QUOTA_US),
+        period_us: CFS_PERIOD_US,
+    })
+}
+
+/// Parses a memory quantity (`"512Mi"`, `"2Gi"`, `"1G"`, `"100M"`, `"1024"`,
+/// `"1e9"`) into bytes, rounding a fractional byte count up.
+pub fn parse_memory(s: &str) -> Result<u64, HardeningError> {
+    const WHAT: &str = "memory";
+    let q = Quantity::parse(WHAT, s)?;
+    let bytes = q.scaled_ceil(WHAT, s, 1)?;
+    if bytes == 0 {
+        return Err(HardeningError::Zero {
+            what: WHAT,
+            input: s.to_string(),
+        });
+    }
+    // The cgroup file takes an i64; beyond that is a typo, not a limit.
+    i64::try_from(bytes)
+        .ok()
+        .map(|b| b as u64)
+        .ok_or(HardeningError::Overflow {
+            what: WHAT,
+            input: s.to_string(),
+        })
+}
+
+/// A Kubernetes quantity, exactly: `mantissa × 10^exp10 × 2^exp2`.
+#[derive(Debug, PartialEq, Eq)]
+struct Quantity {
+    mantissa: u128,
+    exp10: i32,
+    exp2: u32,
+}
+
+impl Quantity {
+    /// Grammar (Kubernetes `resource.Quantity`): optional `+`, digits with
+    /// at most one `.` (at least one digit), then one suffix: binary SI
+    /// (`Ki Mi Gi Ti Pi Ei`), decimal SI (`n u m k M G T P E`), or a decimal
+    /// exponent (`e`/`E` followed by an optionally signed integer).
+    fn parse(what: &'static str, input: &str) -> Result<Quantity, HardeningError> {
+        let invalid = |reason| HardeningError::Invalid {
+            what,
+            input: input.to_string(),
+            reason,
+        };
+        if input.is_empty() {
+            return Err(HardeningError::Empty { what });
+        }
+        let (negative, body) = match input.as_bytes()[0] {
+            b'-' => (true, &input[1..]),
+            b'+' => (false, &input[1..]),
+            _ => (false, input),
+        };
+        let num_len = body
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(body.len());
+        let (number, suffix) = body.split_at(num_len);
+        let (int_part, frac_part) = match number.split_once('.') {
+            Some((i, f)) => (i, f),
+            None => (number, ""),
+        };
+        if frac_part.contains('.') {
+            return Err(invalid("more than one decimal point"));
+        }
+        if int_part.is_empty() && frac_part.is_empty() {
+            return Err(invalid("no digits"));
+        }
+        let digits = format!("{int_part}{frac_part}");
+        let digits = digits.trim_start_matches('0');
+        if digits.len() > 38 {
+            return Err(HardeningError::Overflow {
+                what,
+                input: input.to_string(),
+            });
+        }
+        let mantissa: u128 = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().map_err(|_| invalid("bad digits"))?
+        };
+        let frac_len = i32::try_from(frac_part.len()).map_err(|_| invalid("too many digits"))?;
+        let (suffix_exp10, exp2) = match suffix {
+            "" => (0, 0),
+            "Ki" => (0, 10),
+            "Mi" => (0, 20),
+            "Gi" => (0, 30),
+            "Ti" => (0, 40),
+            "Pi" => (0, 50),
+            "Ei" => (0, 60),
+            "n" => (-9, 0),
+            "u" => (-6, 0),
+            "m" => (-3, 0),
+            "k" => (3, 0),
+            "M" => (6, 0),
+            "G" => (9, 0),
+            "T" => (12, 0),
+            "P" => (15, 0),
+            "E" => (18, 0),
+            s if s.starts_with(['e', 'E']) => {
+                let exp = &s[1..];
+                let unsigned = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+                if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(invalid("bad exponent"));
+                }
+                // Larger exponents can only over- or underflow anyway.
+                let e: i32 = exp.parse().map_err(|_| HardeningError::Overflow {
+                    what,
+                    input: input.to_string(),
+                })?;
+                if e.abs() > 1000 {
+                    return Err(HardeningError::Overflow {
+                        what,
+                        input: input.to_string(),
+                    });
+                }
+                (e, 0)
+            }
+            _ => {
+                return Err(invalid(
+                    "unknown suffix (expected one of n u m k M G T P E Ki Mi Gi Ti Pi Ei or an exponent)",
+                ));
+            }
+        };
+        if negative && mantissa != 0 {
+            return Err(HardeningError::Negative {
+                what,
+                input: input.to_string(),
+            });
+        }
+        Ok(Quantity {
+            mantissa,
+            exp10: suffix_exp10 - frac_len,
+            exp2,
+        })
+    }
+
+    /// `ceil(self × unit)` as an integer, or Overflow.
+    fn scaled_ceil(
+        &self,
+        what: &'static str,
+        input: &str,
+        unit: u128,
+    ) -> Result<u128, HardeningError> {
+        let overflow = || HardeningError::Overflow {
+            what,
+            input: input.to_string(),
+        };
+        if self.mantissa == 0 {
+            return Ok(0);
+        }
+        let mut num = self
+            .mantissa
+            .checked_mul(unit)
+            .and_then(|n| n.checked_mul(1u128.checked_shl(self.exp2)?))
+            .ok_or_else(overflow)?;
+        if self.exp10 >= 0 {
+            let scale = 10u128.checked_pow(self.exp10 as u32).ok_or_else(overflow)?;
+            num = num.checked_mul(scale).ok_or_else(overflow)?;
+            Ok(num)
+        } else {
+            match 10u128.checked_pow(self.exp10.unsigned_abs()) {
+                Some(den) => Ok(num.div_ceil(den)),
+                // The divisor exceeds any u128 numerator: a positive value
+                // below one unit, which rounds up to one.
+                None => Ok(1),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu(s: &str) -> (u64, i64) {
+        let c = parse_cpu(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        assert_eq!(c.period_us, 100_000);
+        (c.millicores, c.quota_us)
+    }
+
+    #[test]
+    fn cpu_quantities() {
+        for (input, millis, quota) in [
+            ("500m", 500, 50_000),
+            ("2", 2000, 200_000),
+            ("0.5", 500, 50_000),
+            (".5", 500, 50_000),
+            ("1.", 1000, 100_000),
+            ("+1", 1000, 100_000),
+            ("250m", 250, 25_000),
+            ("1500m", 1500, 150_000),
+            ("1.25", 1250, 125_000),
+            ("0.0001", 1, 1_000), // rounded up to one millicore
+            ("1m", 1, 1_000),     // the kernel's minimum quota
+            ("100u", 1, 1_000),
+            ("5e-1", 500, 50_000),
+            ("2E0", 2000, 200_000),
+            ("1k", 1_000_000, 100_000_000),
+            ("64", 64_000, 6_400_000),
+        ] {
+            assert_eq!(cpu(input), (millis, quota), "{input}");
+        }
+    }
+
+    #[test]
+    fn cpu_rejects() {
+        for input in [
+            "",
+            "-1",
+            "-500m",
+            "0",
+            "0m",
+            "0.0",
+            "abc",
+            "1.2.3",
+            ".",
+            "m",
+            "1 ",
+            " 1",
+            "1x",
+            "1Ki5",
+            "1e",
+            "1e+",
+            "1ee3",
+            "5e99999999999",
+            "1E19",
+            "1e30",
+        ] {
+            assert!(
+                parse_cpu(input).is_err(),
+                "{input:?} must be rejected, got {:?}",
+                parse_cpu(input)
+            );
+        }
+        assert_eq!(
+            parse_cpu("-1"),
+            Err(HardeningError::Negative {
+                what: "cpu",
+                input: "-1".into()
+            })
+        );
+        assert_eq!(
+            parse_cpu("0"),
+            Err(HardeningError::Zero {
+                what: "cpu",
+                input: "0".into()
+            })
+        );
+        assert_eq!(parse_cpu(""), Err(HardeningError::Empty { what: "cpu" }));
+        let msg = parse_cpu("2cores").unwrap_err().to_string();
+        assert!(
+            msg.contains("\"2cores\"") && msg.contains("unknown suffix"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn memory_quantities() {
+        for (input, bytes) in [
+            ("512Mi", 512u64 << 20),
+            ("2Gi", 2 << 30),
+            ("1G", 1_000_000_000),
+            ("100M", 100_000_000),
+            ("1024", 1024),
+            ("1e9", 1_000_000_000),
+            ("1E9", 1_000_000_000),
+            ("1.5Gi", 3 << 29),
+            ("0.5Ki", 512),
+            ("128974848", 128_974_848),
+            ("129e6", 129_000_000),
+            ("123Mi", 123 << 20),
+            ("1k", 1000),
+            ("1Ki", 1024),
+            ("1Ti", 1 << 40),
+            ("7Ei", 7 << 60),
+            ("0.1", 1), // fractional bytes round up
+            ("1500m", 2),
+            ("+64Mi", 64 << 20),
+            ("00064Mi", 64 << 20),
+        ] {
+            assert_eq!(parse_memory(input), Ok(bytes), "{input}");
+        }
+    }
+
+    #[test]
+    fn memory_rejects() {
+        for input in [
+            "",
+            "-1",
+            "-512Mi",
+            "0",
+            "0Mi",
+            "Mi",
+            "512 Mi",
+            "512mi",
+            "512MB",
+            "1.2.3Gi",
+            "8Ei",
+            "16Ei",
+            "99999999999999999999999999999999999999999",
+            "1e19",
+            "1e-",
+            "0x10",
+            "NaN",
+            "inf",
+        ] {
+            assert!(
+                parse_memory(input).is_err(),
+                "{input:?} must be rejected, got {:?}",
+                parse_memory(input)
+            );
+        }
+        assert!(matches!(
+            parse_memory("8Ei"),
+            Err(HardeningError::Overflow { .. })
+        ));
+        assert!(matches!(
+            parse_memory("-512Mi"),
+            Err(HardeningError::Negative { .. })
+        ));
+        let msg = parse_memory("512MB").unwrap_err().to_string();
+        assert!(msg.starts_with("memory quantity \"512MB\""), "{msg}");
+    }
+
+    #[test]
+    fn apply_sets_the_policy() {
+        let mut spec = json!({
+            "ociVersion": "1.0.2",
+            "process": {
+                "args": ["/opt/sandbolt/execd", "--init"],
+                "capabilities": {"bounding": ["CAP_SYS_ADMIN"]},
+                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
+                            {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]
+            },
+            "linux": {"namespaces": [{"type": "pid"}], "resources": {"devices": [{"allow": true, "access": "rwm"}]}}
+        });
+        let opts = Options {
+            pids_limit: 512,
+            nofile: 4096,
+            cpu: Some(parse_cpu("500m").unwrap()),
+            memory_bytes: Some(parse_memory("256Mi").unwrap()),
+        };
+        apply(&mut spec, &opts);
+
+        // Untouched fields survive.
+        assert_eq!(spec["process"]["args"][0], "/opt/sandbolt/execd");
+        assert_eq!(spec["linux"]["namespaces"][0]["type"], "pid");
+
+        let p = &spec["process"];
+        assert_eq!(p["noNewPrivileges"], true);
+        for set in ["bounding", "effective", "permitted"] {
+            let caps: Vec<&str> = p["capabilities"][set]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            assert_eq!(caps.len(), 14, "{set}");
+            assert!(caps.contains(&"CAP_NET_BIND_SERVICE") && caps.contains(&"CAP_AUDIT_WRITE"));
+            assert!(
+                !caps.contains(&"CAP_SYS_ADMIN"),
+                "{set} must not keep SYS_ADMIN"
+            );
+        }
+        assert_eq!(p["capabilities"]["inheritable"], json!([]));
+        assert_eq!(p["capabilities"]["ambient"], json!([]));
+        let rl = p["rlimits"].as_array().unwrap();
+        assert_eq!(rl.len(), 2);
+        assert!(rl.contains(&json!({"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096})));
+        assert!(rl.contains(&json!({"type": "RLIMIT_CORE", "hard": 0, "soft": 0})));
+
+        let l = &spec["linux"];
+        assert!(
+            l["maskedPaths"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("/proc/kcore"))
+        );
+        assert!(
+            l["readonlyPaths"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("/proc/sys"))
+        );
+        let r = &l["resources"];
+        assert_eq!(r["pids"]["limit"], 512);
+        assert_eq!(r["cpu"], json!({"quota": 50_000, "period": 100_000}));
+        assert_eq!(r["memory"], json!({"limit": 256u64 << 20}));
+        assert_eq!(r["devices"][0], json!({"allow": false, "access": "rwm"}));
+        assert_eq!(r["devices"][1], json!({"allow": true, "access": "rwm"}));
+
+        let s = &l["seccomp"];
+        assert_eq!(s["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(
+            s["architectures"],
+            json!(["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"])
+        );
+
+        // Idempotent: applying twice gives the same spec.
+        let once = spec.clone();
+        apply(&mut spec, &opts);
+        assert_eq!(spec, once);
+    }
+
+    #[test]
+    fn apply_on_empty_spec_and_without_limits() {
+        let mut spec = json!({});
+        apply(&mut spec, &Options::default());
+        assert_eq!(spec["linux"]["resources"]["pids"]["limit"], 4096);
+        assert!(spec["linux"]["resources"].get("cpu").is_none());
+        assert!(spec["linux"]["resources"].get("memory").is_none());
+        assert_eq!(
+            spec["linux"]["resources"]["devices"],
+            json!([{"allow": false, "access": "rwm"}])
+        );
+    }
+
+    #[test]
+    fn seccomp_profile_shape() {
+        let s = default_seccomp();
+        let rules = s["syscalls"].as_array().unwrap();
+        let allowed = |name: &str| {
+            rules.iter().any(|r| {
+                r["action"] == "SCMP_ACT_ALLOW"
+                    && r.get("args").is_none()
+                    && r["names"].as_array().unwrap().iter().any(|n| n == name)
+            })
+        };
+        let mentioned = |name: &str| {
+            rules
+                .iter()
+                .any(|r| r["names"].as_array().unwrap().iter().any(|n| n == name))
+        };
+        for ok in [
+            "read",
+            "write",
+            "execve",
+            "openat",
+            "mmap",
+            "futex",
+            "epoll_wait",
+            "wait4",
+            "exit_group",
+            "rt_sigreturn",
+            "chroot",
+            "arch_prctl",
+        ] {
+            assert!(allowed(ok), "{ok} must be allowed");
+        }
+        for denied in [
+            "mount",
+            "umount2",
+            "unshare",
+            "setns",
+            "bpf",
+            "keyctl",
+            "add_key",
+            "kexec_load",
+            "init_module",
+            "finit_module",
+            "reboot",
+            "open_by_handle_at",
+            "io_uring_setup",
+            "userfaultfd",
+            "perf_event_open",
+            "swapon",
+            "settimeofday",
+            "pivot_root",
+        ] {
+            assert!(!mentioned(denied), "{denied} must not be in the profile");
+        }
+        // Argument-filtered, never unconditional.
+        for filtered in ["clone", "personality", "socket"] {
+            assert!(!allowed(filtered), "{filtered} must be argument-filtered");
+            assert!(
+                mentioned(filtered),
+                "{filtered} must have a conditional rule"
+            );
+        }
+        let clone = rules
+            .iter()
+            .find(|r| r["names"] == json!(["clone"]))
+            .unwrap();
+        assert_eq!(clone["args"][0]["op"], "SCMP_CMP_MASKED_EQ");
+        assert_eq!(clone["args"][0]["value"], 0x7e02_0000u64);
+        let clone3 = rules
+            .iter()
+            .find(|r| r["names"] == json!(["clone3"]))
+            .unwrap();
+        assert_eq!(clone3["action"], "SCMP_ACT_ERRNO");
+        assert_eq!(clone3["errnoRet"], 38);
+        // No duplicate names in the allowlist.
+        let names = rules[0]["names"].as_array().unwrap();
+        let mut sorted: Vec<_> = names.iter().map(|n| n.as_str().unwrap()).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len());
+    }
+}

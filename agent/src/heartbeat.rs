@@ -1,0 +1,76 @@
+//! Pushes the full inventory to the controller's `RegistryService.Heartbeat`
+//! every interval (the controller may ask for another interval in its
+//! answer). Failures are logged and retried at the next tick: a controller
+//! outage must not disturb running sandboxes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbolt_proto::agent::v1::HeartbeatRequest;
+use sandbolt_proto::agent::v1::registry_service_client::RegistryServiceClient;
+use tokio::sync::watch;
+use tonic::transport::Endpoint;
+
+use crate::error::{AgentError, Result};
+use crate::server::{AgentApi, BearerToken};
+
+pub struct Heartbeat {
+    pub endpoint: String,
+    pub token: String,
+    pub interval: Duration,
+}
+
+impl Heartbeat {
+    /// Validates the endpoint now (so a typo fails `Agent::start`), then
+    /// returns the loop to spawn.
+    pub fn into_task(
+        self,
+        api: Arc<AgentApi>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<impl Future<Output = ()> + Send + 'static> {
+        let endpoint = Endpoint::from_shared(self.endpoint.clone())
+            .map_err(|e| {
+                AgentError::InvalidArgument(format!(
+                    "controller endpoint {:?}: {e}",
+                    self.endpoint
+                ))
+            })?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10));
+        let token = BearerToken::new(&self.token)?;
+        let channel = endpoint.connect_lazy();
+        let mut client = RegistryServiceClient::with_interceptor(channel, token);
+        let mut interval = self.interval;
+        Ok(async move {
+            loop {
+                match api.inventory().await {
+                    Ok(inventory) => {
+                        let sandboxes = inventory.sandboxes.len();
+                        match client
+                            .heartbeat(HeartbeatRequest {
+                                inventory: Some(inventory),
+                            })
+                            .await
+                        {
+                            Ok(resp) => {
+                                let ms = resp.into_inner().interval_ms;
+                                if ms > 0 {
+                                    interval = Duration::from_millis(ms.into());
+                                }
+                                tracing::debug!(sandboxes, ?interval, "heartbeat sent");
+                            }
+                            Err(s) => {
+                                tracing::warn!(code = ?s.code(), error = %s.message(), "heartbeat failed")
+                            }
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "inventory for heartbeat failed"),
+                }
+                tokio::select! {
+                    _ = shutdown.wait_for(|s| *s) => return,
+                    _ = tokio::time::sleep(interval) => {}
+                }
+            }
+        })
+    }
+}

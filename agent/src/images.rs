@@ -1,0 +1,929 @@
+//! Images on this node: resolve a reference to what a create needs (the
+//! image's config and the snapshot chain id), unpack layers into the
+//! snapshotter when needed, list the inventory, pull missing images (bounded)
+//! and import OCI image tarballs over the content + images API.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use containerd_client::services::v1::snapshots::{
+    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+};
+use containerd_client::services::v1::{
+    ApplyRequest, CreateImageRequest, DeleteRequest as DeleteLeaseRequest, GetImageRequest, Image,
+    InfoRequest, ListImagesRequest, ReadContentRequest, UpdateImageRequest, UpdateRequest,
+    WriteAction, WriteContentRequest,
+};
+use containerd_client::types::Descriptor;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tonic::Code;
+
+use crate::containerd::Containerd;
+use crate::error::{AgentError, Result};
+use crate::reference::{ImageRef, normalize};
+
+const MT_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const MT_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+/// containerd's GC follows these labels from a blob to what it references.
+const GC_REF_CONTENT: &str = "containerd.io/gc.ref.content";
+const GC_REF_SNAPSHOT: &str = "containerd.io/gc.ref.snapshot";
+
+/// What a create needs from an image.
+#[derive(Debug, Clone)]
+pub struct ResolvedImage {
+    /// The image store name it was found under.
+    pub name: String,
+    /// Digest of the image's target (manifest or index).
+    pub digest: String,
+    pub config: ImageConfig,
+    /// Snapshot name of the top layer (the parent for a sandbox's snapshot).
+    pub chain_id: String,
+    /// Config + layer sizes (compressed), for the inventory.
+    pub size_bytes: i64,
+    config_digest: String,
+    layers: Vec<Descriptor>,
+    diff_ids: Vec<String>,
+}
+
+/// The runtime-relevant part of an OCI image config.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ImageConfig {
+    #[serde(rename = "Entrypoint", default)]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(rename = "Cmd", default)]
+    pub cmd: Option<Vec<String>>,
+    #[serde(rename = "Env", default)]
+    pub env: Option<Vec<String>>,
+    #[serde(rename = "WorkingDir", default)]
+    pub working_dir: Option<String>,
+    #[serde(rename = "User", default)]
+    pub user: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    #[serde(default)]
+    config: Option<ImageConfig>,
+    rootfs: RawRootfs,
+}
+
+#[derive(Deserialize)]
+struct RawRootfs {
+    diff_ids: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct RawManifest {
+    #[serde(rename = "mediaType", default)]
+    media_type: Option<String>,
+    #[serde(default)]
+    manifests: Option<Vec<RawDescriptor>>,
+    #[serde(default)]
+    config: Option<RawDescriptor>,
+    #[serde(default)]
+    layers: Option<Vec<RawDescriptor>>,
+}
+
+#[derive(Deserialize, Clone)]
+struct RawDescriptor {
+    #[serde(rename = "mediaType", default)]
+    media_type: String,
+    digest: String,
+    size: i64,
+    #[serde(default)]
+    platform: Option<RawPlatform>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize, Clone)]
+struct RawPlatform {
+    os: String,
+    architecture: String,
+}
+
+impl RawDescriptor {
+    fn to_descriptor(&self) -> Descriptor {
+        Descriptor {
+            media_type: self.media_type.clone(),
+            digest: self.digest.clone(),
+            size: self.size,
+            annotations: Default::default(),
+        }
+    }
+}
+
+/// One image as the inventory reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InventoryImage {
+    pub references: Vec<String>,
+    pub digest: String,
+    pub size_bytes: i64,
+}
+
+/// Image operations with a cache of resolved configs keyed by target digest
+/// (a digest names immutable content, so the cache never goes stale; the
+/// name → digest step is asked of containerd on every create).
+pub struct Images {
+    ctrd: Containerd,
+    snapshotter: String,
+    by_digest: Mutex<HashMap<String, Arc<ResolvedImage>>>,
+    /// Chain ids known to be unpacked on the snapshotter.
+    unpacked: Mutex<std::collections::HashSet<String>>,
+    /// Serializes unpacks (two creates of a fresh image must not both extract).
+    unpack_lock: tokio::sync::Mutex<()>,
+}
+
+impl Images {
+    pub fn new(ctrd: Containerd, snapshotter: String) -> Self {
+        Self {
+            ctrd,
+            snapshotter,
+            by_digest: Mutex::new(HashMap::new()),
+            unpacked: Mutex::new(Default::default()),
+            unpack_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Finds the image in the store (no pull) and returns what a create needs.
+    pub async fn resolve(&self, reference: &str) -> Result<Arc<ResolvedImage>> {
+        let parsed = ImageRef::parse(reference)
+            .map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
+        let image = self
+            .find(&parsed)
+            .await?
+            .ok_or_else(|| AgentError::ImageNotFound {
+                reference: parsed.to_string(),
+            })?;
+        self.resolve_image(image).await
+    }
+
+    /// Looks the reference up in the image store: by normalized name first,
+    /// then (for a pinned digest) by target digest.
+    async fn find(&self, r: &ImageRef) -> Result<Option<Image>> {
+        if let ImageRef::Named { .. } = r {
+            match self
+                .ctrd
+                .images()
+                .get(self.ctrd.req(GetImageRequest { name: r.to_string() }))
+                .await
+            {
+                Ok(resp) => return Ok(resp.into_inner().image),
+                Err(s) if s.code() == Code::NotFound => {}
+                Err(s) => return Err(AgentError::containerd("images.Get")(s)),
+            }
+        }
+        let Some(digest) = r.digest() else {
+            return Ok(None);
+        };
+        let list = self
+            .ctrd
+            .images()
+            .list(self.ctrd.req(ListImagesRequest {
+                filters: vec![format!("target.digest=={digest}")],
+            }))
+            .await
+            .map_err(AgentError::containerd("images.List"))?
+            .into_inner()
+            .images;
+        Ok(list.into_iter().next())
+    }
+
+    async fn resolve_image(&self, image: Image) -> Result<Arc<ResolvedImage>> {
+        let target = image.target.ok_or_else(|| AgentError::BadImage {
+            reference: image.name.clone(),
+            reason: "image has no target".into(),
+        })?;
+        if let Some(hit) = self.by_digest.lock().get(&target.digest) {
+            return Ok(hit.clone());
+        }
+        let resolved = Arc::new(self.read_image(&image.name, &target).await?);
+        self.by_digest
+            .lock()
+            .insert(target.digest.clone(), resolved.clone());
+        Ok(resolved)
+    }
+
+    /// Reads index → platform manifest → config from the content store.
+    async fn read_image(&self, name: &str, target: &Descriptor) -> Result<ResolvedImage> {
+        let bad = |reason: String| AgentError::BadImage {
+            reference: name.to_string(),
+            reason,
+        };
+        let mut manifest_digest = target.digest.clone();
+        let mut manifest: RawManifest = serde_json::from_slice(&self.read_blob(&manifest_digest).await?)
+            .map_err(|e| bad(format!("manifest {manifest_digest}: {e}")))?;
+        let is_index = |m: &RawManifest, mt: &str| {
+            mt == MT_OCI_INDEX
+                || mt == MT_DOCKER_LIST
+                || m.media_type.as_deref() == Some(MT_OCI_INDEX)
+                || m.media_type.as_deref() == Some(MT_DOCKER_LIST)
+                || (m.manifests.is_some() && m.config.is_none())
+        };
+        if is_index(&manifest, &target.media_type) {
+            let entries = manifest.manifests.clone().unwrap_or_default();
+            let chosen = pick_platform(&entries)
+                .ok_or_else(|| bad(format!("no manifest for linux/{}", host_arch())))?;
+            manifest_digest = chosen.digest.clone();
+            manifest = serde_json::from_slice(&self.read_blob(&manifest_digest).await?)
+                .map_err(|e| bad(format!("manifest {manifest_digest}: {e}")))?;
+        }
+        let config_desc = manifest
+            .config
+            .ok_or_else(|| bad(format!("manifest {manifest_digest} has no config")))?;
+        let layers = manifest.layers.unwrap_or_default();
+        let raw: RawConfig = serde_json::from_slice(&self.read_blob(&config_desc.digest).await?)
+            .map_err(|e| bad(format!("config {}: {e}", config_desc.digest)))?;
+        if raw.rootfs.diff_ids.is_empty() {
+            return Err(bad("image has no layers".into()));
+        }
+        if raw.rootfs.diff_ids.len() != layers.len() {
+            return Err(bad(format!(
+                "{} layers but {} diff ids",
+                layers.len(),
+                raw.rootfs.diff_ids.len()
+            )));
+        }
+        let size_bytes = config_desc.size + layers.iter().map(|l| l.size).sum::<i64>();
+        Ok(ResolvedImage {
+            name: name.to_string(),
+            digest: target.digest.clone(),
+            config: raw.config.unwrap_or_default(),
+            chain_id: chain_ids(&raw.rootfs.diff_ids).pop().unwrap_or_default(),
+            size_bytes,
+            config_digest: config_desc.digest,
+            layers: layers.iter().map(RawDescriptor::to_descriptor).collect(),
+            diff_ids: raw.rootfs.diff_ids,
+        })
+    }
+
+    pub async fn read_blob(&self, digest: &str) -> Result<Vec<u8>> {
+        let mut stream = self
+            .ctrd
+            .content()
+            .read(self.ctrd.req(ReadContentRequest {
+                digest: digest.to_string(),
+                offset: 0,
+                size: 0,
+            }))
+            .await
+            .map_err(AgentError::containerd("content.Read"))?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            out.extend_from_slice(&chunk.map_err(AgentError::containerd("content.Read"))?.data);
+        }
+        Ok(out)
+    }
+
+    /// Makes sure the image's layers exist as committed snapshots on the
+    /// snapshotter (an image imported or pulled without unpacking, or for a
+    /// different snapshotter, has none).
+    pub async fn ensure_unpacked(&self, image: &ResolvedImage) -> Result<()> {
+        if self.unpacked.lock().contains(&image.chain_id) {
+            return Ok(());
+        }
+        let _guard = self.unpack_lock.lock().await;
+        if self.snapshot_exists(&image.chain_id).await? {
+            self.unpacked.lock().insert(image.chain_id.clone());
+            return Ok(());
+        }
+        tracing::info!(image = %image.name, chain_id = %image.chain_id, "unpacking image");
+        let lease = Lease::create(&self.ctrd).await?;
+        let result = self.unpack(image, &lease.id).await;
+        lease.delete(&self.ctrd).await;
+        result?;
+        self.unpacked.lock().insert(image.chain_id.clone());
+        Ok(())
+    }
+
+    async fn snapshot_exists(&self, key: &str) -> Result<bool> {
+        match self
+            .ctrd
+            .snapshots()
+            .stat(self.ctrd.req(StatSnapshotRequest {
+                snapshotter: self.snapshotter.clone(),
+                key: key.to_string(),
+            }))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(s) if s.code() == Code::NotFound => Ok(false),
+            Err(s) => Err(AgentError::containerd("snapshots.Stat")(s)),
+        }
+    }
+
+    async fn unpack(&self, image: &ResolvedImage, lease: &str) -> Result<()> {
+        let chain = chain_ids(&image.diff_ids);
+        let mut parent = String::new();
+        for (i, layer) in image.layers.iter().enumerate() {
+            let chain_id = &chain[i];
+            if !self.snapshot_exists(chain_id).await? {
+                let key = format!("extract-{}-{chain_id}", uuid::Uuid::new_v4().simple());
+                let mounts = self
+                    .ctrd
+                    .snapshots()
+                    .prepare(self.ctrd.leased_req(
+                        PrepareSnapshotRequest {
+                            snapshotter: self.snapshotter.clone(),
+                            key: key.clone(),
+                            parent: parent.clone(),
+                            labels: Default::default(),
+                        },
+                        lease,
+                    )?)
+                    .await
+                    .map_err(AgentError::containerd("snapshots.Prepare"))?
+                    .into_inner()
+                    .mounts;
+                let applied = self
+                    .ctrd
+                    .diff()
+                    .apply(self.ctrd.leased_req(
+                        ApplyRequest {
+                            diff: Some(layer.clone()),
+                            mounts,
+                            payloads: Default::default(),
+                            sync_fs: false,
+                        },
+                        lease,
+                    )?)
+                    .await;
+                let remove_key = || async {
+                    let _ = self
+                        .ctrd
+                        .snapshots()
+                        .remove(self.ctrd.req(RemoveSnapshotRequest {
+                            snapshotter: self.snapshotter.clone(),
+                            key: key.clone(),
+                        }))
+                        .await;
+                };
+                let applied = match applied {
+                    Ok(a) => a.into_inner().applied,
+                    Err(s) => {
+                        remove_key().await;
+                        return Err(AgentError::containerd("diff.Apply")(s));
+                    }
+                };
+                if let Some(a) = applied
+                    && a.digest != image.diff_ids[i]
+                {
+                    remove_key().await;
+                    return Err(AgentError::BadImage {
+                        reference: image.name.clone(),
+                        reason: format!(
+                            "layer {} unpacked to {}, config says {}",
+                            layer.digest, a.digest, image.diff_ids[i]
+                        ),
+                    });
+                }
+                let commit = self
+                    .ctrd
+                    .snapshots()
+                    .commit(self.ctrd.leased_req(
+                        CommitSnapshotRequest {
+                            snapshotter: self.snapshotter.clone(),
+                            name: chain_id.clone(),
+                            key: key.clone(),
+                            labels: Default::default(),
+                        },
+                        lease,
+                    )?)
+                    .await;
+                match commit {
+                    Ok(_) => {}
+                    // Someone else committed the same layer meanwhile: fine.
+                    Err(s) if s.code() == Code::AlreadyExists => remove_key().await,
+                    Err(s) => {
+                        remove_key().await;
+                        return Err(AgentError::containerd("snapshots.Commit")(s));
+                    }
+                }
+            }
+            parent = chain_id.clone();
+        }
+        // Root the unpacked snapshot from the image's config blob, as
+        // containerd's own unpacker does, so GC keeps it once the lease goes.
+        let label = format!("{GC_REF_SNAPSHOT}.{}", self.snapshotter);
+        self.set_content_labels(
+            &image.config_digest,
+            BTreeMap::from([(label, image.chain_id.clone())]),
+        )
+        .await
+    }
+
+    async fn set_content_labels(
+        &self,
+        digest: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<()> {
+        if labels.is_empty() {
+            return Ok(());
+        }
+        let mut info = self
+            .ctrd
+            .content()
+            .info(self.ctrd.req(InfoRequest {
+                digest: digest.to_string(),
+            }))
+            .await
+            .map_err(AgentError::containerd("content.Info"))?
+            .into_inner()
+            .info
+            .unwrap_or_default();
+        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
+        info.labels.extend(labels);
+        self.ctrd
+            .content()
+            .update(self.ctrd.req(UpdateRequest {
+                info: Some(info),
+                update_mask: Some(prost_types::FieldMask { paths }),
+            }))
+            .await
+            .map_err(AgentError::containerd("content.Update"))?;
+        Ok(())
+    }
+
+    /// Every image in the namespace, grouped by target digest, references
+    /// normalized.
+    pub async fn inventory(&self) -> Result<Vec<InventoryImage>> {
+        let list = self
+            .ctrd
+            .images()
+            .list(self.ctrd.req(ListImagesRequest { filters: vec![] }))
+            .await
+            .map_err(AgentError::containerd("images.List"))?
+            .into_inner()
+            .images;
+        let mut by_digest: BTreeMap<String, (Vec<String>, Image)> = BTreeMap::new();
+        for image in list {
+            let Some(target) = &image.target else { continue };
+            let entry = by_digest
+                .entry(target.digest.clone())
+                .or_insert_with(|| (Vec::new(), image.clone()));
+            // Names that are themselves digests carry no reference.
+            if !image.name.starts_with("sha256:") {
+                let n = normalize(&image.name);
+                if !entry.0.contains(&n) {
+                    entry.0.push(n);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(by_digest.len());
+        for (digest, (mut references, image)) in by_digest {
+            references.sort();
+            // An image that is not runnable here (foreign platform, broken)
+            // still shows up, with size 0.
+            let size_bytes = match self.resolve_image(image).await {
+                Ok(r) => r.size_bytes,
+                Err(e) => {
+                    tracing::debug!(%digest, error = %e, "image not resolvable for inventory");
+                    0
+                }
+            };
+            out.push(InventoryImage {
+                references,
+                digest,
+                size_bytes,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Imports an OCI image layout tarball (`oci-layout`, `index.json`,
+    /// `blobs/sha256/*`) through the content and images API, then unpacks it.
+    /// Each index entry with an `org.opencontainers.image.ref.name`
+    /// annotation becomes an image (a bare tag there is applied to
+    /// `default_name`). Returns the normalized names created.
+    pub async fn import_oci_tar(
+        &self,
+        tar_path: &Path,
+        default_name: Option<&str>,
+    ) -> Result<Vec<String>> {
+        let path = tar_path.to_path_buf();
+        // Pass 1 (blocking): the small JSON documents.
+        let docs = tokio::task::spawn_blocking(move || read_layout_docs(&path))
+            .await
+            .map_err(|e| AgentError::io("import")(std::io::Error::other(e)))??;
+        let index: RawManifest = serde_json::from_slice(&docs.index_json).map_err(|e| {
+            AgentError::BadImage {
+                reference: tar_path.display().to_string(),
+                reason: format!("index.json: {e}"),
+            }
+        })?;
+        // Labels that make containerd's GC follow index → manifest → blobs.
+        let mut labels: HashMap<String, BTreeMap<String, String>> = HashMap::new();
+        for (digest, json) in &docs.json_blobs {
+            if let Ok(m) = serde_json::from_slice::<RawManifest>(json) {
+                let mut l = BTreeMap::new();
+                if let Some(c) = &m.config {
+                    l.insert(format!("{GC_REF_CONTENT}.config"), c.digest.clone());
+                }
+                for (i, layer) in m.layers.iter().flatten().enumerate() {
+                    l.insert(format!("{GC_REF_CONTENT}.l.{i}"), layer.digest.clone());
+                }
+                for (i, sub) in m.manifests.iter().flatten().enumerate() {
+                    l.insert(format!("{GC_REF_CONTENT}.m.{i}"), sub.digest.clone());
+                }
+                if !l.is_empty() {
+                    labels.insert(digest.clone(), l);
+                }
+            }
+        }
+        let lease = Lease::create(&self.ctrd).await?;
+        let result = self
+            .import_inner(tar_path, &index, &labels, default_name, &lease.id)
+            .await;
+        lease.delete(&self.ctrd).await;
+        result
+    }
+
+    async fn import_inner(
+        &self,
+        tar_path: &Path,
+        index: &RawManifest,
+        labels: &HashMap<String, BTreeMap<String, String>>,
+        default_name: Option<&str>,
+        lease: &str,
+    ) -> Result<Vec<String>> {
+        // Pass 2: stream every blob into the content store, one at a time.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<(String, Vec<u8>)>>(1);
+        let path = tar_path.to_path_buf();
+        let reader = tokio::task::spawn_blocking(move || {
+            let res = (|| -> std::io::Result<()> {
+                let mut ar = tar::Archive::new(std::fs::File::open(&path)?);
+                for entry in ar.entries()? {
+                    let mut entry = entry?;
+                    let p = entry.path()?.to_string_lossy().trim_start_matches("./").to_string();
+                    if let Some(hex) = p.strip_prefix("blobs/sha256/") {
+                        let mut data = Vec::with_capacity(entry.size() as usize);
+                        entry.read_to_end(&mut data)?;
+                        if tx.blocking_send(Ok((format!("sha256:{hex}"), data))).is_err() {
+                            break;
+                        }
+                    }
+                }
+                Ok(())
+            })();
+            if let Err(e) = res {
+                let _ = tx.blocking_send(Err(e));
+            }
+        });
+        while let Some(item) = rx.recv().await {
+            let (digest, data) = item.map_err(AgentError::io("reading image tarball"))?;
+            let actual = format!("sha256:{}", hex::encode(Sha256::digest(&data)));
+            if actual != digest {
+                return Err(AgentError::BadImage {
+                    reference: tar_path.display().to_string(),
+                    reason: format!("blob {digest} has digest {actual}"),
+                });
+            }
+            let l = labels.get(&digest).cloned().unwrap_or_default();
+            self.write_blob(&digest, data, l.clone(), lease).await?;
+        }
+        let _ = reader.await;
+
+        let mut names = Vec::new();
+        for m in index.manifests.iter().flatten() {
+            let ann = m.annotations.clone().unwrap_or_default();
+            let Some(ref_name) = ann
+                .get("io.containerd.image.name")
+                .or_else(|| ann.get("org.opencontainers.image.ref.name"))
+            else {
+                continue;
+            };
+            let name = if ref_name.contains('/') || ref_name.contains(':') {
+                normalize(ref_name)
+            } else if let Some(base) = default_name {
+                let base = ImageRef::parse(base)
+                    .map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
+                match base {
+                    ImageRef::Named { domain, path, .. } => format!("{domain}/{path}:{ref_name}"),
+                    ImageRef::Digest(_) => continue,
+                }
+            } else {
+                normalize(ref_name)
+            };
+            let image = Image {
+                name: name.clone(),
+                labels: Default::default(),
+                target: Some(m.to_descriptor()),
+                created_at: None,
+                updated_at: None,
+            };
+            let created = self
+                .ctrd
+                .images()
+                .create(self.ctrd.leased_req(
+                    CreateImageRequest {
+                        image: Some(image.clone()),
+                        source_date_epoch: None,
+                    },
+                    lease,
+                )?)
+                .await;
+            match created {
+                Ok(_) => {}
+                Err(s) if s.code() == Code::AlreadyExists => {
+                    self.ctrd
+                        .images()
+                        .update(self.ctrd.req(UpdateImageRequest {
+                            image: Some(image),
+                            update_mask: Some(prost_types::FieldMask {
+                                paths: vec!["target".into()],
+                            }),
+                            source_date_epoch: None,
+                        }))
+                        .await
+                        .map_err(AgentError::containerd("images.Update"))?;
+                }
+                Err(s) => return Err(AgentError::containerd("images.Create")(s)),
+            }
+            let resolved = self.resolve(&name).await?;
+            self.ensure_unpacked(&resolved).await?;
+            names.push(name);
+        }
+        if names.is_empty() {
+            return Err(AgentError::BadImage {
+                reference: tar_path.display().to_string(),
+                reason: "index.json names no image (org.opencontainers.image.ref.name)".into(),
+            });
+        }
+        Ok(names)
+    }
+
+    /// Writes one blob (1 MiB chunks) and commits it with `labels`; a blob
+    /// that exists already only gets the labels.
+    async fn write_blob(
+        &self,
+        digest: &str,
+        data: Vec<u8>,
+        labels: BTreeMap<String, String>,
+        lease: &str,
+    ) -> Result<()> {
+        const CHUNK: usize = 1 << 20;
+        let total = data.len() as i64;
+        let r#ref = format!("sandbolt-import-{digest}");
+        let mut reqs = Vec::new();
+        let mut offset = 0usize;
+        while offset < data.len() {
+            let end = (offset + CHUNK).min(data.len());
+            reqs.push(WriteContentRequest {
+                action: WriteAction::Write as i32,
+                r#ref: r#ref.clone(),
+                total,
+                expected: digest.to_string(),
+                offset: offset as i64,
+                data: data[offset..end].to_vec(),
+                labels: Default::default(),
+            });
+            offset = end;
+        }
+        reqs.push(WriteContentRequest {
+            action: WriteAction::Commit as i32,
+            r#ref: r#ref.clone(),
+            total,
+            expected: digest.to_string(),
+            offset: total,
+            data: vec![],
+            labels: labels.clone().into_iter().collect(),
+        });
+        let result = async {
+            let mut responses = self
+                .ctrd
+                .content()
+                .write(self.ctrd.leased_req(futures::stream::iter(reqs), lease)?)
+                .await
+                .map_err(AgentError::containerd("content.Write"))?
+                .into_inner();
+            while let Some(r) = responses.next().await {
+                r.map_err(AgentError::containerd("content.Write"))?;
+            }
+            Ok::<_, AgentError>(())
+        }
+        .await;
+        match result {
+            Ok(()) => Ok(()),
+            Err(AgentError::Containerd { status, .. }) if status.code() == Code::AlreadyExists => {
+                self.set_content_labels(digest, labels).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Pulls `reference` with containerd's own client (`ctr images pull`),
+/// bounded by `timeout`: the agent needs no registry client of its own for
+/// the rare miss, and a dead registry turns into a clear error, not a hang.
+pub async fn pull(ctrd: &Containerd, snapshotter: &str, reference: &str, timeout: Duration) -> Result<()> {
+    let name = ImageRef::parse(reference)
+        .map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
+    let ImageRef::Named { .. } = name else {
+        return Err(AgentError::PullFailed {
+            reference: reference.to_string(),
+            reason: "a bare digest names no registry to pull from".into(),
+        });
+    };
+    let name = name.to_string();
+    tracing::info!(image = %name, ?timeout, "pulling missing image");
+    let mut cmd = tokio::process::Command::new("ctr");
+    cmd.arg("--address")
+        .arg(ctrd.socket())
+        .arg("--namespace")
+        .arg(ctrd.namespace())
+        .args(["images", "pull", "--snapshotter", snapshotter])
+        .arg(&name)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd.spawn().map_err(|e| AgentError::PullFailed {
+        reference: name.clone(),
+        reason: format!("cannot run ctr: {e}"),
+    })?;
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Err(_) => Err(AgentError::PullFailed {
+            reference: name,
+            reason: format!("timed out after {timeout:?}"),
+        }),
+        Ok(Err(e)) => Err(AgentError::PullFailed {
+            reference: name,
+            reason: e.to_string(),
+        }),
+        Ok(Ok(out)) if out.status.success() => Ok(()),
+        Ok(Ok(out)) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let reason = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("ctr exited without a message")
+                .trim()
+                .to_string();
+            Err(AgentError::PullFailed {
+                reference: name,
+                reason,
+            })
+        }
+    }
+}
+
+/// A containerd lease that protects what an operation writes until the
+/// image (which roots it) exists.
+struct Lease {
+    id: String,
+}
+
+impl Lease {
+    async fn create(ctrd: &Containerd) -> Result<Self> {
+        let id = format!("sandbolt-{}", uuid::Uuid::new_v4().simple());
+        ctrd.leases()
+            .create(ctrd.req(containerd_client::services::v1::CreateRequest {
+                id: id.clone(),
+                labels: Default::default(),
+            }))
+            .await
+            .map_err(AgentError::containerd("leases.Create"))?;
+        Ok(Self { id })
+    }
+
+    async fn delete(self, ctrd: &Containerd) {
+        if let Err(e) = ctrd
+            .leases()
+            .delete(ctrd.req(DeleteLeaseRequest {
+                id: self.id.clone(),
+                sync: false,
+            }))
+            .await
+        {
+            tracing::warn!(lease = %self.id, error = %e, "lease delete failed");
+        }
+    }
+}
+
+struct LayoutDocs {
+    index_json: Vec<u8>,
+    /// Blobs small enough to be manifests/indexes/configs, by digest.
+    json_blobs: HashMap<String, Vec<u8>>,
+}
+
+fn read_layout_docs(path: &Path) -> Result<LayoutDocs> {
+    let ctx = || format!("reading {}", path.display());
+    let mut ar = tar::Archive::new(std::fs::File::open(path).map_err(AgentError::io(ctx()))?);
+    let mut index_json = None;
+    let mut json_blobs = HashMap::new();
+    for entry in ar.entries().map_err(AgentError::io(ctx()))? {
+        let mut entry = entry.map_err(AgentError::io(ctx()))?;
+        let p = entry
+            .path()
+            .map_err(AgentError::io(ctx()))?
+            .to_string_lossy()
+            .trim_start_matches("./")
+            .to_string();
+        if p == "index.json" {
+            let mut v = Vec::new();
+            entry.read_to_end(&mut v).map_err(AgentError::io(ctx()))?;
+            index_json = Some(v);
+        } else if let Some(hex) = p.strip_prefix("blobs/sha256/")
+            && entry.size() <= 4 << 20
+        {
+            let mut v = Vec::new();
+            entry.read_to_end(&mut v).map_err(AgentError::io(ctx()))?;
+            // Only JSON documents matter here; layers are skipped by shape.
+            if v.first() == Some(&b'{') {
+                json_blobs.insert(format!("sha256:{hex}"), v);
+            }
+        }
+    }
+    let index_json = index_json.ok_or_else(|| AgentError::BadImage {
+        reference: path.display().to_string(),
+        reason: "not an OCI image layout (no index.json)".into(),
+    })?;
+    Ok(LayoutDocs {
+        index_json,
+        json_blobs,
+    })
+}
+
+/// Chain ids of a layer stack (OCI image spec): the first is the first diff
+/// id, each next is sha256 of "<previous chain id> <diff id>".
+pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(diff_ids.len());
+    for d in diff_ids {
+        let next = match out.last() {
+            None => d.clone(),
+            Some(prev) => format!(
+                "sha256:{}",
+                hex::encode(Sha256::digest(format!("{prev} {d}").as_bytes()))
+            ),
+        };
+        out.push(next);
+    }
+    out
+}
+
+fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+fn pick_platform(entries: &[RawDescriptor]) -> Option<&RawDescriptor> {
+    entries
+        .iter()
+        .find(|d| {
+            d.platform
+                .as_ref()
+                .is_some_and(|p| p.os == "linux" && p.architecture == host_arch())
+        })
+        .or_else(|| entries.iter().find(|d| d.platform.is_none()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_id_of_one_layer_is_its_diff_id() {
+        let d = "sha256:aaaa".to_string();
+        assert_eq!(chain_ids(std::slice::from_ref(&d)), vec![d]);
+    }
+
+    #[test]
+    fn chain_id_follows_the_oci_formula() {
+        let a = "sha256:a".to_string();
+        let b = "sha256:b".to_string();
+        let ids = chain_ids(&[a.clone(), b]);
+        let expect = format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(b"sha256:a sha256:b"))
+        );
+        assert_eq!(ids, vec![a, expect]);
+    }
+
+    #[test]
+    fn picks_the_host_platform() {
+        let mk = |arch: &str, digest: &str| RawDescriptor {
+            media_type: String::new(),
+            digest: digest.into(),
+            size: 1,
+            platform: Some(RawPlatform {
+                os: "linux".into(),
+                architecture: arch.into(),
+            }),
+            annotations: None,
+        };
+        let entries = vec![mk("s390x", "x"), mk(host_arch(), "ours")];
+        assert_eq!(pick_platform(&entries).unwrap().digest, "ours");
+        assert!(pick_platform(&entries[..1]).is_none());
+    }
+}

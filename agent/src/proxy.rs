@@ -1,0 +1,520 @@
+//! The data-plane proxy: `http://<agent>:<proxy port>/<sandbox id>/<port>/<rest>`
+//! reaches `http://127.0.0.1:<port>/<rest>` *inside* that sandbox.
+//!
+//! Sandboxes have their own network namespaces with only loopback, so there
+//! is no address the agent could route to. Instead the upstream socket is
+//! created inside the sandbox's namespace: a short-lived dedicated OS thread
+//! enters `/proc/<pid>/ns/net` with `setns(2)`, creates and connects the
+//! socket there, and hands it back. A socket stays in the namespace it was
+//! created in, so the async side can use it like any other. The thread then
+//! exits, taking its changed namespace with it — a tokio worker (or a pooled
+//! blocking thread) is never moved into a sandbox's namespace.
+//!
+//! Every request carries the sandbox's access token in
+//! `X-Sandbolt-Access-Token`; the proxy compares its SHA-256 with the one the
+//! agent stored, in constant time, and removes the header before forwarding
+//! (the sandbox never sees the token through the proxy). Bodies stream in
+//! both directions (SSE and chunked responses flow as they are produced), and
+//! `Upgrade` requests (WebSocket) switch to a raw bidirectional copy after
+//! the upstream's `101`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::{SocketAddr, TcpStream as StdTcpStream};
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use sha2::{Digest, Sha256};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// The header carrying the per-sandbox access token.
+pub const TOKEN_HEADER: &str = "x-sandbolt-access-token";
+
+/// How long a connect inside a sandbox may take. Loopback connects finish or
+/// are refused at once; this only bounds a pathological namespace.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a sandbox lives, as the proxy needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// A process inside the sandbox's network namespace (the task's PID 1).
+    pub pid: u32,
+    /// SHA-256 of the sandbox's access token.
+    pub token_sha256: [u8; 32],
+}
+
+/// The agent's sandbox table, as seen by the proxy.
+pub trait SandboxLookup: Send + Sync {
+    fn lookup(&self, sandbox_id: &str) -> Option<Route>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("proxy listener failed: {0}")]
+    Accept(#[source] io::Error),
+}
+
+type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+/// Serves the proxy on `listener` until `shutdown` completes. Then it stops
+/// accepting, asks open HTTP connections to finish their current request
+/// and close, and returns without waiting for them (upgraded WebSocket
+/// streams may live arbitrarily long; they end with their peers or the
+/// runtime).
+pub async fn serve(
+    listener: TcpListener,
+    lookup: Arc<dyn SandboxLookup>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ProxyError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::pin!(shutdown);
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "data-plane proxy listening");
+    }
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) if is_transient_accept_error(&e) => {
+                    // Out of fds or a connection reset before accept: keep
+                    // serving, but do not spin on a full fd table.
+                    tracing::warn!(error = %e, "proxy accept failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(e) => return Err(ProxyError::Accept(e)),
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let lookup = lookup.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| handle(req, lookup.clone(), peer));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades();
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                // Drop the watch guard inside (it is not Send).
+                () = async { let _ = stop.wait_for(|s| *s).await; } => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "proxy connection ended with an error");
+            }
+        });
+    }
+    let _ = stop_tx.send(true);
+    tracing::info!("data-plane proxy stopped");
+    Ok(())
+}
+
+fn is_transient_accept_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::ECONNABORTED
+                | libc::ECONNRESET
+                | libc::EPROTO
+                | libc::EINTR
+        )
+    )
+}
+
+/// Opens a TCP connection to `127.0.0.1:<port>` inside the network namespace
+/// of process `pid`. Refuses a process that shares the caller's namespace:
+/// that would turn the proxy into a way to reach the agent's own loopback
+/// services.
+pub async fn dial_in_sandbox(pid: u32, port: u16) -> io::Result<TcpStream> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("netns-dial-{pid}"))
+        .spawn(move || {
+            let _ = tx.send(dial_blocking(pid, port));
+        })?;
+    let stream = rx
+        .await
+        .map_err(|_| io::Error::other("netns dial thread exited without an answer"))??;
+    stream.set_nonblocking(true)?;
+    let _ = stream.set_nodelay(true);
+    TcpStream::from_std(stream)
+}
+
+/// Runs on a dedicated thread that exits right after: its network namespace
+/// is changed for good.
+fn dial_blocking(pid: u32, port: u16) -> io::Result<StdTcpStream> {
+    let ns_path = format!("/proc/{pid}/ns/net");
+    let ns = std::fs::File::open(&ns_path).map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("sandbox process {pid} no longer exists"),
+            )
+        } else {
+            io::Error::new(e.kind(), format!("opening {ns_path}: {e}"))
+        }
+    })?;
+    let target = ns.metadata()?;
+    let ours = std::fs::metadata("/proc/thread-self/ns/net")?;
+    if (target.dev(), target.ino()) == (ours.dev(), ours.ino()) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("process {pid} shares the agent's network namespace; refusing to dial"),
+        ));
+    }
+    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+    StdTcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), DIAL_TIMEOUT)
+}
+
+/// `/<sandbox id>/<port>[/<rest>]` → (id, port, `/<rest>`).
+fn parse_route(path: &str) -> Option<(&str, u16, &str)> {
+    let path = path.strip_prefix('/')?;
+    let (id, after) = path.split_once('/')?;
+    let (port, rest) = match after.find('/') {
+        Some(i) => (&after[..i], &after[i..]),
+        None => (after, "/"),
+    };
+    if id.is_empty() || port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    Some((id, port, rest))
+}
+
+fn token_matches(presented: &[u8], expected: &[u8; 32]) -> bool {
+    let digest: [u8; 32] = Sha256::digest(presented).into();
+    // Constant time over the digest: no early exit on the first mismatch.
+    let diff = digest
+        .iter()
+        .zip(expected)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(diff) == 0
+}
+
+fn json_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response<ProxyBody> {
+    let body = serde_json::json!({"code": code, "message": message.into()}).to_string();
+    let mut resp = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus
+/// any header the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        if keep_upgrade && name == header::UPGRADE {
+            continue;
+        }
+        headers.remove(name);
+    }
+    for name in [
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::PROXY_AUTHORIZATION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ] {
+        headers.remove(name);
+    }
+    headers.remove(header::CONNECTION);
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    lookup: Arc<dyn SandboxLookup>,
+    peer: SocketAddr,
+) -> Result<Response<ProxyBody>, Infallible> {
+    Ok(match forward(req, lookup, peer).await {
+        Ok(resp) => resp,
+        Err(resp) => resp,
+    })
+}
+
+async fn forward(
+    mut req: Request<Incoming>,
+    lookup: Arc<dyn SandboxLookup>,
+    peer: SocketAddr,
+) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
+    let path = req.uri().path().to_owned();
+    let Some((sandbox_id, port, rest)) = parse_route(&path) else {
+        return Err(json_error(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ROUTE",
+            "path must be /<sandbox id>/<port>/<path inside the sandbox>",
+        ));
+    };
+
+    // A missing token is refused before the sandbox table is consulted.
+    let tokens: Vec<&HeaderValue> = req.headers().get_all(TOKEN_HEADER).iter().collect();
+    let presented = match tokens.as_slice() {
+        [one] => one.as_bytes().to_vec(),
+        [] => {
+            return Err(json_error(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "missing X-Sandbolt-Access-Token header",
+            ));
+        }
+        _ => {
+            return Err(json_error(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "more than one X-Sandbolt-Access-Token header",
+            ));
+        }
+    };
+    let Some(route) = lookup.lookup(sandbox_id) else {
+        return Err(json_error(
+            StatusCode::NOT_FOUND,
+            "SANDBOX_NOT_FOUND",
+            format!("sandbox {sandbox_id:?} is not on this node"),
+        ));
+    };
+    if !token_matches(&presented, &route.token_sha256) {
+        tracing::info!(sandbox_id, %peer, "proxy request with a wrong access token");
+        return Err(json_error(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            "invalid access token",
+        ));
+    }
+
+    let upgrade = wants_upgrade(req.headers());
+    let upstream_uri: Uri = match req.uri().query() {
+        Some(q) => format!("{rest}?{q}"),
+        None => rest.to_string(),
+    }
+    .parse()
+    .map_err(|_| {
+        json_error(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ROUTE",
+            "path is not a valid request target",
+        )
+    })?;
+    let prefix = format!("/{sandbox_id}/{port}");
+    let original_host = req.headers().get(header::HOST).cloned();
+
+    let headers = req.headers_mut();
+    headers.remove(TOKEN_HEADER);
+    strip_hop_by_hop(headers, upgrade);
+    headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("ascii"),
+    );
+    if let Some(h) = original_host {
+        headers.insert("x-forwarded-host", h);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    headers.insert(
+        "x-forwarded-prefix",
+        HeaderValue::from_str(&prefix).map_err(|_| {
+            json_error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_ROUTE",
+                "sandbox id is not a valid header value",
+            )
+        })?,
+    );
+    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {}", peer.ip()),
+        None => peer.ip().to_string(),
+    };
+    headers.insert(
+        "x-forwarded-for",
+        HeaderValue::from_str(&xff).expect("ip addresses are ascii"),
+    );
+    *req.uri_mut() = upstream_uri;
+    // Take the client side of a possible upgrade before the request moves on.
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+
+    let stream = dial_in_sandbox(route.pid, port).await.map_err(|e| {
+        tracing::debug!(sandbox_id, port, error = %e, "dial inside sandbox failed");
+        let msg = if e.kind() == io::ErrorKind::ConnectionRefused {
+            format!("nothing is listening on port {port} in sandbox {sandbox_id:?}")
+        } else {
+            format!("cannot connect to port {port} in sandbox {sandbox_id:?}: {e}")
+        };
+        json_error(StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", msg)
+    })?;
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| {
+            json_error(
+                StatusCode::BAD_GATEWAY,
+                "UPSTREAM_UNAVAILABLE",
+                format!("upstream handshake failed: {e}"),
+            )
+        })?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "upstream connection ended with an error");
+        }
+    });
+    let mut resp = sender.send_request(req).await.map_err(|e| {
+        json_error(
+            StatusCode::BAD_GATEWAY,
+            "UPSTREAM_FAILED",
+            format!("upstream request failed: {e}"),
+        )
+    })?;
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            return Err(json_error(
+                StatusCode::BAD_GATEWAY,
+                "UPSTREAM_FAILED",
+                "upstream switched protocols without being asked",
+            ));
+        };
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        let sandbox = sandbox_id.to_string();
+        tokio::spawn(async move {
+            let (client, upstream) = match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::debug!(sandbox, error = %e, "upgrade did not complete");
+                    return;
+                }
+            };
+            let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+            match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+                Ok((up, down)) => tracing::debug!(sandbox, up, down, "upgraded stream closed"),
+                Err(e) => {
+                    tracing::debug!(sandbox, error = %e, "upgraded stream ended with an error")
+                }
+            }
+        });
+        strip_hop_by_hop(resp.headers_mut(), true);
+    } else {
+        strip_hop_by_hop(resp.headers_mut(), false);
+    }
+    Ok(resp.map(|b| b.boxed()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(
+            parse_route("/sb-1/8080/api/x"),
+            Some(("sb-1", 8080, "/api/x"))
+        );
+        assert_eq!(parse_route("/sb-1/8080/"), Some(("sb-1", 8080, "/")));
+        assert_eq!(parse_route("/sb-1/8080"), Some(("sb-1", 8080, "/")));
+        assert_eq!(
+            parse_route("/sb-1/44772/a//b/"),
+            Some(("sb-1", 44772, "/a//b/"))
+        );
+        for bad in [
+            "/",
+            "",
+            "/sb-1",
+            "/sb-1/",
+            "//8080/x",
+            "/sb-1/0/x",
+            "/sb-1/65536/x",
+            "/sb-1/-1/x",
+            "/sb-1/+80/x",
+            "/sb-1/80a/x",
+            "/sb-1//x",
+        ] {
+            assert_eq!(parse_route(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn tokens() {
+        let expected: [u8; 32] = Sha256::digest(b"secret").into();
+        assert!(token_matches(b"secret", &expected));
+        assert!(!token_matches(b"secreT", &expected));
+        assert!(!token_matches(b"", &expected));
+    }
+
+    #[test]
+    fn hop_by_hop() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        let mut plain = h.clone();
+        strip_hop_by_hop(&mut plain, false);
+        assert_eq!(plain.len(), 1);
+        assert!(plain.contains_key("x-kept"));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h.get(header::UPGRADE).unwrap(), "websocket");
+        assert_eq!(h.get(header::CONNECTION).unwrap(), "upgrade");
+        assert!(!h.contains_key("x-private"));
+    }
+
+    #[tokio::test]
+    async fn refuses_to_dial_its_own_namespace() {
+        let err = dial_in_sandbox(std::process::id(), 1).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+        let err = dial_in_sandbox(u32::MAX - 1, 1).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+    }
+}

@@ -1,0 +1,155 @@
+//! OCI runtimes: which ones can run on this host (probed once at start), and
+//! how containerd is told to use them. A requested runtime that cannot run is
+//! an error for that request — never silently swapped for another.
+
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+/// containerd's shim for runc-compatible runtimes (runc, crun).
+pub const RUNC_SHIM: &str = "io.containerd.runc.v2";
+/// gVisor's shim.
+pub const RUNSC_SHIM: &str = "io.containerd.runsc.v1";
+
+/// The runc shim's options message (`containerd.runc.v1.Options`); only the
+/// fields the agent sets are declared, with their wire numbers.
+#[derive(Clone, PartialEq, Message)]
+pub struct RuncOptions {
+    #[prost(string, tag = "6")]
+    pub binary_name: String,
+    #[prost(bool, tag = "9")]
+    pub systemd_cgroup: bool,
+}
+
+const RUNC_OPTIONS_TYPE: &str = "containerd.runc.v1.Options";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeInfo {
+    /// "runc", "crun", "runsc".
+    pub name: String,
+    pub shim: &'static str,
+    pub binary: Option<PathBuf>,
+    pub available: bool,
+    /// Why not, when not available.
+    pub reason: String,
+}
+
+impl RuntimeInfo {
+    /// The `Container.runtime` for this runtime.
+    pub fn container_runtime(
+        &self,
+    ) -> containerd_client::services::v1::container::Runtime {
+        let options = match self.shim {
+            RUNC_SHIM => Some(prost_types::Any {
+                type_url: RUNC_OPTIONS_TYPE.to_string(),
+                value: RuncOptions {
+                    binary_name: self
+                        .binary
+                        .as_ref()
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| self.name.clone()),
+                    systemd_cgroup: false,
+                }
+                .encode_to_vec(),
+            }),
+            _ => None,
+        };
+        containerd_client::services::v1::container::Runtime {
+            name: self.shim.to_string(),
+            options,
+        }
+    }
+}
+
+/// Probes runc, crun and runsc on this host.
+pub fn probe() -> Vec<RuntimeInfo> {
+    let hybrid = hybrid_cgroups(Path::new("/sys/fs/cgroup"));
+    ["runc", "crun", "runsc"]
+        .into_iter()
+        .map(|name| {
+            let shim = if name == "runsc" { RUNSC_SHIM } else { RUNC_SHIM };
+            let binary = find_in_path(name);
+            let (available, reason) = match (&binary, name) {
+                (None, _) => (false, format!("{name} is not installed (not found in PATH)")),
+                // crun (1.8) refuses a host where cgroup v1 controllers and a
+                // v2 hierarchy that lists controllers coexist.
+                (Some(_), "crun") if hybrid => (
+                    false,
+                    "crun refuses this host's hybrid cgroup layout (cgroup v1 controllers plus a \
+                     cgroup v2 hierarchy with controllers): \"cgroups in hybrid mode not supported\""
+                        .to_string(),
+                ),
+                (Some(_), "runsc") if which_shim("containerd-shim-runsc-v1").is_none() => (
+                    false,
+                    "runsc is installed but containerd-shim-runsc-v1 is not".to_string(),
+                ),
+                _ => (true, String::new()),
+            };
+            RuntimeInfo {
+                name: name.to_string(),
+                shim,
+                binary,
+                available,
+                reason,
+            }
+        })
+        .collect()
+}
+
+fn which_shim(name: &str) -> Option<PathBuf> {
+    find_in_path(name)
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(name))
+        .find(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            p.metadata()
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+/// True when `/sys/fs/cgroup` is a v1 layout (not itself cgroup2) and a v2
+/// hierarchy mounted below it has controllers enabled.
+pub fn hybrid_cgroups(root: &Path) -> bool {
+    let is_v2_root = nix::sys::statfs::statfs(root)
+        .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+        .unwrap_or(false);
+    if is_v2_root {
+        return false;
+    }
+    std::fs::read_to_string(root.join("unified/cgroup.controllers"))
+        .map(|s| !s.trim().is_empty())
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runc_options_encode_binary_name_as_field_6() {
+        let opts = RuncOptions {
+            binary_name: "crun".into(),
+            systemd_cgroup: false,
+        };
+        // tag 6, wire type 2 → 0x32, then length and bytes.
+        assert_eq!(opts.encode_to_vec(), [0x32, 4, b'c', b'r', b'u', b'n']);
+    }
+
+    #[test]
+    fn probe_reports_every_runtime_with_a_reason_when_unavailable() {
+        let rts = probe();
+        assert_eq!(
+            rts.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+            ["runc", "crun", "runsc"]
+        );
+        for r in &rts {
+            assert_eq!(r.available, r.reason.is_empty(), "{r:?}");
+        }
+    }
+}

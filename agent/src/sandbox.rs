@@ -1,0 +1,958 @@
+//! The sandbox table and its operations on containerd: create, delete,
+//! pause/resume, status, recovery from labels, and task-exit tracking.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use containerd_client::services::v1::snapshots::{PrepareSnapshotRequest, RemoveSnapshotRequest};
+use containerd_client::services::v1::{
+    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
+    DeleteTaskRequest, GetRequest, KillRequest, ListContainersRequest, PauseTaskRequest,
+    ResumeTaskRequest, StartRequest, WaitRequest,
+};
+use containerd_client::types::v1::Status as TaskStatus;
+use parking_lot::RwLock;
+use sandbolt_proto::agent::v1::{CreateTimings, SandboxPhase, SandboxSpec, SandboxStatus};
+use sha2::{Digest, Sha256};
+use tonic::Code;
+
+use crate::config::AgentConfig;
+use crate::containerd::Containerd;
+use crate::error::{AgentError, Result};
+use crate::images::{self, Images};
+use crate::labels;
+use crate::reference::normalize;
+use crate::runtime::RuntimeInfo;
+use crate::{hardening, proxy, spec, volumes};
+
+/// OCI spec type URL containerd expects on `Container.spec`.
+const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
+/// Env var that hands execd its access token.
+pub const EXECD_TOKEN_ENV: &str = "EXECD_ACCESS_TOKEN";
+/// execd's auth header (OpenSandbox execd API).
+const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
+
+/// One sandbox as the agent knows it.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub id: String,
+    pub name: String,
+    pub namespace: String,
+    pub record_uid: String,
+    pub image: String,
+    pub runtime: String,
+    pub pool: String,
+    pub created_at_ms: i64,
+    pub phase: SandboxPhase,
+    pub exit_code: i32,
+    pub pid: u32,
+    pub message: String,
+    pub exposed_ports: Vec<u32>,
+    pub token_sha256: [u8; 32],
+}
+
+impl Entry {
+    fn status(&self, agent_id: &str) -> SandboxStatus {
+        SandboxStatus {
+            sandbox_id: self.id.clone(),
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            record_uid: self.record_uid.clone(),
+            phase: self.phase as i32,
+            exit_code: self.exit_code,
+            pid: self.pid,
+            created_at_unix_ms: self.created_at_ms,
+            image: self.image.clone(),
+            runtime: self.runtime.clone(),
+            agent_id: agent_id.to_string(),
+            pool: self.pool.clone(),
+            proxy_path: format!("/{}", self.id),
+            message: self.message.clone(),
+            exposed_ports: self.exposed_ports.clone(),
+        }
+    }
+
+    fn exited(&mut self, exit_status: u32) {
+        self.exit_code = exit_status as i32;
+        self.phase = if exit_status == 0 {
+            SandboxPhase::Stopped
+        } else {
+            SandboxPhase::Failed
+        };
+    }
+}
+
+pub struct Sandboxes {
+    cfg: Arc<AgentConfig>,
+    ctrd: Containerd,
+    pub images: Images,
+    runtimes: Vec<RuntimeInfo>,
+    table: RwLock<HashMap<String, Entry>>,
+    /// Per-sandbox operation locks: a create and a delete of one id never
+    /// interleave; different sandboxes never wait on each other.
+    locks: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// RLIMIT_NOFILE for sandboxes: the hardening default, capped at the
+/// agent's own hard limit. runc cannot raise a hard limit above what the
+/// runtime inherited on hosts that forbid it (seen here: 20000), and the
+/// create would fail with "error setting rlimits".
+fn nofile_limit() -> u64 {
+    let wanted = hardening::Options::default().nofile;
+    match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        Ok((_, hard)) if hard != nix::sys::resource::RLIM_INFINITY => wanted.min(hard),
+        _ => wanted,
+    }
+}
+
+fn validate_id(id: &str) -> Result<()> {
+    // containerd's identifier rules, and safe as a file and cgroup name.
+    let ok = !id.is_empty()
+        && id.len() <= 76
+        && id.as_bytes()[0].is_ascii_alphanumeric()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(AgentError::InvalidArgument(format!(
+            "sandbox id {id:?} must be 1-76 characters of [A-Za-z0-9_.-], starting alphanumeric"
+        )))
+    }
+}
+
+impl Sandboxes {
+    pub fn new(cfg: Arc<AgentConfig>, ctrd: Containerd, runtimes: Vec<RuntimeInfo>) -> Self {
+        Self {
+            images: Images::new(ctrd.clone(), cfg.snapshotter.clone()),
+            cfg,
+            ctrd,
+            runtimes,
+            table: RwLock::new(HashMap::new()),
+            locks: parking_lot::Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn runtimes(&self) -> &[RuntimeInfo] {
+        &self.runtimes
+    }
+
+    pub fn containerd(&self) -> &Containerd {
+        &self.ctrd
+    }
+
+    fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks.lock().entry(id.to_string()).or_default().clone()
+    }
+
+    fn status_of(&self, id: &str) -> Option<SandboxStatus> {
+        self.table
+            .read()
+            .get(id)
+            .map(|e| e.status(&self.cfg.agent_id))
+    }
+
+    pub fn get(&self, id: &str) -> Result<SandboxStatus> {
+        self.status_of(id)
+            .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))
+    }
+
+    pub fn list(&self) -> Vec<SandboxStatus> {
+        let mut v: Vec<_> = self
+            .table
+            .read()
+            .values()
+            .map(|e| e.status(&self.cfg.agent_id))
+            .collect();
+        v.sort_by(|a, b| a.sandbox_id.cmp(&b.sandbox_id));
+        v
+    }
+
+    /// Creates and starts a sandbox. Idempotent by id.
+    pub async fn create(&self, spec: SandboxSpec) -> Result<(SandboxStatus, CreateTimings)> {
+        let t0 = Instant::now();
+        let us = |t: Instant| t.duration_since(t0).as_micros() as i64;
+        validate_id(&spec.sandbox_id)?;
+        if spec.image.trim().is_empty() {
+            return Err(AgentError::InvalidArgument("image is required".into()));
+        }
+        if spec.access_token.is_empty() {
+            return Err(AgentError::InvalidArgument(
+                "access_token is required (it authenticates execd and the proxy route)".into(),
+            ));
+        }
+        if let Some(k) = spec
+            .labels
+            .keys()
+            .find(|k| k.starts_with(labels::RESERVED_PREFIX))
+        {
+            return Err(AgentError::InvalidArgument(format!(
+                "label {k:?} uses the reserved prefix {}",
+                labels::RESERVED_PREFIX
+            )));
+        }
+        let id = spec.sandbox_id.clone();
+        let lock = self.lock_for(&id);
+        let _guard = lock.lock().await;
+        if let Some(s) = self.status_of(&id) {
+            return Ok((s, CreateTimings::default()));
+        }
+        {
+            let mut table = self.table.write();
+            if table.len() >= self.cfg.max_sandboxes as usize {
+                return Err(AgentError::Capacity {
+                    max: self.cfg.max_sandboxes,
+                });
+            }
+            let runtime = if spec.runtime.is_empty() {
+                self.cfg.default_runtime.clone()
+            } else {
+                spec.runtime.clone()
+            };
+            table.insert(
+                id.clone(),
+                Entry {
+                    id: id.clone(),
+                    name: spec.name.clone(),
+                    namespace: spec.namespace.clone(),
+                    record_uid: spec.record_uid.clone(),
+                    image: normalize(&spec.image),
+                    runtime,
+                    pool: if spec.pool.is_empty() {
+                        self.cfg.pool.clone()
+                    } else {
+                        spec.pool.clone()
+                    },
+                    created_at_ms: now_ms(),
+                    phase: SandboxPhase::Creating,
+                    exit_code: 0,
+                    pid: 0,
+                    message: String::new(),
+                    exposed_ports: spec.exposed_ports.clone(),
+                    token_sha256: Sha256::digest(spec.access_token.as_bytes()).into(),
+                },
+            );
+        }
+        let mut timings = CreateTimings::default();
+        match self.create_inner(&spec, t0, &mut timings).await {
+            Ok(pid) => {
+                timings.task_started_us = us(Instant::now());
+                {
+                    let mut table = self.table.write();
+                    if let Some(e) = table.get_mut(&id) {
+                        e.pid = pid;
+                        // An exit event may have beaten us here.
+                        if e.phase == SandboxPhase::Creating {
+                            e.phase = SandboxPhase::Running;
+                        }
+                    }
+                }
+                if spec.wait_for_execd {
+                    if let Err(e) = self.wait_for_execd(&id, pid, &spec.access_token).await {
+                        tracing::warn!(sandbox = %id, error = %e, "execd not ready; removing sandbox");
+                        self.cleanup(&id).await;
+                        self.table.write().remove(&id);
+                        return Err(e);
+                    }
+                    timings.execd_ready_us = us(Instant::now());
+                }
+                tracing::info!(sandbox = %id, pid, total_us = us(Instant::now()), "sandbox running");
+                Ok((self.get(&id)?, timings))
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "create failed; cleaning up");
+                self.cleanup(&id).await;
+                self.table.write().remove(&id);
+                Err(e)
+            }
+        }
+    }
+
+    async fn create_inner(
+        &self,
+        spec: &SandboxSpec,
+        t0: Instant,
+        timings: &mut CreateTimings,
+    ) -> Result<u32> {
+        let id = &spec.sandbox_id;
+        let runtime_name = if spec.runtime.is_empty() {
+            self.cfg.default_runtime.as_str()
+        } else {
+            spec.runtime.as_str()
+        };
+        let runtime = self
+            .runtimes
+            .iter()
+            .find(|r| r.name == runtime_name)
+            .ok_or_else(|| AgentError::RuntimeUnavailable {
+                runtime: runtime_name.to_string(),
+                reason: "unknown runtime (known: runc, crun, runsc)".into(),
+            })?;
+        if !runtime.available {
+            return Err(AgentError::RuntimeUnavailable {
+                runtime: runtime.name.clone(),
+                reason: runtime.reason.clone(),
+            });
+        }
+
+        // Validate everything that needs no I/O before touching containerd.
+        let resources = spec.resources.clone().unwrap_or_default();
+        let mut hopts = hardening::Options {
+            pids_limit: if resources.pids_limit > 0 {
+                resources.pids_limit
+            } else {
+                self.cfg.default_pids_limit
+            },
+            nofile: nofile_limit(),
+            ..Default::default()
+        };
+        if !resources.cpu.trim().is_empty() {
+            hopts.cpu = Some(
+                hardening::parse_cpu(&resources.cpu)
+                    .map_err(|e| AgentError::InvalidArgument(e.to_string()))?,
+            );
+        }
+        if !resources.memory.trim().is_empty() {
+            hopts.memory_bytes = Some(
+                hardening::parse_memory(&resources.memory)
+                    .map_err(|e| AgentError::InvalidArgument(e.to_string()))?,
+            );
+        }
+        let binds: Vec<spec::BindMount> =
+            volumes::resolve(&spec.host_mounts, &self.cfg.allowed_host_paths)
+                .map_err(|e| AgentError::Volume(e.to_string()))?
+                .into_iter()
+                .map(|m| spec::BindMount {
+                    source: m.source.to_string_lossy().into_owned(),
+                    destination: m.destination,
+                    read_only: m.read_only,
+                })
+                .collect();
+
+        let image = match self.images.resolve(&spec.image).await {
+            Ok(i) => i,
+            Err(AgentError::ImageNotFound { .. }) => {
+                images::pull(
+                    &self.ctrd,
+                    &self.cfg.snapshotter,
+                    &spec.image,
+                    self.cfg.pull_timeout,
+                )
+                .await?;
+                self.images.resolve(&spec.image).await?
+            }
+            Err(e) => return Err(e),
+        };
+        self.images.ensure_unpacked(&image).await?;
+        timings.image_resolved_us = t0.elapsed().as_micros() as i64;
+
+        let user_command = spec::user_command(
+            image.config.entrypoint.as_deref(),
+            image.config.cmd.as_deref(),
+            &spec.command,
+            &spec.args,
+        );
+        if user_command.is_empty() {
+            return Err(AgentError::InvalidArgument(format!(
+                "no command: the request has none and image {} sets neither Entrypoint nor Cmd",
+                image.name
+            )));
+        }
+        let env = spec::merge_env(
+            image.config.env.as_deref().unwrap_or_default(),
+            &spec.envs,
+            &[(EXECD_TOKEN_ENV.to_string(), spec.access_token.clone())],
+        );
+        let cwd = if !spec.working_dir.is_empty() {
+            spec.working_dir.clone()
+        } else {
+            image
+                .config
+                .working_dir
+                .clone()
+                .filter(|w| !w.is_empty())
+                .unwrap_or_else(|| "/".into())
+        };
+        if !cwd.starts_with('/') {
+            return Err(AgentError::InvalidArgument(format!(
+                "working_dir {cwd:?} must be absolute"
+            )));
+        }
+        let cgroups_path = format!("/sandbolt/{id}");
+        let hostname: String = id.chars().take(63).collect();
+        let mut oci = spec::build(&spec::SpecInput {
+            hostname: &hostname,
+            user_command: &user_command,
+            env: &env,
+            cwd: &cwd,
+            execd_host_path: &self.cfg.execd_binary,
+            binds: &binds,
+            cgroups_path: &cgroups_path,
+        });
+        hardening::apply(&mut oci, &hopts);
+
+        let entry = self
+            .table
+            .read()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| AgentError::SandboxNotFound(id.clone()))?;
+        let mut container_labels: HashMap<String, String> = spec.labels.clone();
+        container_labels.extend([
+            (labels::MANAGED.into(), "true".into()),
+            (labels::SANDBOX_ID.into(), id.clone()),
+            (labels::NAME.into(), spec.name.clone()),
+            (labels::NAMESPACE.into(), spec.namespace.clone()),
+            (labels::AGENT_ID.into(), self.cfg.agent_id.clone()),
+            (labels::CREATED_AT.into(), entry.created_at_ms.to_string()),
+            (labels::POOL.into(), entry.pool.clone()),
+            (labels::TOKEN_SHA256.into(), hex::encode(entry.token_sha256)),
+            (labels::IMAGE.into(), entry.image.clone()),
+            (labels::RUNTIME.into(), runtime.name.clone()),
+        ]);
+        if !spec.record_uid.is_empty() {
+            container_labels.insert(labels::RECORD_UID.into(), spec.record_uid.clone());
+        }
+        if !spec.exposed_ports.is_empty() {
+            container_labels.insert(
+                labels::EXPOSED_PORTS.into(),
+                spec.exposed_ports
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+
+        // The container first: it references the snapshot key, which keeps
+        // containerd's GC off the snapshot from the moment it exists.
+        let container = Container {
+            id: id.clone(),
+            labels: container_labels,
+            image: image.name.clone(),
+            runtime: Some(runtime.container_runtime()),
+            spec: Some(prost_types::Any {
+                type_url: SPEC_TYPE_URL.into(),
+                value: serde_json::to_vec(&oci).expect("serde_json::Value serializes"),
+            }),
+            snapshotter: self.cfg.snapshotter.clone(),
+            snapshot_key: id.clone(),
+            ..Default::default()
+        };
+        self.ctrd
+            .containers()
+            .create(self.ctrd.req(CreateContainerRequest {
+                container: Some(container),
+            }))
+            .await
+            .map_err(AgentError::containerd("containers.Create"))?;
+        let mounts = self
+            .ctrd
+            .snapshots()
+            .prepare(self.ctrd.req(PrepareSnapshotRequest {
+                snapshotter: self.cfg.snapshotter.clone(),
+                key: id.clone(),
+                parent: image.chain_id.clone(),
+                labels: Default::default(),
+            }))
+            .await
+            .map_err(AgentError::containerd("snapshots.Prepare"))?
+            .into_inner()
+            .mounts;
+        timings.container_created_us = t0.elapsed().as_micros() as i64;
+
+        // stdout and stderr append to one host file (the shim opens file://
+        // URIs itself: no FIFOs to leak).
+        let log = format!("file://{}", self.cfg.log_path(id).display());
+        let created = self
+            .ctrd
+            .tasks()
+            .create(self.ctrd.req(CreateTaskRequest {
+                container_id: id.clone(),
+                rootfs: mounts,
+                stdout: log.clone(),
+                stderr: log,
+                ..Default::default()
+            }))
+            .await
+            .map_err(|status| {
+                // A runtime that refuses to run here is reported as such.
+                if runtime.name != "runc" && status.message().contains(&runtime.name) {
+                    AgentError::RuntimeUnavailable {
+                        runtime: runtime.name.clone(),
+                        reason: status.message().to_string(),
+                    }
+                } else {
+                    AgentError::containerd("tasks.Create")(status)
+                }
+            })?
+            .into_inner();
+        self.ctrd
+            .tasks()
+            .start(self.ctrd.req(StartRequest {
+                container_id: id.clone(),
+                exec_id: String::new(),
+            }))
+            .await
+            .map_err(AgentError::containerd("tasks.Start"))?;
+        Ok(created.pid)
+    }
+
+    /// Polls execd's `/ping` inside the sandbox until it answers 200.
+    async fn wait_for_execd(&self, id: &str, pid: u32, token: &str) -> Result<()> {
+        let deadline = Instant::now() + self.cfg.execd_ready_timeout;
+        let mut delay = Duration::from_millis(2);
+        let mut last_err;
+        loop {
+            match crate::netns::http_get_status(
+                pid,
+                self.cfg.execd_port,
+                "/ping",
+                &[(EXECD_TOKEN_HEADER, token)],
+                Duration::from_secs(2),
+            )
+            .await
+            {
+                Ok(200) => return Ok(()),
+                Ok(code) => last_err = format!("/ping answered {code}"),
+                Err(e) => last_err = e.to_string(),
+            }
+            if let Some(e) = self.table.read().get(id)
+                && matches!(e.phase, SandboxPhase::Stopped | SandboxPhase::Failed)
+            {
+                return Err(AgentError::ExecdNotReady {
+                    id: id.to_string(),
+                    reason: format!("the sandbox exited with status {}", e.exit_code),
+                });
+            }
+            if Instant::now() + delay > deadline {
+                return Err(AgentError::ExecdNotReady {
+                    id: id.to_string(),
+                    reason: format!(
+                        "no answer within {:?}: {last_err}",
+                        self.cfg.execd_ready_timeout
+                    ),
+                });
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops and removes a sandbox. Returns whether anything existed.
+    pub async fn delete(&self, id: &str, grace: Option<Duration>) -> Result<bool> {
+        validate_id(id)?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let known = self.table.read().contains_key(id);
+        let grace = grace.unwrap_or(self.cfg.stop_grace_period);
+        let existed = self.stop_and_remove(id, grace).await? || known;
+        self.table.write().remove(id);
+        self.locks.lock().remove(id);
+        if existed {
+            tracing::info!(sandbox = %id, "sandbox deleted");
+        }
+        Ok(existed)
+    }
+
+    /// SIGTERM, grace, SIGKILL; then task, container, snapshot, log file.
+    /// Every step tolerates "already gone", so a half-created or
+    /// half-deleted sandbox is finished off too.
+    async fn stop_and_remove(&self, id: &str, grace: Duration) -> Result<bool> {
+        let mut existed = false;
+        let task = match self
+            .ctrd
+            .tasks()
+            .get(self.ctrd.req(GetRequest {
+                container_id: id.to_string(),
+                exec_id: String::new(),
+            }))
+            .await
+        {
+            Ok(r) => r.into_inner().process,
+            Err(s) if s.code() == Code::NotFound => None,
+            Err(s) => return Err(AgentError::containerd("tasks.Get")(s)),
+        };
+        if let Some(task) = task {
+            existed = true;
+            let status = TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unknown);
+            if matches!(status, TaskStatus::Paused | TaskStatus::Pausing) {
+                // A frozen process cannot act on SIGTERM.
+                let _ = self
+                    .ctrd
+                    .tasks()
+                    .resume(self.ctrd.req(ResumeTaskRequest {
+                        container_id: id.to_string(),
+                    }))
+                    .await;
+            }
+            if status != TaskStatus::Stopped {
+                self.terminate(id, grace).await?;
+            }
+            match self
+                .ctrd
+                .tasks()
+                .delete(self.ctrd.req(DeleteTaskRequest {
+                    container_id: id.to_string(),
+                }))
+                .await
+            {
+                Ok(_) => {}
+                Err(s) if s.code() == Code::NotFound => {}
+                Err(s) => return Err(AgentError::containerd("tasks.Delete")(s)),
+            }
+        }
+        match self
+            .ctrd
+            .containers()
+            .delete(self.ctrd.req(DeleteContainerRequest { id: id.to_string() }))
+            .await
+        {
+            Ok(_) => existed = true,
+            Err(s) if s.code() == Code::NotFound => {}
+            Err(s) => return Err(AgentError::containerd("containers.Delete")(s)),
+        }
+        match self
+            .ctrd
+            .snapshots()
+            .remove(self.ctrd.req(RemoveSnapshotRequest {
+                snapshotter: self.cfg.snapshotter.clone(),
+                key: id.to_string(),
+            }))
+            .await
+        {
+            Ok(_) => existed = true,
+            Err(s) if s.code() == Code::NotFound => {}
+            Err(s) => return Err(AgentError::containerd("snapshots.Remove")(s)),
+        }
+        if !self.cfg.keep_logs {
+            let log = self.cfg.log_path(id);
+            match std::fs::remove_file(&log) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(AgentError::io(format!("removing {}", log.display()))(e)),
+            }
+        }
+        Ok(existed)
+    }
+
+    async fn terminate(&self, id: &str, grace: Duration) -> Result<()> {
+        let kill = |signal: u32, all: bool| async move {
+            match self
+                .ctrd
+                .tasks()
+                .kill(self.ctrd.req(KillRequest {
+                    container_id: id.to_string(),
+                    exec_id: String::new(),
+                    signal,
+                    all,
+                }))
+                .await
+            {
+                Ok(_) => Ok(()),
+                // Already exited between Get and Kill.
+                Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => Ok(()),
+                Err(s) => Err(AgentError::containerd("tasks.Kill")(s)),
+            }
+        };
+        let wait = || {
+            let mut tasks = self.ctrd.tasks();
+            let req = self.ctrd.req(WaitRequest {
+                container_id: id.to_string(),
+                exec_id: String::new(),
+            });
+            async move { tasks.wait(req).await }
+        };
+        // Register the wait before signalling, so a fast exit is not missed.
+        let waiter = tokio::spawn(wait());
+        kill(libc::SIGTERM as u32, false).await?;
+        match tokio::time::timeout(grace, waiter).await {
+            Ok(_) => return Ok(()),
+            Err(_) => {
+                tracing::info!(sandbox = %id, ?grace, "grace period over; SIGKILL");
+            }
+        }
+        kill(libc::SIGKILL as u32, true).await?;
+        match tokio::time::timeout(Duration::from_secs(10), wait()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(s)) if s.code() == Code::NotFound => Ok(()),
+            Ok(Err(s)) => Err(AgentError::containerd("tasks.Wait")(s)),
+            Err(_) => Err(AgentError::containerd("tasks.Wait")(tonic::Status::deadline_exceeded(
+                "task did not exit 10s after SIGKILL",
+            ))),
+        }
+    }
+
+    /// Best-effort removal after a failed create.
+    async fn cleanup(&self, id: &str) {
+        if let Err(e) = self.stop_and_remove(id, Duration::from_millis(0)).await {
+            tracing::warn!(sandbox = %id, error = %e, "cleanup after failed create incomplete");
+        }
+    }
+
+    pub async fn pause(&self, id: &str) -> Result<SandboxStatus> {
+        self.set_frozen(id, true).await
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<SandboxStatus> {
+        self.set_frozen(id, false).await
+    }
+
+    async fn set_frozen(&self, id: &str, freeze: bool) -> Result<SandboxStatus> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let phase = self
+            .table
+            .read()
+            .get(id)
+            .map(|e| e.phase)
+            .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))?;
+        let (from, to, action) = if freeze {
+            (SandboxPhase::Running, SandboxPhase::Paused, "pause")
+        } else {
+            (SandboxPhase::Paused, SandboxPhase::Running, "resume")
+        };
+        if phase == to {
+            return self.get(id);
+        }
+        if phase != from {
+            return Err(AgentError::WrongPhase {
+                id: id.to_string(),
+                phase: phase.as_str_name(),
+                action,
+            });
+        }
+        let res = if freeze {
+            self.ctrd
+                .tasks()
+                .pause(self.ctrd.req(PauseTaskRequest {
+                    container_id: id.to_string(),
+                }))
+                .await
+                .map(|_| ())
+        } else {
+            self.ctrd
+                .tasks()
+                .resume(self.ctrd.req(ResumeTaskRequest {
+                    container_id: id.to_string(),
+                }))
+                .await
+                .map(|_| ())
+        };
+        res.map_err(AgentError::containerd(if freeze {
+            "tasks.Pause"
+        } else {
+            "tasks.Resume"
+        }))?;
+        if let Some(e) = self.table.write().get_mut(id)
+            && e.phase == from
+        {
+            e.phase = to;
+        }
+        self.get(id)
+    }
+
+    /// Rebuilds the table from containerd: every container carrying the
+    /// managed label and this agent's id, with its task's state.
+    pub async fn recover(&self) -> Result<usize> {
+        let containers = self
+            .ctrd
+            .containers()
+            .list(self.ctrd.req(ListContainersRequest {
+                filters: vec![format!(
+                    "labels.\"{}\"==true,labels.\"{}\"=={}",
+                    labels::MANAGED,
+                    labels::AGENT_ID,
+                    self.cfg.agent_id
+                )],
+            }))
+            .await
+            .map_err(AgentError::containerd("containers.List"))?
+            .into_inner()
+            .containers;
+        let mut n = 0;
+        for c in containers {
+            let entry = entry_from_labels(&c);
+            let mut entry = match entry {
+                Some(e) => e,
+                None => {
+                    tracing::warn!(container = %c.id, "managed container with unreadable labels; skipped");
+                    continue;
+                }
+            };
+            self.refresh_from_task(&mut entry).await;
+            tracing::info!(sandbox = %entry.id, phase = ?entry.phase, pid = entry.pid, "recovered sandbox");
+            self.table.write().insert(entry.id.clone(), entry);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Sets phase/pid/exit code from the task's state in containerd.
+    async fn refresh_from_task(&self, entry: &mut Entry) {
+        match self
+            .ctrd
+            .tasks()
+            .get(self.ctrd.req(GetRequest {
+                container_id: entry.id.clone(),
+                exec_id: String::new(),
+            }))
+            .await
+        {
+            Ok(r) => {
+                let Some(p) = r.into_inner().process else {
+                    return;
+                };
+                entry.pid = p.pid;
+                match TaskStatus::try_from(p.status).unwrap_or(TaskStatus::Unknown) {
+                    TaskStatus::Running => entry.phase = SandboxPhase::Running,
+                    TaskStatus::Paused | TaskStatus::Pausing => entry.phase = SandboxPhase::Paused,
+                    TaskStatus::Stopped => entry.exited(p.exit_status),
+                    TaskStatus::Created => {
+                        entry.phase = SandboxPhase::Failed;
+                        entry.message = "task created but never started (create interrupted)".into();
+                    }
+                    TaskStatus::Unknown => entry.phase = SandboxPhase::Unknown,
+                }
+            }
+            Err(s) if s.code() == Code::NotFound => {
+                if entry.phase != SandboxPhase::Creating {
+                    entry.phase = SandboxPhase::Failed;
+                    if entry.message.is_empty() {
+                        entry.message = "no task (it was deleted or never created)".into();
+                    }
+                }
+            }
+            Err(s) => {
+                tracing::warn!(sandbox = %entry.id, error = %s, "tasks.Get failed");
+                entry.phase = SandboxPhase::Unknown;
+            }
+        }
+    }
+
+    /// Re-reads every known sandbox's task (after the event stream was
+    /// interrupted, exits may have been missed).
+    pub async fn reconcile(&self) {
+        let ids: Vec<String> = self.table.read().keys().cloned().collect();
+        for id in ids {
+            let Some(mut e) = self.table.read().get(&id).cloned() else {
+                continue;
+            };
+            if e.phase == SandboxPhase::Creating {
+                continue;
+            }
+            self.refresh_from_task(&mut e).await;
+            if let Some(cur) = self.table.write().get_mut(&id)
+                && cur.phase != SandboxPhase::Creating
+            {
+                cur.phase = e.phase;
+                cur.pid = e.pid;
+                cur.exit_code = e.exit_code;
+                cur.message = e.message;
+            }
+        }
+    }
+
+    /// A task's init process exited.
+    pub fn on_exit(&self, container_id: &str, exit_status: u32) {
+        if let Some(e) = self.table.write().get_mut(container_id) {
+            e.exited(exit_status);
+            tracing::info!(sandbox = %container_id, exit_status, phase = ?e.phase, "sandbox exited");
+        }
+    }
+
+    pub fn on_oom(&self, container_id: &str) {
+        if let Some(e) = self.table.write().get_mut(container_id) {
+            e.message = "out of memory: the memory limit was hit".into();
+        }
+    }
+}
+
+impl proxy::SandboxLookup for Sandboxes {
+    fn lookup(&self, sandbox_id: &str) -> Option<proxy::Route> {
+        let t = self.table.read();
+        let e = t.get(sandbox_id)?;
+        // Only live sandboxes route; a stale pid could name another process.
+        if e.pid == 0 || !matches!(e.phase, SandboxPhase::Running) {
+            return None;
+        }
+        Some(proxy::Route {
+            pid: e.pid,
+            token_sha256: e.token_sha256,
+        })
+    }
+}
+
+fn entry_from_labels(c: &Container) -> Option<Entry> {
+    let l = &c.labels;
+    let get = |k: &str| l.get(k).cloned().unwrap_or_default();
+    let mut token_sha256 = [0u8; 32];
+    hex::decode_to_slice(l.get(labels::TOKEN_SHA256)?, &mut token_sha256).ok()?;
+    Some(Entry {
+        id: c.id.clone(),
+        name: get(labels::NAME),
+        namespace: get(labels::NAMESPACE),
+        record_uid: get(labels::RECORD_UID),
+        image: get(labels::IMAGE),
+        runtime: get(labels::RUNTIME),
+        pool: get(labels::POOL),
+        created_at_ms: get(labels::CREATED_AT).parse().unwrap_or(0),
+        phase: SandboxPhase::Unknown,
+        exit_code: 0,
+        pid: 0,
+        message: String::new(),
+        exposed_ports: get(labels::EXPOSED_PORTS)
+            .split(',')
+            .filter_map(|p| p.parse().ok())
+            .collect(),
+        token_sha256,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_follow_containerd_rules() {
+        for ok in ["a", "sb-1", "A.b_c", &"x".repeat(76)] {
+            assert!(validate_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "a/b", "../x", "a b", &"x".repeat(77)] {
+            assert!(validate_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn labels_round_trip_into_an_entry() {
+        let token: [u8; 32] = Sha256::digest(b"tok").into();
+        let c = Container {
+            id: "sb1".into(),
+            labels: HashMap::from([
+                (labels::MANAGED.to_string(), "true".to_string()),
+                (labels::NAME.to_string(), "n".to_string()),
+                (labels::TOKEN_SHA256.to_string(), hex::encode(token)),
+                (labels::CREATED_AT.to_string(), "42".to_string()),
+                (labels::EXPOSED_PORTS.to_string(), "8080,9000".to_string()),
+            ]),
+            ..Default::default()
+        };
+        let e = entry_from_labels(&c).unwrap();
+        assert_eq!(e.name, "n");
+        assert_eq!(e.token_sha256, token);
+        assert_eq!(e.created_at_ms, 42);
+        assert_eq!(e.exposed_ports, vec![8080, 9000]);
+        let mut no_token = c.clone();
+        no_token.labels.remove(labels::TOKEN_SHA256);
+        assert!(entry_from_labels(&no_token).is_none());
+    }
+}

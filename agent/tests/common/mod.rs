@@ -1,0 +1,190 @@
+//! Shared set-up for the agent's integration tests: a private containerd
+//! (the test bed), the busybox image, the static execd, and a started agent.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sandbolt_agent::server::BearerToken;
+use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
+use sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient;
+use sandbolt_proto::agent::v1::{CreateSandboxRequest, SandboxSpec};
+use sandbolt_testbed::{Testbed, busybox_image, execd_binary};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+pub const NS: &str = "k8s.io";
+pub const TOKEN: &str = "agent-test-token";
+
+pub type Client = AgentServiceClient<InterceptedService<Channel, BearerToken>>;
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "sandbolt_agent=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A test bed with busybox imported into [`NS`].
+pub fn bed() -> Testbed {
+    init_tracing();
+    let bed = Testbed::start().expect("test bed (private containerd) must start");
+    bed.import_image(&busybox_image().expect("busybox image"), NS)
+        .expect("import busybox");
+    bed
+}
+
+pub fn config(bed: &Testbed, state: &Path, agent_id: &str) -> AgentConfig {
+    let execd = execd_binary().expect("static execd binary");
+    let mut cfg = AgentConfig::new(agent_id, bed.containerd_socket(), execd, state, TOKEN);
+    cfg.stop_grace_period = Duration::from_secs(2);
+    cfg.pull_timeout = Duration::from_secs(20);
+    cfg
+}
+
+pub struct Env {
+    // Field order: the agent stops before the bed goes away.
+    pub agent: Option<AgentHandle>,
+    pub client: Client,
+    pub state: tempfile::TempDir,
+    pub bed: Testbed,
+}
+
+impl Env {
+    pub async fn start() -> Env {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(tweak: impl FnOnce(&mut AgentConfig)) -> Env {
+        let bed = tokio::task::spawn_blocking(bed).await.unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let mut cfg = config(&bed, state.path(), "agent-test");
+        tweak(&mut cfg);
+        let agent = Agent::start(cfg).await.expect("agent starts");
+        let client = client(agent.grpc_addr(), TOKEN).await;
+        Env {
+            agent: Some(agent),
+            client,
+            state,
+            bed,
+        }
+    }
+
+    pub fn agent(&self) -> &AgentHandle {
+        self.agent.as_ref().unwrap()
+    }
+
+    pub fn log_path(&self, id: &str) -> PathBuf {
+        self.state.path().join("logs").join(format!("{id}.log"))
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> String {
+        let out = self.bed.ctr(NS).args(args).output().expect("ctr runs");
+        assert!(
+            out.status.success(),
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(a) = self.agent.take() {
+            a.shutdown().await;
+        }
+        tokio::task::spawn_blocking(move || drop(self))
+            .await
+            .unwrap();
+    }
+}
+
+pub async fn client(addr: std::net::SocketAddr, token: &str) -> Client {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to agent");
+    AgentServiceClient::with_interceptor(channel, BearerToken::new(token).unwrap())
+}
+
+pub fn spec(id: &str, command: &[&str]) -> SandboxSpec {
+    SandboxSpec {
+        sandbox_id: id.to_string(),
+        name: format!("name-{id}"),
+        namespace: "tests".into(),
+        image: "busybox".into(),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        access_token: format!("token-{id}"),
+        ..Default::default()
+    }
+}
+
+pub fn create_req(spec: SandboxSpec) -> CreateSandboxRequest {
+    CreateSandboxRequest { spec: Some(spec) }
+}
+
+/// Polls `f` every 20 ms until it returns Some or `limit` passes (then panics
+/// with `what`). The limit only bounds a broken run; it asserts no speed.
+pub async fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if start.elapsed() > limit {
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What of sandbox `id` still exists: containers, tasks, snapshots, mounts,
+/// log file, cgroup directories. Empty means nothing is left.
+pub fn leftovers(env: &Env, id: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    let containers = env.ctr(&["containers", "list", "-q"]);
+    if containers.lines().any(|l| l.trim() == id) {
+        left.push(format!("container {id}"));
+    }
+    let tasks = env.ctr(&["tasks", "list", "-q"]);
+    if tasks.lines().any(|l| l.trim() == id) {
+        left.push(format!("task {id}"));
+    }
+    let snaps = env.ctr(&["snapshots", "--snapshotter", "overlayfs", "list"]);
+    if snaps
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(id))
+    {
+        left.push(format!("snapshot {id}"));
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for l in mounts.lines().filter(|l| l.contains(id)) {
+        left.push(format!("mount: {l}"));
+    }
+    if env.log_path(id).exists() {
+        left.push(format!("log file {}", env.log_path(id).display()));
+    }
+    for ctl in ["memory", "pids", "cpu", "freezer"] {
+        let p = Path::new("/sys/fs/cgroup")
+            .join(ctl)
+            .join("sandbolt")
+            .join(id);
+        if p.exists() {
+            left.push(format!("cgroup {}", p.display()));
+        }
+    }
+    let bundle = env
+        .bed
+        .root()
+        .join("containerd/state/io.containerd.runtime.v2.task")
+        .join(NS)
+        .join(id);
+    if bundle.exists() {
+        left.push(format!("bundle {}", bundle.display()));
+    }
+    left
+}

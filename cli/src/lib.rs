@@ -1,0 +1,106 @@
+//! The `sandbolt` command: every component behind one binary.
+//!
+//! `main.rs` only calls [`main`]; each subcommand lives in its own module
+//! and turns flags into the component's library config.
+
+mod agent_cmd;
+mod containerd;
+mod controller_cmd;
+mod lifecycle_cmd;
+mod logging;
+mod secrets;
+mod up;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+const ABOUT: &str = "sandbolt: a fast-path runtime for AI-agent sandboxes";
+
+const LONG_ABOUT: &str = "\
+sandbolt creates isolated Linux sandboxes in milliseconds. A controller places
+each sandbox on a node agent by image affinity and records it (fast or strong
+consistency); the agent creates the container directly over the containerd
+socket with execd (the OpenSandbox execd API) as its PID 1; the lifecycle
+server speaks the OpenSandbox Lifecycle REST API, so the official SDKs work
+unchanged, on top of the controller or, where there is no containerd, Docker.
+
+Start everything on one machine with `sandbolt up`; run the components
+separately (controller, agent, lifecycle) in a cluster.";
+
+#[derive(Debug, Parser)]
+#[command(name = "sandbolt", version, about = ABOUT, long_about = LONG_ABOUT)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+
+    /// Log filter (tracing EnvFilter syntax), e.g. `info,sandbolt_agent=debug`.
+    #[arg(long, global = true, env = "SANDBOLT_LOG", default_value = "info")]
+    log: String,
+
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true, env = "SANDBOLT_LOG_JSON")]
+    log_json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run controller, agent and lifecycle in one process on this machine
+    /// (containerd, or Docker where there is no containerd).
+    Up(up::UpArgs),
+    /// Run the controller: agent registry, placement, durable records, and
+    /// the FastPath v1 + v2 gRPC API.
+    Controller(controller_cmd::ControllerArgs),
+    /// Run a node agent: creates sandboxes over the containerd socket and
+    /// serves the data-plane proxy into them.
+    Agent(agent_cmd::AgentArgs),
+    /// Run the OpenSandbox Lifecycle REST API on a controller or on Docker.
+    Lifecycle(lifecycle_cmd::LifecycleArgs),
+}
+
+/// Parses the command line, runs the subcommand, and maps its outcome to an
+/// exit code (errors are printed with their causes).
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = logging::init(&cli.log, cli.log_json) {
+        eprintln!("sandbolt: {e:#}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sandbolt")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandbolt: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Up(args) => up::run(args).await,
+            Command::Controller(args) => controller_cmd::run(args).await,
+            Command::Agent(args) => agent_cmd::run(args).await,
+            Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("sandbolt: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves when the process is asked to stop (SIGINT or SIGTERM).
+pub(crate) async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+    }
+}

@@ -1,0 +1,276 @@
+//! `sandbolt up`: the whole system on one machine, in one process.
+//!
+//! The components still talk over their real interfaces (gRPC on loopback),
+//! so this is the same code path as a cluster, only co-located.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use sandbolt_agent::{Agent, AgentConfig};
+use sandbolt_controller::{Controller, ControllerConfig};
+use sandbolt_lifecycle::{BackendConfig, DockerConfig, FastPathConfig, Lifecycle};
+
+use crate::containerd::{self, Supervised};
+use crate::controller_cmd::ConsistencyArg;
+use crate::lifecycle_cmd;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum RuntimeChoice {
+    /// containerd if its socket answers (or it can be started), else Docker.
+    Auto,
+    Containerd,
+    Docker,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct UpArgs {
+    /// Where records, logs and state live.
+    #[arg(long, env = "SANDBOLT_DATA_DIR", default_value = "/var/lib/sandbolt")]
+    data_dir: PathBuf,
+    /// Engine that runs sandboxes.
+    #[arg(long, env = "SANDBOLT_RUNTIME", value_enum, default_value = "auto")]
+    runtime: RuntimeChoice,
+    /// containerd's socket; when nothing answers there and containerd is
+    /// installed, `up` starts and supervises one.
+    #[arg(
+        long,
+        env = "SANDBOLT_CONTAINERD_SOCKET",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    containerd_socket: PathBuf,
+    /// containerd namespace (`k8s.io` shares the kubelet's image cache).
+    #[arg(long, env = "SANDBOLT_CONTAINERD_NAMESPACE", default_value = "k8s.io")]
+    containerd_namespace: String,
+    /// Docker engine socket (the fallback runtime).
+    #[arg(
+        long,
+        env = "SANDBOLT_DOCKER_SOCKET",
+        default_value = "/var/run/docker.sock"
+    )]
+    docker_socket: PathBuf,
+    /// FastPath v1 + v2 gRPC address (open: keep it on a private address).
+    #[arg(
+        long,
+        env = "SANDBOLT_FASTPATH_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    fastpath_listen: SocketAddr,
+    /// OpenSandbox Lifecycle REST API address.
+    #[arg(
+        long,
+        env = "SANDBOLT_LIFECYCLE_LISTEN",
+        default_value = "127.0.0.1:8080"
+    )]
+    lifecycle_listen: SocketAddr,
+    /// Key clients send in the OPEN-SANDBOX-API-KEY header.
+    #[arg(long, env = "SANDBOLT_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Run the lifecycle API without a key.
+    #[arg(long, env = "SANDBOLT_INSECURE")]
+    insecure: bool,
+    /// Host directory that host-path volumes may lie under (repeatable).
+    #[arg(
+        long = "allow-host-path",
+        env = "SANDBOLT_ALLOW_HOST_PATH",
+        value_delimiter = ','
+    )]
+    allow_host_path: Vec<PathBuf>,
+    /// How often the janitor scans for orphaned containers.
+    #[arg(long, env = "SANDBOLT_JANITOR_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    janitor_interval: Duration,
+    /// The static execd injected into every sandbox (default: `execd` next
+    /// to this binary).
+    #[arg(long, env = "SANDBOLT_EXECD_BIN")]
+    execd_bin: Option<PathBuf>,
+    /// The agent's AgentService address (loopback: only the controller calls it).
+    #[arg(long, env = "SANDBOLT_AGENT_LISTEN", default_value = "127.0.0.1:9091")]
+    agent_listen: SocketAddr,
+    /// The agent's data-plane proxy (the endpoints clients are given).
+    #[arg(long, env = "SANDBOLT_PROXY_LISTEN", default_value = "127.0.0.1:9092")]
+    proxy_listen: SocketAddr,
+    /// Consistency of creates that do not ask for one.
+    #[arg(long, env = "SANDBOLT_CONSISTENCY", value_enum, default_value = "fast")]
+    consistency: ConsistencyArg,
+    /// Require `authorization: Bearer <token>` on the FastPath port.
+    #[arg(long, env = "SANDBOLT_FASTPATH_TOKEN", hide_env_values = true)]
+    fastpath_token: Option<String>,
+    /// Most sandboxes this machine runs at once.
+    #[arg(long, env = "SANDBOLT_MAX_SANDBOXES", default_value_t = 256)]
+    max_sandboxes: u32,
+}
+
+enum Engine {
+    Containerd { supervised: Option<Supervised> },
+    Docker,
+}
+
+pub(crate) async fn run(args: UpArgs) -> anyhow::Result<()> {
+    lifecycle_cmd::check_auth(&args.api_key, args.insecure)?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating the data dir {}", args.data_dir.display()))?;
+    let execd = crate::agent_cmd::resolve_execd(args.execd_bin.clone())?;
+
+    match choose_engine(&args).await? {
+        Engine::Containerd { supervised } => {
+            let result = run_on_containerd(&args, execd).await;
+            if let Some(s) = supervised {
+                s.shutdown().await;
+            }
+            result
+        }
+        Engine::Docker => run_on_docker(&args, execd).await,
+    }
+}
+
+async fn choose_engine(args: &UpArgs) -> anyhow::Result<Engine> {
+    let socket = &args.containerd_socket;
+    if args.runtime != RuntimeChoice::Docker {
+        if containerd::answers(socket).await {
+            tracing::info!(socket = %socket.display(), "using the running containerd");
+            return Ok(Engine::Containerd { supervised: None });
+        }
+        if containerd::binary().is_some() {
+            let supervised = Supervised::start(socket, &args.data_dir).await?;
+            return Ok(Engine::Containerd {
+                supervised: Some(supervised),
+            });
+        }
+        if args.runtime == RuntimeChoice::Containerd {
+            bail!(
+                "--runtime containerd: nothing answers on {} and containerd is not installed (apt-get install -y containerd runc)",
+                socket.display()
+            );
+        }
+    }
+    if docker_answers(&args.docker_socket).await {
+        tracing::info!(socket = %args.docker_socket.display(), "no containerd: using the Docker engine");
+        return Ok(Engine::Docker);
+    }
+    bail!(
+        "no container runtime: containerd does not answer on {} (and is not installed), and Docker does not answer on {}",
+        socket.display(),
+        args.docker_socket.display()
+    )
+}
+
+async fn docker_answers(socket: &Path) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut s = tokio::net::UnixStream::connect(socket).await.ok()?;
+        s.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            .await
+            .ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        String::from_utf8_lossy(&buf)
+            .starts_with("HTTP/1.0 200")
+            .then_some(())
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), probe).await,
+        Ok(Some(()))
+    )
+}
+
+async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> {
+    // Components in one process still authenticate to each other.
+    let agent_token = crate::secrets::random_token()?;
+    let host = crate::secrets::hostname();
+
+    let mut controller_config = ControllerConfig::new(
+        args.fastpath_listen,
+        args.data_dir.join("controller"),
+        agent_token.clone(),
+    );
+    controller_config.fastpath_token = args.fastpath_token.clone();
+    controller_config.default_consistency = args.consistency.into();
+    let controller = Controller::start(controller_config)
+        .await
+        .with_context(|| format!("starting the controller on {}", args.fastpath_listen))?;
+    let fastpath = controller.local_addr();
+
+    let mut agent_config = AgentConfig::new(
+        host.clone(),
+        &args.containerd_socket,
+        execd,
+        args.data_dir.join("agent"),
+        agent_token.clone(),
+    );
+    agent_config.node_name = host;
+    agent_config.containerd_namespace = args.containerd_namespace.clone();
+    agent_config.grpc_listen = args.agent_listen;
+    agent_config.proxy_listen = args.proxy_listen;
+    agent_config.controller_endpoint = Some(format!("http://{fastpath}"));
+    agent_config.controller_token = Some(agent_token);
+    agent_config.max_sandboxes = args.max_sandboxes;
+    agent_config.allowed_host_paths = args.allow_host_path.clone();
+    let agent = match Agent::start(agent_config).await {
+        Ok(a) => a,
+        Err(e) => {
+            controller.shutdown().await;
+            return Err(e).context("starting the agent");
+        }
+    };
+
+    let lifecycle_config = lifecycle_cmd::config(
+        args.lifecycle_listen,
+        args.api_key.clone(),
+        args.insecure,
+        BackendConfig::FastPath(FastPathConfig::new(format!("http://{fastpath}"))),
+        args.data_dir.join("lifecycle"),
+        args.allow_host_path.clone(),
+    );
+    let lifecycle = match Lifecycle::start(lifecycle_config).await {
+        Ok(l) => l,
+        Err(e) => {
+            agent.shutdown().await;
+            controller.shutdown().await;
+            return Err(e).context("starting the lifecycle API");
+        }
+    };
+
+    tracing::warn!(
+        interval = ?args.janitor_interval,
+        "the janitor is not part of this build yet: orphaned containers are not reaped"
+    );
+    tracing::info!(
+        lifecycle = %format!("http://{}", lifecycle.addr()),
+        fastpath = %fastpath,
+        agent = %agent.grpc_addr(),
+        proxy = %agent.proxy_addr(),
+        runtime = "containerd",
+        "sandbolt is up"
+    );
+
+    crate::shutdown_signal().await;
+    if let Err(e) = lifecycle.shutdown().await {
+        tracing::warn!(error = %e, "lifecycle API shutdown");
+    }
+    agent.shutdown().await;
+    controller.shutdown().await;
+    Ok(())
+}
+
+async fn run_on_docker(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> {
+    let config = lifecycle_cmd::config(
+        args.lifecycle_listen,
+        args.api_key.clone(),
+        args.insecure,
+        BackendConfig::Docker(DockerConfig::new(&args.docker_socket, execd)),
+        args.data_dir.join("lifecycle"),
+        args.allow_host_path.clone(),
+    );
+    let lifecycle = Lifecycle::start(config)
+        .await
+        .context("starting the lifecycle API on Docker")?;
+    tracing::info!(
+        lifecycle = %format!("http://{}", lifecycle.addr()),
+        runtime = "docker",
+        "sandbolt is up (Docker fallback: no controller or agent)"
+    );
+    crate::shutdown_signal().await;
+    lifecycle.shutdown().await?;
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! Standalone controller process (the `sandbolt` CLI embeds the library the
+//! same way). Configured by environment, so tests can run it as a child and
+//! `kill -9` it:
+//!
+//! - `SANDBOLT_CONTROLLER_LISTEN` (default `127.0.0.1:0`)
+//! - `SANDBOLT_CONTROLLER_DATA_DIR` (required)
+//! - `SANDBOLT_AGENT_TOKEN` (required), `SANDBOLT_FASTPATH_TOKEN` (optional)
+//! - `SANDBOLT_CONSISTENCY` = `strong` | `fast`
+//! - `SANDBOLT_HEARTBEAT_MS`, `SANDBOLT_LOST_AGENT_MS`, `SANDBOLT_EXPIRY_SWEEP_MS`
+//! - `SANDBOLT_CONTROLLER_FAILPOINT` (see `Failpoint`)
+//!
+//! Prints `SANDBOLT_CONTROLLER_LISTENING <addr>` on stdout once serving.
+
+use std::time::Duration;
+
+use sandbolt_controller::{Consistency, Controller, ControllerConfig};
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn ms(name: &str) -> Option<Duration> {
+    env(name).and_then(|v| v.parse().ok()).map(Duration::from_millis)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber_init();
+    let listen = env("SANDBOLT_CONTROLLER_LISTEN").unwrap_or_else(|| "127.0.0.1:0".into()).parse()?;
+    let data_dir = env("SANDBOLT_CONTROLLER_DATA_DIR").ok_or("SANDBOLT_CONTROLLER_DATA_DIR is required")?;
+    let token = env("SANDBOLT_AGENT_TOKEN").ok_or("SANDBOLT_AGENT_TOKEN is required")?;
+    let mut cfg = ControllerConfig::new(listen, data_dir, token);
+    cfg.fastpath_token = env("SANDBOLT_FASTPATH_TOKEN");
+    if let Some(m) = env("SANDBOLT_CONSISTENCY") {
+        cfg.default_consistency = match m.as_str() {
+            "fast" => Consistency::Fast,
+            "strong" => Consistency::Strong,
+            other => return Err(format!("SANDBOLT_CONSISTENCY: unknown mode {other:?}").into()),
+        };
+    }
+    if let Some(d) = ms("SANDBOLT_HEARTBEAT_MS") {
+        cfg.heartbeat_interval = d;
+    }
+    if let Some(d) = ms("SANDBOLT_LOST_AGENT_MS") {
+        cfg.lost_agent_timeout = d;
+        cfg.startup_grace = d;
+    }
+    if let Some(d) = ms("SANDBOLT_EXPIRY_SWEEP_MS") {
+        cfg.expiry_sweep_interval = d;
+    }
+    let handle = Controller::start(cfg).await?;
+    println!("SANDBOLT_CONTROLLER_LISTENING {}", handle.local_addr());
+    tokio::signal::ctrl_c().await?;
+    handle.shutdown().await;
+    Ok(())
+}
+
+fn tracing_subscriber_init() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+}

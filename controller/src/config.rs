@@ -1,0 +1,101 @@
+//! Controller configuration. The CLI (`sandbolt controller`, `sandbolt up`)
+//! fills it; every field has a default that suits a single machine.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::store::Consistency;
+
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// One gRPC port: fastpath.v2, fastpath.v1 and sandbolt's RegistryService.
+    /// Port 0 picks a free one (see `ControllerHandle::local_addr`).
+    pub listen: SocketAddr,
+    /// Holds `controller.redb`.
+    pub data_dir: PathBuf,
+    /// Used when a request does not ask for a mode (v2 never does; v1's
+    /// enum cannot say "unset" apart from FAST, see `fastpath::v1`).
+    pub default_consistency: Consistency,
+    /// Agents must present `authorization: Bearer <agent_token>` on
+    /// RegistryService; the controller presents it to agents too. Required.
+    pub agent_token: String,
+    /// When set, FastPath calls must carry `authorization: Bearer <token>`.
+    /// `None` runs the port open (bind it to a private address): the
+    /// OpenSandbox server's client uses an insecure channel with no token.
+    pub fastpath_token: Option<String>,
+    /// What agents are told to use between heartbeats.
+    pub heartbeat_interval: Duration,
+    /// An agent silent this long is lost (failure policies apply).
+    pub lost_agent_timeout: Duration,
+    pub expiry_sweep_interval: Duration,
+    /// Upper bound for one agent create (image + container + execd ready).
+    pub create_deadline: Duration,
+    /// Fast mode: attempts to commit the record after the container exists.
+    pub record_commit_attempts: u32,
+    /// AUTO_RECREATE sandboxes created with `recovery_timeout_seconds` = 0.
+    pub default_recovery_timeout: Duration,
+    /// After a restart, writes wait this long at most for the agents known
+    /// from the store to heartbeat (their inventories complete the registry).
+    pub startup_grace: Duration,
+    /// Test hook: stop dead at a named point so a test can `kill -9` there.
+    pub failpoint: Option<Failpoint>,
+}
+
+impl ControllerConfig {
+    pub fn new(listen: SocketAddr, data_dir: impl Into<PathBuf>, agent_token: impl Into<String>) -> Self {
+        Self {
+            listen,
+            data_dir: data_dir.into(),
+            default_consistency: Consistency::Strong,
+            agent_token: agent_token.into(),
+            fastpath_token: None,
+            heartbeat_interval: Duration::from_secs(2),
+            lost_agent_timeout: Duration::from_secs(10),
+            expiry_sweep_interval: Duration::from_secs(1),
+            create_deadline: Duration::from_secs(60),
+            record_commit_attempts: 5,
+            default_recovery_timeout: Duration::from_secs(60),
+            startup_grace: Duration::from_secs(10),
+            failpoint: Failpoint::from_env(),
+        }
+    }
+}
+
+/// Points where a test can freeze the controller (it then sits there until
+/// killed). Chosen with `SANDBOLT_CONTROLLER_FAILPOINT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failpoint {
+    /// Strong mode: the record is committed, the agent not yet called.
+    StrongAfterRecord,
+    /// Fast mode: the container exists, the record is not written yet.
+    FastAfterCreate,
+}
+
+pub const FAILPOINT_ENV: &str = "SANDBOLT_CONTROLLER_FAILPOINT";
+
+impl Failpoint {
+    pub fn from_env() -> Option<Self> {
+        match std::env::var(FAILPOINT_ENV).ok()?.as_str() {
+            "strong-after-record" => Some(Self::StrongAfterRecord),
+            "fast-after-create" => Some(Self::FastAfterCreate),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::StrongAfterRecord => "strong-after-record",
+            Self::FastAfterCreate => "fast-after-create",
+        }
+    }
+}
+
+/// Stops this task forever if `point` is the configured failpoint, after
+/// saying so on stderr (the test waits for that line, then sends SIGKILL).
+pub(crate) async fn failpoint(config: &ControllerConfig, point: Failpoint) {
+    if config.failpoint == Some(point) {
+        eprintln!("SANDBOLT_FAILPOINT_REACHED {}", point.name());
+        std::future::pending::<()>().await;
+    }
+}

@@ -1,0 +1,280 @@
+//! The embedded store: one redb file, the default for `sandbolt up`.
+//!
+//! Records are JSON (readable with any redb tool while debugging; the record
+//! is small and the write cost is the fsync, not the encoding). Every write
+//! is one transaction with `Durability::Immediate`, so a record the
+//! controller acknowledged survives `kill -9`.
+
+use std::ops::Bound;
+use std::path::Path;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use super::{AgentRecord, SandboxRecord, Store, StoreError, StoreResult};
+
+/// `namespace \0 name` → record JSON.
+const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
+/// request id → `namespace \0 name`.
+const REQUEST_IDS: TableDefinition<&str, &str> = TableDefinition::new("request_ids");
+/// agent id → agent JSON.
+const AGENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agents");
+
+pub struct RedbStore {
+    db: Database,
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}\0{name}")
+}
+
+fn decode(bytes: &[u8]) -> StoreResult<SandboxRecord> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> StoreResult<Vec<u8>> {
+    serde_json::to_vec(v).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+impl RedbStore {
+    /// Opens (or creates) `dir/controller.redb`.
+    pub fn open(dir: &Path) -> StoreResult<Self> {
+        std::fs::create_dir_all(dir).map_err(backend)?;
+        let db = Database::create(dir.join("controller.redb")).map_err(backend)?;
+        // Create the tables up front so readers never see "table missing".
+        let tx = db.begin_write().map_err(backend)?;
+        tx.open_table(SANDBOXES).map_err(backend)?;
+        tx.open_table(REQUEST_IDS).map_err(backend)?;
+        tx.open_table(AGENTS).map_err(backend)?;
+        tx.commit().map_err(backend)?;
+        Ok(Self { db })
+    }
+}
+
+impl Store for RedbStore {
+    fn create(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        let mut out = record.clone();
+        {
+            let mut sandboxes = tx.open_table(SANDBOXES).map_err(backend)?;
+            let mut rids = tx.open_table(REQUEST_IDS).map_err(backend)?;
+            if !record.request_id.is_empty() {
+                let holder = rids.get(record.request_id.as_str()).map_err(backend)?.map(|g| g.value().to_string());
+                if let Some(k) = holder {
+                    if let Some(existing) = sandboxes.get(k.as_str()).map_err(backend)? {
+                        return Err(StoreError::AlreadyExists(Box::new(decode(existing.value())?)));
+                    }
+                }
+            }
+            let k = key(&record.namespace, &record.name);
+            if let Some(existing) = sandboxes.get(k.as_str()).map_err(backend)? {
+                return Err(StoreError::AlreadyExists(Box::new(decode(existing.value())?)));
+            }
+            out.revision = 1;
+            sandboxes.insert(k.as_str(), encode(&out)?.as_slice()).map_err(backend)?;
+            if !record.request_id.is_empty() {
+                rids.insert(record.request_id.as_str(), k.as_str()).map_err(backend)?;
+            }
+        }
+        tx.commit().map_err(backend)?;
+        Ok(out)
+    }
+
+    fn get(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        let t = tx.open_table(SANDBOXES).map_err(backend)?;
+        t.get(key(namespace, name).as_str()).map_err(backend)?.map(|g| decode(g.value())).transpose()
+    }
+
+    fn get_by_request_id(&self, request_id: &str) -> StoreResult<Option<SandboxRecord>> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        let rids = tx.open_table(REQUEST_IDS).map_err(backend)?;
+        let Some(k) = rids.get(request_id).map_err(backend)?.map(|g| g.value().to_string()) else {
+            return Ok(None);
+        };
+        let t = tx.open_table(SANDBOXES).map_err(backend)?;
+        t.get(k.as_str()).map_err(backend)?.map(|g| decode(g.value())).transpose()
+    }
+
+    fn replace(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        let mut out = record.clone();
+        {
+            let mut t = tx.open_table(SANDBOXES).map_err(backend)?;
+            let k = key(&record.namespace, &record.name);
+            let current = match t.get(k.as_str()).map_err(backend)? {
+                Some(g) => decode(g.value())?,
+                None => return Err(StoreError::NotFound(record.namespace.clone(), record.name.clone())),
+            };
+            if current.revision != record.revision || current.uid != record.uid {
+                return Err(StoreError::Conflict(record.namespace.clone(), record.name.clone()));
+            }
+            out.revision = current.revision + 1;
+            t.insert(k.as_str(), encode(&out)?.as_slice()).map_err(backend)?;
+        }
+        tx.commit().map_err(backend)?;
+        Ok(out)
+    }
+
+    fn delete(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        let removed = {
+            let mut t = tx.open_table(SANDBOXES).map_err(backend)?;
+            let removed = t.remove(key(namespace, name).as_str()).map_err(backend)?.map(|g| decode(g.value()));
+            let removed = removed.transpose()?;
+            if let Some(r) = &removed {
+                if !r.request_id.is_empty() {
+                    let mut rids = tx.open_table(REQUEST_IDS).map_err(backend)?;
+                    rids.remove(r.request_id.as_str()).map_err(backend)?;
+                }
+            }
+            removed
+        };
+        tx.commit().map_err(backend)?;
+        Ok(removed)
+    }
+
+    fn list(&self, namespace: Option<&str>, after: Option<&str>, limit: usize) -> StoreResult<Vec<SandboxRecord>> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        let t = tx.open_table(SANDBOXES).map_err(backend)?;
+        let mut out = Vec::new();
+        let (lo, hi): (Bound<String>, Bound<String>) = match namespace {
+            Some(ns) => (
+                match after {
+                    Some(a) => Bound::Excluded(key(ns, a)),
+                    None => Bound::Included(format!("{ns}\0")),
+                },
+                Bound::Excluded(format!("{ns}\u{1}")),
+            ),
+            None => (Bound::Unbounded, Bound::Unbounded),
+        };
+        let range = t
+            .range::<&str>((lo.as_ref().map(|s| s.as_str()), hi.as_ref().map(|s| s.as_str())))
+            .map_err(backend)?;
+        for item in range {
+            let (_, v) = item.map_err(backend)?;
+            out.push(decode(v.value())?);
+            if limit != 0 && out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        {
+            let mut t = tx.open_table(AGENTS).map_err(backend)?;
+            t.insert(agent.agent_id.as_str(), encode(agent)?.as_slice()).map_err(backend)?;
+        }
+        tx.commit().map_err(backend)
+    }
+
+    fn list_agents(&self) -> StoreResult<Vec<AgentRecord>> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        let t = tx.open_table(AGENTS).map_err(backend)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(backend)? {
+            let (_, v) = item.map_err(backend)?;
+            out.push(serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt(e.to_string()))?);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Consistency, FailurePolicy, Phase};
+
+    pub(crate) fn record(ns: &str, name: &str, rid: &str) -> SandboxRecord {
+        SandboxRecord {
+            uid: format!("uid-{name}"),
+            name: name.into(),
+            namespace: ns.into(),
+            sandbox_id: format!("sb-{name}"),
+            agent_id: "agent-1".into(),
+            pool: "default".into(),
+            image: "busybox".into(),
+            command: vec!["sleep".into()],
+            args: vec!["1000".into()],
+            envs: [("A".to_string(), "1".to_string())].into(),
+            working_dir: "/".into(),
+            exposed_ports: vec![],
+            metadata: [("team".to_string(), "x".to_string())].into(),
+            expires_at: 0,
+            failure_policy: FailurePolicy::Manual,
+            recovery_timeout_seconds: 0,
+            reset_revision: String::new(),
+            generation: 1,
+            phase: Phase::Pending,
+            message: String::new(),
+            request_id: rid.into(),
+            access_token: "tok".into(),
+            consistency: Consistency::Strong,
+            created_at_unix_ms: 1,
+            assignment_attempt: 1,
+            recovery_deadline_unix_ms: 0,
+            events: vec![],
+            revision: 0,
+        }
+    }
+
+    #[test]
+    fn crud_idempotency_and_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = RedbStore::open(dir.path()).unwrap();
+            let r = s.create(&record("default", "a", "req-a")).unwrap();
+            assert_eq!(r.revision, 1);
+            // Same request id under another name: the holder comes back.
+            match s.create(&record("default", "other", "req-a")) {
+                Err(StoreError::AlreadyExists(h)) => assert_eq!(h.name, "a"),
+                other => panic!("{other:?}"),
+            }
+            // Same name, other request id: conflict on the name.
+            match s.create(&record("default", "a", "req-b")) {
+                Err(StoreError::AlreadyExists(h)) => assert_eq!(h.request_id, "req-a"),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(s.get_by_request_id("req-a").unwrap().unwrap().name, "a");
+            let mut upd = r.clone();
+            upd.phase = Phase::Running;
+            let upd = s.replace(&upd).unwrap();
+            assert_eq!(upd.revision, 2);
+            // A stale writer loses.
+            assert!(matches!(s.replace(&r), Err(StoreError::Conflict(..))));
+            s.create(&record("default", "b", "")).unwrap();
+            s.create(&record("team", "c", "req-c")).unwrap();
+            s.put_agent(&AgentRecord {
+                agent_id: "agent-1".into(),
+                namespace: "default".into(),
+                pool: "default".into(),
+                api_endpoint: "127.0.0.1:1".into(),
+                proxy_endpoint: "127.0.0.1:2".into(),
+                capacity: 4,
+                node_name: "n".into(),
+            })
+            .unwrap();
+        }
+        // Reopen: everything is still there.
+        let s = RedbStore::open(dir.path()).unwrap();
+        let a = s.get("default", "a").unwrap().unwrap();
+        assert_eq!((a.phase, a.revision), (Phase::Running, 2));
+        let names = |v: Vec<SandboxRecord>| v.into_iter().map(|r| r.name).collect::<Vec<_>>();
+        assert_eq!(names(s.list(Some("default"), None, 0).unwrap()), ["a", "b"]);
+        assert_eq!(names(s.list(Some("default"), Some("a"), 0).unwrap()), ["b"]);
+        assert_eq!(names(s.list(Some("default"), None, 1).unwrap()), ["a"]);
+        assert_eq!(names(s.list(Some("team"), None, 0).unwrap()), ["c"]);
+        assert_eq!(s.list(None, None, 0).unwrap().len(), 3);
+        assert_eq!(s.list_agents().unwrap().len(), 1);
+        // Delete frees the name and the request id.
+        assert_eq!(s.delete("default", "a").unwrap().unwrap().name, "a");
+        assert!(s.delete("default", "a").unwrap().is_none());
+        assert!(s.get_by_request_id("req-a").unwrap().is_none());
+        s.create(&record("default", "a", "req-a")).unwrap();
+    }
+}

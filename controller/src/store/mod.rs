@@ -1,0 +1,171 @@
+//! The durable record of every sandbox, behind a `Store` trait.
+//!
+//! The trait is the seam between the controller and where records live:
+//! [`embedded::RedbStore`] (one file, no server) now, Kubernetes custom
+//! resources later. It is shaped after what both can do cheaply: get/create/
+//! replace by key with optimistic concurrency (`revision` plays the part of
+//! Kubernetes' `resourceVersion`), an index by request id for idempotency, and
+//! listing by namespace in name order for pagination.
+
+pub mod embedded;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("sandbox {0}/{1} not found")]
+    NotFound(String, String),
+    /// The name (or the request id) is taken; carries the record holding it.
+    #[error("sandbox {}/{} already exists", .0.namespace, .0.name)]
+    AlreadyExists(Box<SandboxRecord>),
+    /// Someone else wrote the record since it was read.
+    #[error("sandbox {0}/{1} was modified concurrently")]
+    Conflict(String, String),
+    #[error("store backend: {0}")]
+    Backend(String),
+    #[error("store record is corrupt: {0}")]
+    Corrupt(String),
+    /// Injected by tests (a store that refuses writes), never by a backend.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Consistency {
+    /// Agent creates first, record committed afterwards (with retries).
+    Fast,
+    /// Record committed before the agent creates anything.
+    #[default]
+    Strong,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum FailurePolicy {
+    #[default]
+    Manual,
+    AutoRecreate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Record committed, container not confirmed yet (strong mode).
+    Pending,
+    Running,
+    Paused,
+    /// Its agent was lost; being recreated elsewhere (AUTO_RECREATE).
+    Recovering,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub at_unix_nanos: i64,
+    /// `info`, `warning`, `error`.
+    pub level: String,
+    /// `controller`, `agent`, `janitor`, `registry`.
+    pub source: String,
+    pub phase: String,
+    pub message: String,
+}
+
+/// How many events a record keeps (oldest dropped first).
+pub const MAX_EVENTS: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    /// Container id on the agent; changes when the sandbox is recreated.
+    pub sandbox_id: String,
+    pub agent_id: String,
+    pub pool: String,
+    pub image: String,
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    pub envs: BTreeMap<String, String>,
+    pub working_dir: String,
+    pub exposed_ports: Vec<u32>,
+    pub metadata: BTreeMap<String, String>,
+    /// Unix seconds; 0 means the sandbox never expires (manual cleanup).
+    pub expires_at: i64,
+    pub failure_policy: FailurePolicy,
+    pub recovery_timeout_seconds: i32,
+    pub reset_revision: String,
+    /// Bumped by every change of the desired state (spec, metadata, expiry).
+    pub generation: i64,
+    pub phase: Phase,
+    pub message: String,
+    /// Idempotency key of the create; empty when the client sent none.
+    pub request_id: String,
+    /// Per-sandbox secret for execd and the agent's proxy.
+    pub access_token: String,
+    pub consistency: Consistency,
+    pub created_at_unix_ms: i64,
+    /// How many times a container was assigned for this record.
+    pub assignment_attempt: i64,
+    /// Recovering: give up (Failed) after this instant.
+    pub recovery_deadline_unix_ms: i64,
+    pub events: Vec<Event>,
+    /// Store-managed optimistic-concurrency token.
+    pub revision: u64,
+}
+
+impl SandboxRecord {
+    pub fn push_event(&mut self, level: &str, source: &str, message: impl Into<String>) {
+        let message = message.into();
+        tracing::debug!(sandbox = %self.name, namespace = %self.namespace, %level, %source, %message, "event");
+        self.events.push(Event {
+            at_unix_nanos: crate::clock::now_unix_nanos(),
+            level: level.into(),
+            source: source.into(),
+            phase: format!("{:?}", self.phase),
+            message,
+        });
+        if self.events.len() > MAX_EVENTS {
+            let drop = self.events.len() - MAX_EVENTS;
+            self.events.drain(..drop);
+        }
+    }
+
+    /// Whether the record holds a slot on its agent.
+    pub fn holds_slot(&self) -> bool {
+        !self.agent_id.is_empty() && matches!(self.phase, Phase::Pending | Phase::Running | Phase::Paused)
+    }
+}
+
+/// An agent the controller has seen, so a restarted controller knows whom to
+/// wait for and where to reach them before they heartbeat again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub agent_id: String,
+    pub namespace: String,
+    pub pool: String,
+    pub api_endpoint: String,
+    pub proxy_endpoint: String,
+    pub capacity: u32,
+    pub node_name: String,
+}
+
+pub trait Store: Send + Sync + 'static {
+    /// Inserts a new record. Fails with `AlreadyExists` (carrying the holder)
+    /// when the name or the non-empty request id is taken.
+    fn create(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord>;
+    fn get(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>>;
+    fn get_by_request_id(&self, request_id: &str) -> StoreResult<Option<SandboxRecord>>;
+    /// Replaces a record if its stored revision still equals `record.revision`
+    /// (else `Conflict`); returns it with the new revision.
+    fn replace(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord>;
+    /// Deletes a record (and its request id); `None` if it did not exist.
+    fn delete(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>>;
+    /// Records of one namespace (all when `None`), in name order, starting
+    /// after `after`, at most `limit` (0 = all).
+    fn list(&self, namespace: Option<&str>, after: Option<&str>, limit: usize) -> StoreResult<Vec<SandboxRecord>>;
+
+    fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()>;
+    fn list_agents(&self) -> StoreResult<Vec<AgentRecord>>;
+}

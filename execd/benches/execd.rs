@@ -1,0 +1,2 @@
+// Placeholder so the workspace manifest parses; the owner replaces it.
+fn main() {}

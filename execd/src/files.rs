@@ -1,0 +1,894 @@
+//! `/files/*` and `/directories*`.
+
+use std::collections::HashMap;
+use std::fs::{self, File, Metadata};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use axum::body::{Body, Bytes};
+use axum::extract::multipart::{Multipart, MultipartRejection};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::error::{ApiError, code};
+use crate::server::parse_json;
+use crate::util::{Query, UserDb, lchown, mode_from_api, mode_to_api, resolve_owner, resolve_path, rfc3339};
+
+/// Largest `metadata` part of an upload.
+const MAX_METADATA: usize = 64 * 1024;
+/// Read size of downloads.
+const CHUNK: usize = 256 * 1024;
+
+/// `FileInfo` of the contract.
+#[derive(Serialize, Debug, Clone)]
+pub struct FileInfo {
+    pub path: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub size: u64,
+    pub modified_at: String,
+    pub created_at: String,
+    pub owner: String,
+    pub group: String,
+    pub mode: u32,
+}
+
+fn kind_of(md: &Metadata) -> &'static str {
+    let ft = md.file_type();
+    if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_dir() {
+        "directory"
+    } else if ft.is_file() {
+        "file"
+    } else {
+        "other"
+    }
+}
+
+/// Builds a `FileInfo`; `lmd` is the entry's own (lstat) metadata, `md` what it points to.
+fn file_info(path: &Path, lmd: &Metadata, md: Option<&Metadata>, db: &UserDb) -> FileInfo {
+    let m = md.unwrap_or(lmd);
+    let modified = m.modified().unwrap_or(std::time::UNIX_EPOCH);
+    let created = m.created().unwrap_or_else(|_| {
+        std::time::UNIX_EPOCH + std::time::Duration::new(m.ctime().max(0) as u64, m.ctime_nsec().clamp(0, 999_999_999) as u32)
+    });
+    FileInfo {
+        path: path.to_string_lossy().into_owned(),
+        kind: kind_of(lmd),
+        size: if m.is_dir() { 0 } else { m.len() },
+        modified_at: rfc3339(modified),
+        created_at: rfc3339(created),
+        owner: db.user_name(m.uid()),
+        group: db.group_name(m.gid()),
+        mode: mode_to_api(m.permissions().mode()),
+    }
+}
+
+fn info_for(path: &Path, db: &UserDb) -> io::Result<FileInfo> {
+    let lmd = fs::symlink_metadata(path)?;
+    let md = if lmd.file_type().is_symlink() { fs::metadata(path).ok() } else { None };
+    Ok(file_info(path, &lmd, md.as_ref(), db))
+}
+
+/// Runs blocking filesystem work off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("worker failed: {e}"))))
+}
+
+fn query(uri: &Uri) -> Result<Query, ApiError> {
+    Query::from_uri(uri)
+}
+
+fn paths_of(q: &Query) -> Result<Vec<PathBuf>, ApiError> {
+    let raw = q.all("path");
+    if raw.is_empty() {
+        return Err(ApiError::missing_query("path"));
+    }
+    raw.into_iter().map(resolve_path).collect()
+}
+
+fn ok_empty() -> Response {
+    StatusCode::OK.into_response()
+}
+
+fn respond<T: Serialize>(r: Result<T, ApiError>) -> Response {
+    match r {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+// ---------------------------------------------------------------- info, delete
+
+/// `GET /files/info?path=...` (repeatable)
+pub async fn info(uri: Uri) -> Response {
+    let r = async {
+        let q = query(&uri)?;
+        let raw: Vec<String> = q.all("path").into_iter().map(str::to_string).collect();
+        if raw.is_empty() {
+            return Err(ApiError::missing_query("path"));
+        }
+        blocking(move || {
+            let db = UserDb::load();
+            let mut out = HashMap::new();
+            for r in raw {
+                let p = resolve_path(&r)?;
+                let info = info_for(&p, &db).map_err(|e| ApiError::fs(&p, "stat", &e))?;
+                out.insert(r, info);
+            }
+            Ok(out)
+        })
+        .await
+    }
+    .await;
+    respond(r)
+}
+
+/// `DELETE /files?path=...`: removes files (and symlinks); missing ones are fine.
+pub async fn remove_files(uri: Uri) -> Response {
+    let r = async {
+        let paths = paths_of(&query(&uri)?)?;
+        blocking(move || {
+            for p in paths {
+                match fs::symlink_metadata(&p) {
+                    Ok(md) if md.is_dir() => {
+                        return Err(ApiError::bad_request(format!(
+                            "{} is a directory; use DELETE /directories",
+                            p.display()
+                        )));
+                    }
+                    Ok(_) => fs::remove_file(&p).or_else(ignore_missing).map_err(|e| ApiError::fs(&p, "remove", &e))?,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(ApiError::fs(&p, "stat", &e)),
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+    .await;
+    match r {
+        Ok(()) => ok_empty(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn ignore_missing(e: io::Error) -> io::Result<()> {
+    if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(e) }
+}
+
+// ---------------------------------------------------------------- permissions, mv, replace
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(default)]
+pub struct Permission {
+    pub owner: Option<String>,
+    pub group: Option<String>,
+    pub mode: Option<i64>,
+}
+
+/// Applies mode and ownership (mode 0 or absent leaves the mode as it is).
+fn apply_permission(p: &Path, perm: &Permission, db: &UserDb) -> Result<(), ApiError> {
+    let (uid, gid) = resolve_owner(db, perm.owner.as_deref(), perm.group.as_deref())?;
+    if let Some(mode) = perm.mode.filter(|m| *m != 0) {
+        let mode = mode_from_api(mode)?;
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).map_err(|e| ApiError::fs(p, "chmod", &e))?;
+    }
+    lchown(p, uid, gid).map_err(|e| ApiError::fs(p, "chown", &e))
+}
+
+/// `POST /files/permissions` `{path: {owner, group, mode}}`
+pub async fn chmod(body: Bytes) -> Response {
+    let r = async {
+        let req: HashMap<String, Permission> = parse_json(&body)?;
+        let mut items = Vec::new();
+        for (k, v) in req {
+            if let Some(m) = v.mode {
+                mode_from_api(m)?;
+            }
+            items.push((resolve_path(&k)?, v));
+        }
+        blocking(move || {
+            let db = UserDb::load();
+            for (p, perm) in items {
+                fs::symlink_metadata(&p).map_err(|e| ApiError::fs(&p, "stat", &e))?;
+                apply_permission(&p, &perm, &db)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+    .await;
+    match r {
+        Ok(()) => ok_empty(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct RenameItem {
+    src: String,
+    dest: String,
+}
+
+/// `POST /files/mv` `[{src, dest}]`
+pub async fn mv(body: Bytes) -> Response {
+    let r = async {
+        let req: Vec<RenameItem> = parse_json(&body)?;
+        let items = req
+            .into_iter()
+            .map(|i| Ok((resolve_path(&i.src)?, resolve_path(&i.dest)?)))
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        blocking(move || {
+            for (src, dest) in items {
+                fs::symlink_metadata(&src).map_err(|e| ApiError::fs(&src, "stat", &e))?;
+                if let Err(e) = fs::rename(&src, &dest) {
+                    if e.kind() == io::ErrorKind::CrossesDevices && fs::symlink_metadata(&src).map(|m| m.is_file()).unwrap_or(false) {
+                        fs::copy(&src, &dest).map_err(|e| ApiError::fs(&dest, "copy to", &e))?;
+                        fs::remove_file(&src).map_err(|e| ApiError::fs(&src, "remove", &e))?;
+                    } else {
+                        return Err(ApiError::fs(&dest, &format!("move {} to", src.display()), &e));
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+    .await;
+    match r {
+        Ok(()) => ok_empty(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct ReplaceItem {
+    old: String,
+    new: String,
+}
+
+#[derive(Serialize)]
+struct ReplaceResult {
+    #[serde(rename = "replacedCount")]
+    replaced_count: usize,
+}
+
+/// Replaces every occurrence of `old` by `new`; returns the new bytes and the count.
+pub fn replace_all(hay: &[u8], old: &[u8], new: &[u8]) -> (Vec<u8>, usize) {
+    let mut out = Vec::with_capacity(hay.len());
+    let mut count = 0;
+    let mut i = 0;
+    while i < hay.len() {
+        if hay.len() - i >= old.len() && &hay[i..i + old.len()] == old {
+            out.extend_from_slice(new);
+            i += old.len();
+            count += 1;
+        } else {
+            out.push(hay[i]);
+            i += 1;
+        }
+    }
+    (out, count)
+}
+
+/// `POST /files/replace[?verbose=true]` `{path: {old, new}}`
+pub async fn replace(uri: Uri, body: Bytes) -> Response {
+    let r = async {
+        let verbose = query(&uri)?.flag("verbose");
+        let req: HashMap<String, ReplaceItem> = parse_json(&body)?;
+        let mut items = Vec::new();
+        for (k, v) in req {
+            if v.old.is_empty() {
+                return Err(ApiError::bad_request(format!("{k}: old content must not be empty")));
+            }
+            items.push((k.clone(), resolve_path(&k)?, v));
+        }
+        let results = blocking(move || {
+            let mut results = HashMap::new();
+            for (key, p, item) in items {
+                let md = fs::metadata(&p).map_err(|e| ApiError::fs(&p, "stat", &e))?;
+                if !md.is_file() {
+                    return Err(ApiError::bad_request(format!("{} is not a regular file", p.display())));
+                }
+                let data = fs::read(&p).map_err(|e| ApiError::fs(&p, "read", &e))?;
+                let (new, count) = replace_all(&data, item.old.as_bytes(), item.new.as_bytes());
+                if count > 0 {
+                    // In place: keeps inode, owner, mode and hard links.
+                    fs::write(&p, new).map_err(|e| ApiError::fs(&p, "write", &e))?;
+                }
+                results.insert(key, ReplaceResult { replaced_count: count });
+            }
+            Ok(results)
+        })
+        .await?;
+        Ok(verbose.then_some(results))
+    }
+    .await;
+    match r {
+        Ok(Some(results)) => axum::Json(results).into_response(),
+        Ok(None) => ok_empty(),
+        Err(e) => e.into_response(),
+    }
+}
+
+// ---------------------------------------------------------------- search
+
+/// `GET /files/search?path=&pattern=` (pattern default `**`): regular files under `path`
+/// whose name matches the glob (or, if the pattern has a `/`, whose path relative to
+/// `path` does). Symlinked directories are not followed.
+pub async fn search(uri: Uri) -> Response {
+    let r = async {
+        let q = query(&uri)?;
+        let root = resolve_path(q.get("path").ok_or_else(|| ApiError::missing_query("path"))?)?;
+        let pattern = q.get("pattern").filter(|p| !p.is_empty()).unwrap_or("**").to_string();
+        let pat = glob::Pattern::new(&pattern).map_err(|e| ApiError::bad_request(format!("invalid pattern {pattern:?}: {e}")))?;
+        blocking(move || {
+            let md = fs::metadata(&root).map_err(|e| ApiError::fs(&root, "stat", &e))?;
+            if !md.is_dir() {
+                return Err(ApiError::bad_request(format!("{} is not a directory", root.display())));
+            }
+            let by_path = pattern.contains('/');
+            let opts = glob::MatchOptions { case_sensitive: true, require_literal_separator: by_path, require_literal_leading_dot: false };
+            let db = UserDb::load();
+            let mut out = Vec::new();
+            let mut stack = vec![root.clone()];
+            while let Some(dir) = stack.pop() {
+                let Ok(rd) = fs::read_dir(&dir) else { continue };
+                let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
+                entries.sort_by_key(|e| e.file_name());
+                for e in entries.into_iter().rev() {
+                    let p = e.path();
+                    let Ok(lmd) = fs::symlink_metadata(&p) else { continue };
+                    if lmd.is_dir() {
+                        stack.push(p);
+                        continue;
+                    }
+                    let matched = if by_path {
+                        p.strip_prefix(&root).map(|rel| pat.matches_path_with(rel, opts)).unwrap_or(false)
+                    } else {
+                        pat.matches_with(&e.file_name().to_string_lossy(), opts)
+                    };
+                    if matched {
+                        let md = if lmd.file_type().is_symlink() { fs::metadata(&p).ok() } else { None };
+                        out.push(file_info(&p, &lmd, md.as_ref(), &db));
+                    }
+                }
+            }
+            out.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok(out)
+        })
+        .await
+    }
+    .await;
+    respond(r)
+}
+
+// ---------------------------------------------------------------- directories
+
+/// `GET /directories/list?path=&depth=` (depth default 1; 0 lists nothing). Entries in
+/// lexical order, descendants right after their parent, symlinks not followed; a path
+/// that is itself a symlink is refused.
+pub async fn list_dir(uri: Uri) -> Response {
+    let r = async {
+        let q = query(&uri)?;
+        let root = resolve_path(q.get("path").ok_or_else(|| ApiError::missing_query("path"))?)?;
+        let depth = q.int::<i64>("depth")?.unwrap_or(1);
+        if depth < 0 {
+            return Err(ApiError::bad_request("depth must not be negative"));
+        }
+        blocking(move || {
+            let lmd = fs::symlink_metadata(&root).map_err(|e| ApiError::fs(&root, "stat", &e))?;
+            if lmd.file_type().is_symlink() {
+                return Err(ApiError::bad_request(format!("{} is a symbolic link; pass the real directory", root.display())));
+            }
+            if !lmd.is_dir() {
+                return Err(ApiError::bad_request(format!("{} is not a directory", root.display())));
+            }
+            let db = UserDb::load();
+            let mut out = Vec::new();
+            walk(&root, 1, depth as u64, &db, &mut out).map_err(|e| ApiError::fs(&root, "list", &e))?;
+            Ok(out)
+        })
+        .await
+    }
+    .await;
+    respond(r)
+}
+
+fn walk(dir: &Path, level: u64, max: u64, db: &UserDb, out: &mut Vec<FileInfo>) -> io::Result<()> {
+    if level > max {
+        return Ok(());
+    }
+    let mut entries: Vec<_> = fs::read_dir(dir)?.filter_map(Result::ok).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let p = e.path();
+        let Ok(lmd) = fs::symlink_metadata(&p) else { continue };
+        out.push(file_info(&p, &lmd, None, db));
+        if lmd.is_dir() && level < max {
+            // Unreadable subdirectories are listed but not descended into.
+            let _ = walk(&p, level + 1, max, db, out);
+        }
+    }
+    Ok(())
+}
+
+/// `POST /directories` `{path: {owner, group, mode}}`: `mkdir -p`, then mode and owner
+/// of the directory itself.
+pub async fn make_dirs(body: Bytes) -> Response {
+    let r = async {
+        let req: HashMap<String, Permission> = parse_json(&body)?;
+        let mut items = Vec::new();
+        for (k, v) in req {
+            if let Some(m) = v.mode {
+                mode_from_api(m)?;
+            }
+            items.push((resolve_path(&k)?, v));
+        }
+        blocking(move || {
+            let db = UserDb::load();
+            for (p, perm) in items {
+                fs::create_dir_all(&p).map_err(|e| ApiError::fs(&p, "mkdir", &e))?;
+                apply_permission(&p, &perm, &db)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+    .await;
+    match r {
+        Ok(()) => ok_empty(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `DELETE /directories?path=...`: `rm -rf`; missing ones are fine.
+pub async fn remove_dirs(uri: Uri) -> Response {
+    let r = async {
+        let paths = paths_of(&query(&uri)?)?;
+        blocking(move || {
+            for p in paths {
+                if p == Path::new("/") {
+                    return Err(ApiError::bad_request("refusing to delete /"));
+                }
+                match fs::symlink_metadata(&p) {
+                    Ok(md) if md.is_dir() => fs::remove_dir_all(&p).or_else(ignore_missing).map_err(|e| ApiError::fs(&p, "remove", &e))?,
+                    Ok(_) => return Err(ApiError::bad_request(format!("{} is not a directory; use DELETE /files", p.display()))),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(ApiError::fs(&p, "stat", &e)),
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+    .await;
+    match r {
+        Ok(()) => ok_empty(),
+        Err(e) => e.into_response(),
+    }
+}
+
+// ---------------------------------------------------------------- upload
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(default)]
+struct FileMetadata {
+    path: Option<String>,
+    owner: Option<String>,
+    group: Option<String>,
+    mode: Option<i64>,
+}
+
+/// A file being written: a temporary sibling renamed over the target at the end, so
+/// readers never see half a file.
+struct PendingFile {
+    target: PathBuf,
+    temp: PathBuf,
+    perm: Permission,
+}
+
+impl PendingFile {
+    fn create(target: PathBuf, perm: Permission) -> Result<(Self, File), ApiError> {
+        if target == Path::new("/") {
+            return Err(ApiError::bad_request("cannot upload to /"));
+        }
+        if let Ok(md) = fs::symlink_metadata(&target) {
+            if md.is_dir() {
+                return Err(ApiError::bad_request(format!("{} is a directory", target.display())));
+            }
+        }
+        let parent = target.parent().unwrap_or(Path::new("/")).to_path_buf();
+        fs::create_dir_all(&parent).map_err(|e| ApiError::fs(&parent, "mkdir", &e))?;
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let short: String = name.chars().take(100).collect();
+        let temp = parent.join(format!(".{short}.execd-{}", crate::commands::new_id()));
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode_compat(0o644)
+            .open(&temp)
+            .map_err(|e| ApiError::fs(&temp, "create", &e))?;
+        Ok((Self { target, temp, perm }, file))
+    }
+
+    fn commit(self, db: &UserDb) -> Result<(), ApiError> {
+        let r = (|| {
+            apply_permission(&self.temp, &self.perm, db)?;
+            // A symlink at the target is written through, like `cp` would.
+            let dest = match fs::symlink_metadata(&self.target) {
+                Ok(md) if md.file_type().is_symlink() => fs::canonicalize(&self.target).unwrap_or(self.target.clone()),
+                _ => self.target.clone(),
+            };
+            fs::rename(&self.temp, &dest).map_err(|e| ApiError::fs(&dest, "rename to", &e))
+        })();
+        if r.is_err() {
+            let _ = fs::remove_file(&self.temp);
+        }
+        r
+    }
+
+    fn abort(self) {
+        let _ = fs::remove_file(&self.temp);
+    }
+}
+
+trait ModeCompat {
+    fn mode_compat(&mut self, mode: u32) -> &mut Self;
+}
+impl ModeCompat for fs::OpenOptions {
+    fn mode_compat(&mut self, mode: u32) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::mode(self, mode)
+    }
+}
+
+/// `POST /files/upload`: multipart `metadata` (JSON `{path, owner, group, mode}`, sent as
+/// a file part by the SDK) followed by `file`, repeated. Streams to disk.
+pub async fn upload(multipart: Result<Multipart, MultipartRejection>) -> Response {
+    match upload_inner(multipart).await {
+        Ok(0) => ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE, "no file parts in upload").into_response(),
+        Ok(_) => ok_empty(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn upload_inner(multipart: Result<Multipart, MultipartRejection>) -> Result<usize, ApiError> {
+    let mut mp = multipart.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_REQUEST, format!("not a multipart/form-data upload: {}", e.body_text())))?;
+    let mut meta: Option<FileMetadata> = None;
+    let mut written = 0usize;
+    loop {
+        let field = mp.next_field().await.map_err(|e| ApiError::bad_request(format!("malformed multipart body: {e}")))?;
+        let Some(mut field) = field else { break };
+        match field.name() {
+            Some("metadata") => {
+                let mut data = Vec::new();
+                while let Some(chunk) = field.chunk().await.map_err(|e| ApiError::bad_request(format!("malformed multipart body: {e}")))? {
+                    data.extend_from_slice(&chunk);
+                    if data.len() > MAX_METADATA {
+                        return Err(ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, "metadata part too large"));
+                    }
+                }
+                let m: FileMetadata = serde_json::from_slice(&data)
+                    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, format!("invalid metadata JSON: {e}")))?;
+                if let Some(mode) = m.mode {
+                    mode_from_api(mode).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, e.message))?;
+                }
+                if m.path.as_deref().is_none_or(|p| p.is_empty()) {
+                    return Err(ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, "metadata has no path"));
+                }
+                meta = Some(m);
+            }
+            Some("file") => {
+                let Some(m) = meta.take() else {
+                    return Err(ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, "file part without a preceding metadata part"));
+                };
+                let target = resolve_path(m.path.as_deref().unwrap_or_default())?;
+                let perm = Permission { owner: m.owner, group: m.group, mode: m.mode };
+                // Check owner/group before writing anything.
+                blocking({
+                    let perm_o = perm.owner.clone();
+                    let perm_g = perm.group.clone();
+                    move || resolve_owner(&UserDb::load(), perm_o.as_deref(), perm_g.as_deref()).map(|_| ())
+                })
+                .await?;
+                let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+                let writer = tokio::task::spawn_blocking(move || -> Result<PendingFile, ApiError> {
+                    let (pending, file) = PendingFile::create(target, perm)?;
+                    let mut w = io::BufWriter::with_capacity(256 * 1024, file);
+                    let res = (|| {
+                        while let Some(chunk) = rx.blocking_recv() {
+                            w.write_all(&chunk)?;
+                        }
+                        w.flush()
+                    })();
+                    match res {
+                        Ok(()) => Ok(pending),
+                        Err(e) => {
+                            let err = ApiError::fs(&pending.temp, "write", &e);
+                            pending.abort();
+                            Err(err)
+                        }
+                    }
+                });
+                let mut read_err = None;
+                loop {
+                    match field.chunk().await {
+                        Ok(Some(chunk)) => {
+                            if tx.send(chunk).await.is_err() {
+                                break; // writer failed; its error is reported below
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            read_err = Some(ApiError::bad_request(format!("malformed multipart body: {e}")));
+                            break;
+                        }
+                    }
+                }
+                drop(tx);
+                let pending = writer.await.unwrap_or_else(|e| Err(ApiError::internal(format!("writer failed: {e}"))))?;
+                if let Some(e) = read_err {
+                    tokio::task::spawn_blocking(move || pending.abort());
+                    return Err(e);
+                }
+                blocking(move || pending.commit(&UserDb::load())).await?;
+                written += 1;
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unexpected multipart part {:?} (want metadata, file)",
+                    other.unwrap_or("")
+                )));
+            }
+        }
+    }
+    if meta.is_some() {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE, "metadata part without a following file part"));
+    }
+    Ok(written)
+}
+
+// ---------------------------------------------------------------- download
+
+enum Window {
+    Full,
+    Bytes { start: u64, len: u64 },
+    Lines { offset: u64, limit: u64 },
+}
+
+/// Parses a single `bytes=` range against `size`. `Ok(None)`: ignore the header (multiple
+/// ranges or unknown syntax); `Err(())`: not satisfiable.
+pub fn parse_range(h: &str, size: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(spec) = h.trim().strip_prefix("bytes=") else { return Ok(None) };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((a, b)) = spec.trim().split_once('-') else { return Ok(None) };
+    let (a, b) = (a.trim(), b.trim());
+    if a.is_empty() {
+        let Ok(n) = b.parse::<u64>() else { return Ok(None) };
+        if n == 0 || size == 0 {
+            return Err(());
+        }
+        let n = n.min(size);
+        return Ok(Some((size - n, n)));
+    }
+    let Ok(start) = a.parse::<u64>() else { return Ok(None) };
+    let end = if b.is_empty() {
+        size.saturating_sub(1)
+    } else {
+        match b.parse::<u64>() {
+            Ok(e) if e >= start => e.min(size.saturating_sub(1)),
+            _ => return Ok(None),
+        }
+    };
+    if start >= size {
+        return Err(());
+    }
+    Ok(Some((start, end - start + 1)))
+}
+
+/// `GET /files/download?path=[&offset=&limit=]` with optional `Range`.
+pub async fn download(uri: Uri, headers: HeaderMap) -> Response {
+    match download_inner(uri, headers).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn download_inner(uri: Uri, headers: HeaderMap) -> Result<Response, ApiError> {
+    let q = query(&uri)?;
+    let path = resolve_path(q.get("path").ok_or_else(|| ApiError::missing_query("path"))?)?;
+    let offset = q.int::<i64>("offset")?;
+    let limit = q.int::<i64>("limit")?;
+    let range = headers.get(header::RANGE).map(|v| v.to_str().unwrap_or("").to_string());
+    if (offset.is_some() || limit.is_some()) && range.is_some() {
+        return Err(ApiError::bad_request("offset/limit and the Range header are mutually exclusive"));
+    }
+    if offset.is_some_and(|o| o < 1) {
+        return Err(ApiError::bad_request("offset must be a positive integer (1-based)"));
+    }
+    if limit.is_some_and(|l| l < 1) {
+        return Err(ApiError::bad_request("limit must be a positive integer"));
+    }
+    let p2 = path.clone();
+    let (file, size) = blocking(move || {
+        let file = File::open(&p2).map_err(|e| ApiError::fs(&p2, "open", &e))?;
+        let md = file.metadata().map_err(|e| ApiError::fs(&p2, "stat", &e))?;
+        if md.is_dir() {
+            return Err(ApiError::bad_request(format!("{} is a directory", p2.display())));
+        }
+        Ok((file, md.len()))
+    })
+    .await?;
+    let window = if offset.is_some() || limit.is_some() {
+        Window::Lines { offset: offset.unwrap_or(1) as u64, limit: limit.map(|l| l as u64).unwrap_or(u64::MAX) }
+    } else if let Some(r) = &range {
+        match parse_range(r, size) {
+            Ok(Some((start, len))) => Window::Bytes { start, len },
+            Ok(None) => Window::Full,
+            Err(()) => {
+                let mut resp = ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, code::RANGE_NOT_SATISFIABLE, format!("range {r:?} not satisfiable for {size} bytes")).into_response();
+                resp.headers_mut().insert(header::CONTENT_RANGE, HeaderValue::from_str(&format!("bytes */{size}")).unwrap_or(HeaderValue::from_static("bytes */0")));
+                return Ok(resp);
+            }
+        }
+    } else {
+        Window::Full
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(8);
+    let mut resp;
+    match window {
+        Window::Lines { offset, limit } => {
+            tokio::task::spawn_blocking(move || stream_lines(file, offset, limit, tx));
+            resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
+            resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+            return Ok(resp);
+        }
+        Window::Full => {
+            tokio::task::spawn_blocking(move || stream_bytes(file, 0, size, tx));
+            resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
+            resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+        }
+        Window::Bytes { start, len } => {
+            tokio::task::spawn_blocking(move || stream_bytes(file, start, len, tx));
+            resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
+            *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+            let h = resp.headers_mut();
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            if let Ok(v) = HeaderValue::from_str(&format!("bytes {}-{}/{}", start, start + len - 1, size)) {
+                h.insert(header::CONTENT_RANGE, v);
+            }
+        }
+    }
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Ok(v) = HeaderValue::from_str(&content_disposition(&name)) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    Ok(resp)
+}
+
+fn content_disposition(name: &str) -> String {
+    if name.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\') {
+        return format!("attachment; filename=\"{name}\"");
+    }
+    let mut enc = String::new();
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            enc.push(b as char);
+        } else {
+            enc.push_str(&format!("%{b:02X}"));
+        }
+    }
+    format!("attachment; filename=\"{enc}\"; filename*=UTF-8''{enc}")
+}
+
+fn stream_bytes(mut file: File, start: u64, len: u64, tx: mpsc::Sender<Result<Bytes, io::Error>>) {
+    if start > 0 {
+        if let Err(e) = file.seek(SeekFrom::Start(start)) {
+            let _ = tx.blocking_send(Err(e));
+            return;
+        }
+    }
+    let mut left = len;
+    while left > 0 {
+        let n = (CHUNK as u64).min(left) as usize;
+        let mut buf = vec![0u8; n];
+        match file.read(&mut buf) {
+            Ok(0) => {
+                // The file shrank: the promised length cannot be delivered.
+                let _ = tx.blocking_send(Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank during download")));
+                return;
+            }
+            Ok(got) => {
+                buf.truncate(got);
+                left -= got as u64;
+                if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        }
+    }
+}
+
+fn stream_lines(file: File, offset: u64, limit: u64, tx: mpsc::Sender<Result<Bytes, io::Error>>) {
+    let mut r = BufReader::with_capacity(CHUNK, file);
+    let mut line_no = 1u64;
+    let mut sent = 0u64;
+    let mut out: Vec<u8> = Vec::with_capacity(CHUNK);
+    let mut line = Vec::new();
+    while sent < limit {
+        line.clear();
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(_) => {
+                if line_no >= offset {
+                    out.extend_from_slice(&line);
+                    sent += 1;
+                    if out.len() >= CHUNK {
+                        if tx.blocking_send(Ok(Bytes::from(std::mem::take(&mut out)))).is_err() {
+                            return;
+                        }
+                    }
+                }
+                line_no += 1;
+            }
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        }
+    }
+    if !out.is_empty() {
+        let _ = tx.blocking_send(Ok(Bytes::from(out)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=0-9", 100), Ok(Some((0, 10))));
+        assert_eq!(parse_range("bytes=90-", 100), Ok(Some((90, 10))));
+        assert_eq!(parse_range("bytes=-10", 100), Ok(Some((90, 10))));
+        assert_eq!(parse_range("bytes=-1000", 100), Ok(Some((0, 100))));
+        assert_eq!(parse_range("bytes=50-1000", 100), Ok(Some((50, 50))));
+        assert_eq!(parse_range("bytes=100-", 100), Err(()));
+        assert_eq!(parse_range("bytes=-0", 100), Err(()));
+        assert_eq!(parse_range("bytes=0-", 0), Err(()));
+        assert_eq!(parse_range("bytes=5-1", 100), Ok(None));
+        assert_eq!(parse_range("bytes=0-1,5-6", 100), Ok(None));
+        assert_eq!(parse_range("items=0-1", 100), Ok(None));
+        assert_eq!(parse_range("bytes=x-1", 100), Ok(None));
+    }
+
+    #[test]
+    fn replacing() {
+        assert_eq!(replace_all(b"a-a-a", b"a", b"bb"), (b"bb-bb-bb".to_vec(), 3));
+        assert_eq!(replace_all(b"aaa", b"aa", b"x"), (b"xa".to_vec(), 1));
+        assert_eq!(replace_all(b"abc", b"zz", b"x"), (b"abc".to_vec(), 0));
+    }
+
+    #[test]
+    fn disposition() {
+        assert_eq!(content_disposition("a.txt"), "attachment; filename=\"a.txt\"");
+        assert!(content_disposition("é.txt").contains("filename*=UTF-8''%C3%A9.txt"));
+    }
+}

@@ -1,0 +1,176 @@
+//! The HTTP side: router, access token, JSON errors, and the HTTP/1.1 accept loop.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, delete, get, post};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::de::DeserializeOwned;
+use tokio::net::TcpListener;
+
+use crate::error::{ApiError, code, json_error};
+use crate::state::AppState;
+use crate::{commands, files, metrics, proxy, session};
+
+/// Header carrying the access token.
+pub const ACCESS_TOKEN_HEADER: &str = "x-execd-access-token";
+/// Largest JSON request body.
+pub const MAX_JSON_BODY: usize = 64 * 1024 * 1024;
+/// Largest request head (request line + headers); beyond it hyper answers 431.
+pub const MAX_HEAD: usize = 64 * 1024;
+
+/// Marks responses relayed from a proxied application (left untouched).
+#[derive(Clone, Copy)]
+pub struct Proxied;
+
+/// Parses a JSON request body into `T`; malformed input is a 400.
+pub fn parse_json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request("request body is required"));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error parsing request, MAYBE invalid body format: {e}")))
+}
+
+/// All routes, with auth and JSON errors, over `state`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/ping", get(ping))
+        .route("/command", post(commands::run_command).delete(commands::interrupt))
+        .route("/command/status/{id}", get(commands::status))
+        .route("/command/{id}/logs", get(commands::logs))
+        .route("/session", post(session::create))
+        .route("/session/{id}/run", post(session::run))
+        .route("/session/{id}", delete(session::delete))
+        .route("/files", delete(files::remove_files))
+        .route("/files/info", get(files::info))
+        .route("/files/mv", post(files::mv))
+        .route("/files/permissions", post(files::chmod))
+        .route("/files/search", get(files::search))
+        .route("/files/replace", post(files::replace))
+        .route("/files/upload", post(files::upload).layer(DefaultBodyLimit::disable()))
+        .route("/files/download", get(files::download))
+        .route("/directories/list", get(files::list_dir))
+        .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
+        .route("/metrics", get(metrics::get))
+        .route("/metrics/watch", get(metrics::watch))
+        .route("/code", any(code_not_supported))
+        .route("/code/{*rest}", any(code_not_supported))
+        .route("/pty", any(not_supported))
+        .route("/pty/{*rest}", any(not_supported))
+        .route("/v1/{*rest}", any(not_supported))
+        .route("/proxy/{port}", any(proxy::handle).layer(DefaultBodyLimit::disable()))
+        .route("/proxy/{port}/{*rest}", any(proxy::handle).layer(DefaultBodyLimit::disable()))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}
+
+async fn ping() -> &'static str {
+    "pong"
+}
+
+async fn code_not_supported() -> Response {
+    ApiError::not_supported("code interpreting (/code) is not supported by this execd; run programs with POST /command or a session (/session)").into_response()
+}
+
+async fn not_supported(req: Request) -> Response {
+    ApiError::not_supported(format!("{} is not supported by this execd", req.uri().path())).into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    ApiError::not_found(code::NOT_FOUND, format!("no route for {} {}", req.method(), req.uri().path())).into_response()
+}
+
+/// Requires the access token (when one is configured) on every route but `/ping`.
+async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(token) = state.access_token() {
+        if req.uri().path() != "/ping" {
+            let ok = req
+                .headers()
+                .get(ACCESS_TOKEN_HEADER)
+                .is_some_and(|v| crate::util::ct_eq(v.as_bytes(), token.as_bytes()));
+            if !ok {
+                return json_error(StatusCode::UNAUTHORIZED, code::UNAUTHORIZED, "invalid or missing X-EXECD-ACCESS-TOKEN header");
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Turns the framework's plain-text error answers (body limits, bad paths, 405) into
+/// contract error bodies.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) || resp.extensions().get::<Proxied>().is_some() {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let allow = resp.headers().get(header::ALLOW).cloned();
+    let body = axum::body::to_bytes(resp.into_body(), 64 * 1024).await.unwrap_or_default();
+    let mut msg = String::from_utf8_lossy(&body).trim().to_string();
+    if msg.is_empty() {
+        msg = status.canonical_reason().unwrap_or("error").to_string();
+    }
+    let code = match status {
+        StatusCode::METHOD_NOT_ALLOWED => code::METHOD_NOT_ALLOWED,
+        StatusCode::NOT_FOUND => code::NOT_FOUND,
+        s if s.is_client_error() => code::INVALID_REQUEST,
+        _ => code::RUNTIME_ERROR,
+    };
+    let mut out = json_error(status, code, &msg);
+    if let Some(a) = allow {
+        out.headers_mut().insert(header::ALLOW, a);
+    }
+    out
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves.
+pub async fn serve(listener: TcpListener, router: Router, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => {
+                    // Out of descriptors or similar: back off briefly instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .max_buf_size(MAX_HEAD)
+                .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades()
+                .await;
+        });
+    }
+}
+
+/// Adds the marker that keeps [`json_errors`] away from a proxied response.
+pub fn mark_proxied(mut resp: Response) -> Response {
+    resp.extensions_mut().insert(Proxied);
+    resp
+}

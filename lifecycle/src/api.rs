@@ -1,0 +1,565 @@
+//! The REST surface: routes at `/` and `/v1`, auth, `X-Request-ID`, and the
+//! handlers that turn requests into [`Backend`] calls.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+
+use crate::backend::Backend;
+use crate::error::{ApiError, ApiResult};
+use crate::model::{
+    CreateSandboxRequest, Endpoint, ListSandboxesResponse, PaginationInfo,
+    RenewSandboxExpirationRequest, RenewSandboxExpirationResponse, SandboxRecord, rfc3339,
+};
+use crate::validate::{Policy, check_metadata_entry, plan_create};
+
+pub const API_KEY_HEADER: &str = "OPEN-SANDBOX-API-KEY";
+pub const REQUEST_ID_HEADER: &str = "X-Request-ID";
+
+/// Shared state of every handler.
+pub struct App<B> {
+    pub backend: B,
+    pub policy: Policy,
+    /// `None` only when the operator explicitly chose to run open.
+    pub api_key: Option<String>,
+}
+
+type AppState<B> = State<Arc<App<B>>>;
+
+/// Builds the full router (both mounts, middleware, fallbacks).
+pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
+    let api = Router::new()
+        .route("/sandboxes", post(create::<B>).get(list::<B>))
+        .route("/sandboxes/{id}", get(get_one::<B>).delete(delete::<B>))
+        .route(
+            "/sandboxes/{id}/metadata",
+            axum::routing::patch(patch_metadata::<B>),
+        )
+        .route("/sandboxes/{id}/pause", post(pause::<B>))
+        .route("/sandboxes/{id}/resume", post(resume::<B>))
+        .route("/sandboxes/{id}/renew-expiration", post(renew::<B>))
+        .route("/sandboxes/{id}/endpoints/{port}", get(endpoint::<B>))
+        .route(
+            "/sandboxes/{id}/proxy/{port}",
+            any(crate::proxy::proxy_root::<B>),
+        )
+        .route(
+            "/sandboxes/{id}/proxy/{port}/{*path}",
+            any(crate::proxy::proxy_path::<B>),
+        )
+        .route("/metrics/events", post(metrics_event))
+        .route("/health", get(health))
+        .route("/version", get(version))
+        .route("/openapi.json", get(openapi))
+        .merge(not_implemented_routes())
+        .with_state(app.clone());
+    Router::new()
+        .merge(api.clone())
+        .nest("/v1", api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(app, auth::<B>))
+        .layer(middleware::from_fn(request_id))
+}
+
+/// Routes of the OpenSandbox 1.1.1 document that sandbolt does not serve:
+/// a clear 501 instead of a 404 that looks like a missing sandbox.
+fn not_implemented_routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    let mut r = Router::new();
+    for (path, what) in [
+        ("/pools", "Pools"),
+        ("/pools/{name}", "Pools"),
+        ("/snapshots", "Snapshots"),
+        ("/snapshots/{id}", "Snapshots"),
+        ("/sandboxes/{id}/snapshots", "Snapshots"),
+        ("/templates", "Templates"),
+        ("/templates/{id}", "Templates"),
+        ("/sandboxes/{id}/diagnostics/{kind}", "Diagnostics"),
+        ("/sandboxes/{id}/networkpolicy", "Network policy"),
+    ] {
+        r = r.route(
+            path,
+            any(move || async move { ApiError::not_implemented(what) }),
+        );
+    }
+    r
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "No such route.")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "METHOD_NOT_ALLOWED",
+        "Method not allowed on this route.",
+    )
+}
+
+/// Echoes a sane client `X-Request-ID` or makes one, on every response.
+async fn request_id(req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    tracing::debug!(request_id = %id, method = %req.method(), path = %req.uri().path(), "request");
+    let mut resp = next.run(req).await;
+    resp.headers_mut().insert(
+        REQUEST_ID_HEADER,
+        HeaderValue::from_str(&id).expect("checked ASCII"),
+    );
+    resp
+}
+
+/// Constant-time comparison: the time taken does not depend on where the
+/// first differing byte is (length is not secret).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn auth<B: Backend>(State(app): AppState<B>, req: Request, next: Next) -> Response {
+    let Some(key) = app.api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    // Liveness probes carry no secret and learn nothing from the answer.
+    let path = req.uri().path();
+    if path == "/health" || path == "/v1/health" {
+        return next.run(req).await;
+    }
+    match req.headers().get(API_KEY_HEADER) {
+        None => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "MISSING_API_KEY",
+            format!("Authentication credentials are missing. Provide API key via {API_KEY_HEADER} header."),
+        )
+        .into_response(),
+        Some(v) if constant_time_eq(v.as_bytes(), key.as_bytes()) => next.run(req).await,
+        Some(_) => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "INVALID_API_KEY",
+            "Authentication credentials are invalid. Check your API key and try again.",
+        )
+        .into_response(),
+    }
+}
+
+/// JSON body parsing with `{code, message}` errors (axum's own rejections
+/// are plain text).
+fn parse_json<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
+    (status, axum::Json(v)).into_response()
+}
+
+async fn create<B: Backend>(State(app): AppState<B>, body: Bytes) -> ApiResult<Response> {
+    let req: CreateSandboxRequest = parse_json(&body)?;
+    let plan = plan_create(req, &app.policy, Utc::now())?;
+    for v in &plan.volumes {
+        app.backend.check_volume(v)?;
+    }
+    let rec = app.backend.create(plan).await?;
+    Ok(json(StatusCode::ACCEPTED, &rec.to_create_response()))
+}
+
+async fn get_one<B: Backend>(
+    State(app): AppState<B>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let rec = app.backend.get(&id).await?;
+    Ok(json(StatusCode::OK, &rec.to_sandbox()))
+}
+
+async fn delete<B: Backend>(
+    State(app): AppState<B>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    app.backend.delete(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause<B: Backend>(
+    State(app): AppState<B>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    app.backend.pause(&id).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn resume<B: Backend>(
+    State(app): AppState<B>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    app.backend.resume(&id).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn patch_metadata<B: Backend>(
+    State(app): AppState<B>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let patch: BTreeMap<String, Option<String>> = parse_json(&body)?;
+    for (k, v) in &patch {
+        check_metadata_entry(k, v.as_deref().unwrap_or(""))?;
+    }
+    let rec = app.backend.patch_metadata(&id, patch).await?;
+    Ok(json(StatusCode::OK, &rec.to_sandbox()))
+}
+
+async fn renew<B: Backend>(
+    State(app): AppState<B>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: RenewSandboxExpirationRequest = parse_json(&body)?;
+    let at = DateTime::parse_from_rfc3339(&req.expires_at)
+        .map_err(|e| {
+            ApiError::invalid(format!(
+                "expiresAt '{}' is not an RFC 3339 time: {e}",
+                req.expires_at
+            ))
+        })?
+        .with_timezone(&Utc);
+    let rec = app.backend.get(&id).await?;
+    if rec.expires_at.is_none() {
+        return Err(ApiError::conflict(
+            "SANDBOX_MANUAL_CLEANUP",
+            format!("Sandbox {id} does not have automatic expiration enabled."),
+        ));
+    }
+    if at <= Utc::now() {
+        return Err(ApiError::invalid_code(
+            "INVALID_EXPIRATION",
+            "expiresAt must be in the future",
+        ));
+    }
+    app.backend.set_expiry(&id, at).await?;
+    Ok(json(
+        StatusCode::OK,
+        &RenewSandboxExpirationResponse {
+            expires_at: rfc3339(at),
+        },
+    ))
+}
+
+async fn endpoint<B: Backend>(
+    State(app): AppState<B>,
+    Path((id, port)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    req_uri: axum::http::Uri,
+) -> ApiResult<Response> {
+    let port = parse_port(&port)?;
+    let params = form_decode(query.as_deref().unwrap_or(""));
+    let use_server_proxy = match params.iter().rev().find(|(k, _)| k == "use_server_proxy") {
+        None => false,
+        Some((_, v)) => match v.to_ascii_lowercase().as_str() {
+            "true" | "1" => true,
+            "false" | "0" => false,
+            _ => return Err(ApiError::invalid("use_server_proxy must be true or false")),
+        },
+    };
+    if params.iter().any(|(k, _)| k == "expires") {
+        return Err(ApiError::invalid_code(
+            "INVALID_PARAMETER",
+            "signed endpoints (expires) are not supported by sandbolt",
+        ));
+    }
+    let route = app.backend.route(&id, port).await?;
+    let ep = if use_server_proxy {
+        // Reflect how the client reached us (host and /v1 mount), as the
+        // OpenSandbox server does; our proxy adds the sandbox headers itself.
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .ok_or_else(|| ApiError::invalid("use_server_proxy needs a Host header"))?;
+        let mount = req_uri.path().split("/sandboxes/").next().unwrap_or("");
+        Endpoint {
+            endpoint: format!("{host}{mount}/sandboxes/{id}/proxy/{port}"),
+            headers: None,
+        }
+    } else {
+        Endpoint {
+            endpoint: route.endpoint(),
+            headers: (!route.headers.is_empty()).then_some(route.headers),
+        }
+    };
+    Ok(json(StatusCode::OK, &ep))
+}
+
+pub fn parse_port(s: &str) -> ApiResult<u16> {
+    match s.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(ApiError::invalid_code(
+            "INVALID_PORT",
+            format!("port '{s}' must be an integer in 1..65535"),
+        )),
+    }
+}
+
+/// Decodes `application/x-www-form-urlencoded` pairs (`+` is a space).
+pub fn form_decode(s: &str) -> Vec<(String, String)> {
+    s.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The list query: `state` (repeatable, OR), `metadata` (a URL-encoded
+/// `k=v&k2=v2` string, AND), `page`, `pageSize`.
+#[derive(Debug, PartialEq)]
+pub struct ListQuery {
+    pub states: Vec<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub page: u32,
+    pub page_size: u32,
+}
+
+pub fn parse_list_query(q: &str) -> ApiResult<ListQuery> {
+    let mut lq = ListQuery {
+        states: Vec::new(),
+        metadata: BTreeMap::new(),
+        page: 1,
+        page_size: 20,
+    };
+    for (k, v) in form_decode(q) {
+        match k.as_str() {
+            "state" => lq.states.push(v),
+            "metadata" => {
+                for seg in v.split('&').filter(|s| !s.is_empty()) {
+                    let Some((mk, mv)) = seg.split_once('=') else {
+                        return Err(ApiError::invalid_code(
+                            "INVALID_METADATA_FORMAT",
+                            format!("Invalid metadata format: bad query field: '{seg}'"),
+                        ));
+                    };
+                    lq.metadata.insert(percent_decode(mk), percent_decode(mv));
+                }
+            }
+            "page" => {
+                lq.page = v
+                    .parse()
+                    .ok()
+                    .filter(|p| *p >= 1)
+                    .ok_or_else(|| ApiError::invalid("page must be an integer >= 1"))?
+            }
+            "pageSize" => {
+                lq.page_size = v
+                    .parse()
+                    .ok()
+                    .filter(|p| (1..=200).contains(p))
+                    .ok_or_else(|| ApiError::invalid("pageSize must be an integer in 1..200"))?
+            }
+            _ => {}
+        }
+    }
+    Ok(lq)
+}
+
+/// Filters, orders (newest first, then id, so pages are stable) and pages.
+pub fn page_records(mut all: Vec<SandboxRecord>, q: &ListQuery) -> ListSandboxesResponse {
+    all.retain(|r| {
+        (q.states.is_empty()
+            || q.states
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(r.state.as_str())))
+            && q.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
+    });
+    all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+    let total = all.len() as u64;
+    let size = q.page_size as u64;
+    let total_pages = total.div_ceil(size);
+    let start = (q.page as u64 - 1).saturating_mul(size);
+    let items = all
+        .iter()
+        .skip(start.min(total) as usize)
+        .take(size as usize)
+        .map(SandboxRecord::to_sandbox)
+        .collect();
+    ListSandboxesResponse {
+        items,
+        pagination: PaginationInfo {
+            page: q.page,
+            page_size: q.page_size,
+            total_items: total,
+            total_pages,
+            has_next_page: (q.page as u64) < total_pages,
+        },
+    }
+}
+
+async fn list<B: Backend>(State(app): AppState<B>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let q = parse_list_query(q.as_deref().unwrap_or(""))?;
+    let all = app.backend.list().await?;
+    Ok(json(StatusCode::OK, &page_records(all, &q)))
+}
+
+async fn metrics_event(_body: Bytes) -> StatusCode {
+    // The SDK reports create latency here fire-and-forget; sandbolt measures
+    // itself server-side, so the event is accepted and dropped.
+    StatusCode::NO_CONTENT
+}
+
+async fn health() -> Response {
+    json(StatusCode::OK, &serde_json::json!({"status": "healthy"}))
+}
+
+async fn version() -> Response {
+    json(
+        StatusCode::OK,
+        &serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "server": "sandbolt-lifecycle"}),
+    )
+}
+
+async fn openapi() -> Response {
+    let mut r = Response::new(Body::from(crate::openapi::DOCUMENT));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::State as S;
+
+    #[test]
+    fn constant_time_eq_is_eq() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn list_query_parsing() {
+        // What the SDK sends for metadata {"team": "a&b", "k": "v"}.
+        let q = parse_list_query(
+            "state=Running&state=Paused&metadata=team%3Da%2526b%26k%3Dv&page=2&pageSize=5",
+        )
+        .unwrap();
+        assert_eq!(q.states, vec!["Running", "Paused"]);
+        assert_eq!(
+            q.metadata,
+            BTreeMap::from([("team".into(), "a&b".into()), ("k".into(), "v".into())])
+        );
+        assert_eq!((q.page, q.page_size), (2, 5));
+        assert!(parse_list_query("page=0").is_err());
+        assert!(parse_list_query("pageSize=201").is_err());
+        assert_eq!(
+            parse_list_query("metadata=a%3D1%26broken")
+                .unwrap_err()
+                .code,
+            "INVALID_METADATA_FORMAT"
+        );
+    }
+
+    fn rec(id: &str, secs: i64, state: S, team: &str) -> SandboxRecord {
+        SandboxRecord {
+            id: id.into(),
+            image: Some("busybox".into()),
+            entrypoint: vec!["sleep".into()],
+            metadata: BTreeMap::from([("team".into(), team.into())]),
+            state,
+            reason: None,
+            message: None,
+            created_at: DateTime::from_timestamp(secs, 0).unwrap(),
+            expires_at: None,
+        }
+    }
+
+    #[test]
+    fn paging_and_filters() {
+        let all: Vec<_> = (0..5)
+            .map(|i| {
+                rec(
+                    &format!("s{i}"),
+                    i,
+                    if i % 2 == 0 { S::Running } else { S::Paused },
+                    if i < 3 { "a" } else { "b" },
+                )
+            })
+            .collect();
+        let q = parse_list_query("pageSize=2").unwrap();
+        let p = page_records(all.clone(), &q);
+        assert_eq!(
+            p.items.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s4", "s3"]
+        );
+        assert_eq!(
+            (
+                p.pagination.total_items,
+                p.pagination.total_pages,
+                p.pagination.has_next_page
+            ),
+            (5, 3, true)
+        );
+        let q = parse_list_query("pageSize=2&page=3").unwrap();
+        let p = page_records(all.clone(), &q);
+        assert_eq!(p.items.len(), 1);
+        assert!(!p.pagination.has_next_page);
+        let q = parse_list_query("state=running&metadata=team%3Da").unwrap();
+        let p = page_records(all.clone(), &q);
+        assert_eq!(
+            p.items.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s2", "s0"]
+        );
+        let q = parse_list_query("page=9").unwrap();
+        assert!(page_records(all, &q).items.is_empty());
+    }
+
+    #[test]
+    fn ports() {
+        assert_eq!(parse_port("44772").unwrap(), 44772);
+        for bad in ["0", "65536", "-1", "x"] {
+            assert_eq!(parse_port(bad).unwrap_err().code, "INVALID_PORT");
+        }
+    }
+}

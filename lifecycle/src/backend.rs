@@ -1,0 +1,68 @@
+//! The seam between the REST API and what runs sandboxes: the sandbolt
+//! controller (FastPath v2) or a Docker engine.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::ApiResult;
+use crate::model::SandboxRecord;
+use crate::validate::CreatePlan;
+use crate::volumes::VolumeMount;
+
+/// Where to reach one port of one sandbox: `authority` (`host:port`) plus a
+/// path prefix, and the headers the hop needs (e.g. the execd access token).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    pub authority: String,
+    pub path_prefix: String,
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Route {
+    /// The OpenSandbox endpoint string: `host:port[/path]`, no scheme.
+    pub fn endpoint(&self) -> String {
+        format!("{}{}", self.authority, self.path_prefix)
+    }
+}
+
+/// A sandbox runtime. Implementations map each lifecycle operation to their
+/// engine and report errors as [`crate::error::ApiError`] with the right
+/// status (404 unknown id, 409 wrong state, 503 engine unreachable).
+pub trait Backend: Send + Sync + 'static {
+    /// The runtime's name in error messages ("docker", "fastpath").
+    fn runtime_name(&self) -> &'static str;
+
+    /// Rejects a volume this runtime cannot mount (400 naming backend and runtime).
+    fn check_volume(&self, volume: &VolumeMount) -> ApiResult<()>;
+
+    /// Creates and starts a sandbox; it is `Running` when this returns.
+    fn create(&self, plan: CreatePlan) -> impl Future<Output = ApiResult<SandboxRecord>> + Send;
+
+    fn get(&self, id: &str) -> impl Future<Output = ApiResult<SandboxRecord>> + Send;
+
+    /// Every sandbox this backend manages (the API layer filters and pages).
+    fn list(&self) -> impl Future<Output = ApiResult<Vec<SandboxRecord>>> + Send;
+
+    fn delete(&self, id: &str) -> impl Future<Output = ApiResult<()>> + Send;
+
+    /// JSON merge patch of user metadata: `Some` upserts, `None` deletes.
+    fn patch_metadata(
+        &self,
+        id: &str,
+        patch: BTreeMap<String, Option<String>>,
+    ) -> impl Future<Output = ApiResult<SandboxRecord>> + Send;
+
+    fn pause(&self, id: &str) -> impl Future<Output = ApiResult<()>> + Send;
+
+    fn resume(&self, id: &str) -> impl Future<Output = ApiResult<()>> + Send;
+
+    /// Persists a new expiry. The API layer has already checked that the
+    /// sandbox has TTL semantics and that `at` is in the future.
+    fn set_expiry(&self, id: &str, at: DateTime<Utc>)
+    -> impl Future<Output = ApiResult<()>> + Send;
+
+    /// How to reach `port` of sandbox `id`.
+    fn route(&self, id: &str, port: u16) -> impl Future<Output = ApiResult<Route>> + Send;
+}

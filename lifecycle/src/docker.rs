@@ -1,0 +1,835 @@
+//! Docker backend (bollard). For machines with a Docker engine and no
+//! containerd of our own, and for sandbolt running inside a container with
+//! only the Docker socket mounted (Station PRD): nothing here touches the
+//! engine's filesystem. execd reaches the container through the archive API
+//! before start, and the only host paths ever mounted are the user's own
+//! validated volumes.
+//!
+//! State lives on the engine: labels (`opensandbox.io/*`, as the OpenSandbox
+//! server writes them, so either server can manage the other's sandboxes)
+//! carry id, expiry or manual-cleanup marker, and the create-time facts.
+//! Labels cannot change after create, so metadata patches and renewed
+//! expiries go to small JSON files in the data dir, which override labels.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use axum::http::StatusCode;
+use bollard::Docker;
+use bollard::models::{
+    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, HostConfig, Mount, MountType,
+    PortBinding,
+};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, UploadToContainerOptions,
+};
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{Backend, Route};
+use crate::error::{ApiError, ApiResult, StartError};
+use crate::model::{SandboxRecord, State};
+use crate::validate::CreatePlan;
+use crate::volumes::{VolumeMount, VolumeSource, unsupported};
+
+/// Where execd lands inside every sandbox.
+pub const EXECD_PATH: &str = "/opt/sandbolt/execd";
+/// execd's port inside the sandbox (the OpenSandbox execd port).
+pub const EXECD_PORT: u16 = 44772;
+/// Header execd checks for its per-sandbox access token.
+pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
+
+pub const LABEL_ID: &str = "opensandbox.io/id";
+pub const LABEL_EXPIRES_AT: &str = "opensandbox.io/expires-at";
+pub const LABEL_MANUAL_CLEANUP: &str = "opensandbox.io/manual-cleanup";
+/// sandbolt's own facts. Under the reserved prefix on purpose: the
+/// OpenSandbox server then treats them as system labels, not user metadata.
+pub const LABEL_TOKEN: &str = "opensandbox.io/sandbolt-execd-token";
+pub const LABEL_ENTRYPOINT: &str = "opensandbox.io/sandbolt-entrypoint";
+pub const LABEL_CREATED_AT: &str = "opensandbox.io/sandbolt-created-at";
+
+/// Label prefixes that are not user metadata (same rule as OpenSandbox).
+const SYSTEM_LABEL_PREFIXES: &[&str] = &[
+    "opensandbox.io/",
+    "org.opencontainers.image.",
+    "com.docker.",
+    "desktop.docker.",
+];
+
+/// Docker backend settings.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// Docker engine socket (`unix://` prefix optional).
+    pub socket: PathBuf,
+    /// The static execd binary copied into every sandbox.
+    pub execd_binary: PathBuf,
+    /// Host address published ports bind to.
+    pub publish_host_ip: String,
+    /// Host name written into endpoint strings (what clients dial).
+    pub endpoint_host: String,
+    /// Process limit per sandbox.
+    pub pids_limit: i64,
+}
+
+impl DockerConfig {
+    pub fn new(socket: impl Into<PathBuf>, execd_binary: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+            execd_binary: execd_binary.into(),
+            publish_host_ip: "127.0.0.1".into(),
+            endpoint_host: "127.0.0.1".into(),
+            pids_limit: 4096,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Reach {
+    host_port: u16,
+    token: Option<String>,
+}
+
+pub struct DockerBackend {
+    docker: Docker,
+    config: DockerConfig,
+    /// execd packed as a tar once at start; uploaded into each sandbox.
+    execd_tar: Bytes,
+    data_dir: PathBuf,
+    /// Endpoint facts cached from create so the SDK's endpoint lookups right
+    /// after create need no engine round trip.
+    reach: Mutex<HashMap<String, Reach>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ExpiryFile {
+    expires_at: String,
+}
+
+fn container_name(id: &str) -> String {
+    format!("sandbox-{id}")
+}
+
+/// Ids reach Docker as container names; refuse anything else early so a
+/// path segment can never address an unrelated container.
+fn check_id(id: &str) -> ApiResult<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(id))
+    }
+}
+
+fn map_docker_err(id: &str, e: bollard::errors::Error) -> ApiError {
+    use bollard::errors::Error as E;
+    match e {
+        E::DockerResponseServerError {
+            status_code: 404, ..
+        } => ApiError::not_found(id),
+        E::DockerResponseServerError {
+            status_code: 409,
+            message,
+        } => ApiError::conflict("DOCKER::CONFLICT", message),
+        E::DockerResponseServerError {
+            status_code,
+            message,
+        } => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "DOCKER::ENGINE_ERROR",
+            format!("docker engine answered {status_code}: {message}"),
+        ),
+        other => ApiError::unavailable(format!("docker engine unreachable: {other}")),
+    }
+}
+
+fn parse_time(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+fn state_of(status: &str, exit_code: Option<i64>) -> (State, Option<String>, Option<String>) {
+    match status {
+        "running" => (State::Running, None, None),
+        "paused" => (State::Paused, None, None),
+        "created" | "restarting" => (State::Pending, None, None),
+        "removing" | "stopping" => (State::Stopping, None, None),
+        "exited" | "dead" => match exit_code {
+            Some(0) | None => (
+                State::Terminated,
+                Some("ContainerExited".into()),
+                Some("the sandbox's entry process exited".into()),
+            ),
+            Some(code) => (
+                State::Failed,
+                Some("ContainerExited".into()),
+                Some(format!(
+                    "the sandbox's entry process exited with code {code}"
+                )),
+            ),
+        },
+        _ => (State::Pending, None, None),
+    }
+}
+
+/// Serde enum → its wire string (bollard's state enums).
+fn enum_str<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Packs execd as `opt/sandbolt/execd` (0755, root) for the archive API.
+fn pack_execd(binary: &Path) -> Result<Bytes, StartError> {
+    let data = std::fs::read(binary)
+        .map_err(|e| StartError::Config(format!("execd binary {}: {e}", binary.display())))?;
+    let mut b = tar::Builder::new(Vec::new());
+    for dir in ["opt/", "opt/sandbolt/"] {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        h.set_cksum();
+        b.append_data(&mut h, dir, std::io::empty())
+            .map_err(|e| StartError::Config(e.to_string()))?;
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o755);
+    h.set_size(data.len() as u64);
+    h.set_cksum();
+    b.append_data(&mut h, "opt/sandbolt/execd", data.as_slice())
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    let out = b
+        .into_inner()
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    Ok(Bytes::from(out))
+}
+
+fn random_token() -> String {
+    // Two v4 UUIDs: 244 random bits from the OS generator.
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Reads a JSON file, treating absence as `None`.
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    let bytes = std::fs::read(path).ok()?;
+    match serde_json::from_slice(&bytes) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable state file");
+            None
+        }
+    }
+}
+
+/// Writes via tmp + rename so a crash never leaves a truncated file.
+fn write_json<T: Serialize>(path: &Path, value: &T) -> ApiResult<()> {
+    let dir = path.parent().expect("state files live in a directory");
+    std::fs::create_dir_all(dir)
+        .map_err(|e| ApiError::internal(format!("create {}: {e}", dir.display())))?;
+    let tmp = path.with_extension("tmp");
+    let bytes = serde_json::to_vec(value).expect("state serializes");
+    std::fs::write(&tmp, bytes)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| ApiError::internal(format!("write {}: {e}", path.display())))
+}
+
+impl DockerBackend {
+    /// Connects to the engine (negotiating the API version, since the
+    /// engine may be older than bollard's default) and packs execd.
+    pub async fn connect(config: DockerConfig, data_dir: &Path) -> Result<Self, StartError> {
+        let socket = config.socket.to_string_lossy().into_owned();
+        let docker = Docker::connect_with_unix(&socket, 120, bollard::API_DEFAULT_VERSION)
+            .map_err(|e| StartError::Backend(format!("docker socket {socket}: {e}")))?
+            .negotiate_version()
+            .await
+            .map_err(|e| StartError::Backend(format!("docker engine at {socket}: {e}")))?;
+        let execd_tar = pack_execd(&config.execd_binary)?;
+        std::fs::create_dir_all(data_dir.join("metadata"))
+            .and_then(|_| std::fs::create_dir_all(data_dir.join("expiry")))
+            .map_err(|e| StartError::Config(format!("data dir {}: {e}", data_dir.display())))?;
+        Ok(Self {
+            docker,
+            config,
+            execd_tar,
+            data_dir: data_dir.to_path_buf(),
+            reach: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn metadata_path(&self, id: &str) -> PathBuf {
+        self.data_dir.join("metadata").join(format!("{id}.json"))
+    }
+    fn expiry_path(&self, id: &str) -> PathBuf {
+        self.data_dir.join("expiry").join(format!("{id}.json"))
+    }
+
+    fn effective_metadata(
+        &self,
+        id: &str,
+        labels: &HashMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        if let Some(m) = read_json::<BTreeMap<String, String>>(&self.metadata_path(id)) {
+            return m;
+        }
+        labels
+            .iter()
+            .filter(|(k, _)| !SYSTEM_LABEL_PREFIXES.iter().any(|p| k.starts_with(p)))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    fn effective_expiry(
+        &self,
+        id: &str,
+        labels: &HashMap<String, String>,
+    ) -> Option<DateTime<Utc>> {
+        if labels
+            .get(LABEL_MANUAL_CLEANUP)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        {
+            return None;
+        }
+        if let Some(f) = read_json::<ExpiryFile>(&self.expiry_path(id))
+            && let Some(t) = parse_time(&f.expires_at)
+        {
+            return Some(t);
+        }
+        labels.get(LABEL_EXPIRES_AT).and_then(|s| parse_time(s))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        id: &str,
+        labels: &HashMap<String, String>,
+        image: Option<String>,
+        status: &str,
+        exit_code: Option<i64>,
+        docker_created: Option<DateTime<Utc>>,
+        fallback_entrypoint: Vec<String>,
+    ) -> SandboxRecord {
+        let (state, reason, message) = state_of(status, exit_code);
+        let entrypoint = labels
+            .get(LABEL_ENTRYPOINT)
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or(fallback_entrypoint);
+        let created_at = labels
+            .get(LABEL_CREATED_AT)
+            .and_then(|s| parse_time(s))
+            .or(docker_created)
+            .unwrap_or_else(Utc::now);
+        SandboxRecord {
+            id: id.to_string(),
+            image,
+            entrypoint,
+            metadata: self.effective_metadata(id, labels),
+            state,
+            reason,
+            message,
+            created_at,
+            expires_at: self.effective_expiry(id, labels),
+        }
+    }
+
+    async fn inspect(&self, id: &str) -> ApiResult<ContainerInspectResponse> {
+        check_id(id)?;
+        let c = self
+            .docker
+            .inspect_container(&container_name(id), None)
+            .await
+            .map_err(|e| map_docker_err(id, e))?;
+        // A container merely named like ours is not ours.
+        let ours = c
+            .config
+            .as_ref()
+            .and_then(|cfg| cfg.labels.as_ref())
+            .and_then(|l| l.get(LABEL_ID))
+            .is_some_and(|v| v == id);
+        if !ours {
+            return Err(ApiError::not_found(id));
+        }
+        Ok(c)
+    }
+
+    fn record_from_inspect(&self, id: &str, c: &ContainerInspectResponse) -> SandboxRecord {
+        let cfg = c.config.clone().unwrap_or_default();
+        let labels = cfg.labels.clone().unwrap_or_default();
+        let st = c.state.clone().unwrap_or_default();
+        let status = st.status.as_ref().map(enum_str).unwrap_or_default();
+        // Sandboxes created by the OpenSandbox server have no entrypoint label.
+        let fallback = cfg.cmd.clone().unwrap_or_default();
+        self.record(
+            id,
+            &labels,
+            cfg.image.clone(),
+            &status,
+            st.exit_code,
+            c.created.as_deref().and_then(parse_time),
+            fallback,
+        )
+    }
+
+    fn record_from_summary(&self, s: &ContainerSummary) -> Option<SandboxRecord> {
+        let labels = s.labels.clone().unwrap_or_default();
+        let id = labels.get(LABEL_ID)?.clone();
+        let status = s.state.as_ref().map(enum_str).unwrap_or_default();
+        // The summary has no exit code; "Exited (N) ..." carries it.
+        let exit_code = s.status.as_deref().and_then(|st| {
+            let rest = st.strip_prefix("Exited (")?;
+            rest.split(')').next()?.parse().ok()
+        });
+        let created = s
+            .created
+            .and_then(|secs| DateTime::<Utc>::from_timestamp(secs, 0));
+        Some(self.record(
+            &id,
+            &labels,
+            s.image.clone(),
+            &status,
+            exit_code,
+            created,
+            Vec::new(),
+        ))
+    }
+
+    fn reach_from_inspect(c: &ContainerInspectResponse) -> Option<Reach> {
+        let key = format!("{EXECD_PORT}/tcp");
+        let host_port = c
+            .network_settings
+            .as_ref()?
+            .ports
+            .as_ref()?
+            .get(&key)?
+            .as_ref()?
+            .iter()
+            .find_map(|b| b.host_port.as_deref()?.parse().ok())?;
+        let token = c
+            .config
+            .as_ref()
+            .and_then(|cfg| cfg.labels.as_ref())
+            .and_then(|l| l.get(LABEL_TOKEN).cloned());
+        Some(Reach { host_port, token })
+    }
+
+    fn mounts(&self, volumes: &[VolumeMount]) -> ApiResult<Vec<Mount>> {
+        volumes
+            .iter()
+            .map(|v| {
+                self.check_volume(v)?;
+                let (typ, source) = match &v.source {
+                    VolumeSource::Host { path } => {
+                        (MountType::BIND, path.to_string_lossy().into_owned())
+                    }
+                    VolumeSource::Pvc { claim_name } => (MountType::VOLUME, claim_name.clone()),
+                    other => return Err(unsupported(other.kind(), self.runtime_name())),
+                };
+                Ok(Mount {
+                    target: Some(v.mount_path.clone()),
+                    source: Some(source),
+                    typ: Some(typ),
+                    read_only: Some(v.read_only),
+                    ..Default::default()
+                })
+            })
+            .collect()
+    }
+
+    async fn create_inner(&self, plan: &CreatePlan, token: &str) -> ApiResult<Reach> {
+        let name = container_name(&plan.id);
+        let mut labels: HashMap<String, String> = plan
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.insert(LABEL_ID.into(), plan.id.clone());
+        match plan.expires_at {
+            Some(t) => labels.insert(LABEL_EXPIRES_AT.into(), t.to_rfc3339()),
+            None => labels.insert(LABEL_MANUAL_CLEANUP.into(), "true".into()),
+        };
+        labels.insert(LABEL_TOKEN.into(), token.to_string());
+        labels.insert(
+            LABEL_ENTRYPOINT.into(),
+            serde_json::to_string(&plan.entrypoint).expect("strings serialize"),
+        );
+        labels.insert(
+            LABEL_CREATED_AT.into(),
+            crate::model::rfc3339(plan.created_at),
+        );
+
+        let mut env: Vec<String> = plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        env.push(format!("OPENSANDBOX_ID={}", plan.id));
+        env.push(format!("EXECD_ACCESS_TOKEN={token}"));
+
+        // execd is PID 1: it reaps, forwards signals and runs the user's
+        // entrypoint as its child; no shell needed in the image.
+        let mut entrypoint = vec![
+            EXECD_PATH.to_string(),
+            "--init".into(),
+            "--listen".into(),
+            format!("0.0.0.0:{EXECD_PORT}"),
+            "--".into(),
+        ];
+        entrypoint.extend(plan.entrypoint.iter().cloned());
+
+        let port_key = format!("{EXECD_PORT}/tcp");
+        let host_config = HostConfig {
+            port_bindings: Some(HashMap::from([(
+                port_key.clone(),
+                Some(vec![PortBinding {
+                    host_ip: Some(self.config.publish_host_ip.clone()),
+                    // Empty = the engine picks a free port (no races with us).
+                    host_port: Some(String::new()),
+                }]),
+            )])),
+            security_opt: Some(vec!["no-new-privileges:true".into()]),
+            // Docker's default capability set minus the ones a sandbox has no
+            // business with (raw sockets, device nodes, audit).
+            cap_drop: Some(vec!["NET_RAW".into(), "MKNOD".into(), "AUDIT_WRITE".into()]),
+            privileged: Some(false),
+            pids_limit: Some(self.config.pids_limit),
+            memory: plan.memory_bytes,
+            nano_cpus: plan.nano_cpus,
+            mounts: Some(self.mounts(&plan.volumes)?),
+            init: Some(false),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(plan.image.clone()),
+            entrypoint: Some(entrypoint),
+            cmd: Some(Vec::new()),
+            env: Some(env),
+            labels: Some(labels),
+            exposed_ports: Some(vec![port_key]),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        let opts = CreateContainerOptions {
+            name: Some(name.clone()),
+            ..Default::default()
+        };
+        self.docker
+            .create_container(Some(opts), body)
+            .await
+            .map_err(|e| match e {
+                bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404,
+                    message,
+                } => ApiError::invalid_code(
+                    "DOCKER::SANDBOX_IMAGE_NOT_FOUND",
+                    format!("image {} is not available: {message}", plan.image),
+                ),
+                bollard::errors::Error::DockerResponseServerError {
+                    status_code: 400,
+                    message,
+                } => ApiError::invalid(format!("docker rejected the sandbox: {message}")),
+                other => map_docker_err(&plan.id, other),
+            })?;
+
+        // Copy execd in before start: no bind mount, so this works even when
+        // the engine cannot see our filesystem.
+        let upload = UploadToContainerOptions {
+            path: "/".into(),
+            ..Default::default()
+        };
+        self.docker
+            .upload_to_container(
+                &name,
+                Some(upload),
+                bollard::body_full(self.execd_tar.clone()),
+            )
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "DOCKER::SANDBOX_EXECD_DISTRIBUTION_FAILED",
+                    format!("copying execd into the sandbox failed: {e}"),
+                )
+            })?;
+        self.docker
+            .start_container(&name, None)
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "DOCKER::SANDBOX_START_FAILED",
+                    format!("starting the sandbox failed: {e}"),
+                )
+            })?;
+        let c = self.inspect(&plan.id).await?;
+        Self::reach_from_inspect(&c)
+            .ok_or_else(|| ApiError::internal("the engine published no host port for execd"))
+    }
+
+    async fn reach(&self, id: &str) -> ApiResult<Reach> {
+        if let Some(r) = self.reach.lock().expect("reach lock").get(id).cloned() {
+            return Ok(r);
+        }
+        let c = self.inspect(id).await?;
+        let r = Self::reach_from_inspect(&c).ok_or_else(|| {
+            ApiError::conflict(
+                "DOCKER::SANDBOX_NOT_RUNNING",
+                format!("Sandbox {id} has no published execd port (is it running?)"),
+            )
+        })?;
+        self.reach
+            .lock()
+            .expect("reach lock")
+            .insert(id.to_string(), r.clone());
+        Ok(r)
+    }
+
+    fn forget(&self, id: &str) {
+        self.reach.lock().expect("reach lock").remove(id);
+        for p in [self.metadata_path(id), self.expiry_path(id)] {
+            if let Err(e) = std::fs::remove_file(&p)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %p.display(), error = %e, "cannot remove state file");
+            }
+        }
+    }
+}
+
+impl Backend for DockerBackend {
+    fn runtime_name(&self) -> &'static str {
+        "docker"
+    }
+
+    fn check_volume(&self, v: &VolumeMount) -> ApiResult<()> {
+        match &v.source {
+            VolumeSource::Host { .. } => Ok(()),
+            // Docker 20.10 (API 1.41) has no volume subpath option.
+            VolumeSource::Pvc { .. } if v.sub_path.is_some() => {
+                Err(unsupported("pvc with subPath", self.runtime_name()))
+            }
+            VolumeSource::Pvc { .. } => Ok(()),
+            other => Err(unsupported(other.kind(), self.runtime_name())),
+        }
+    }
+
+    async fn create(&self, plan: CreatePlan) -> ApiResult<SandboxRecord> {
+        let token = random_token();
+        match self.create_inner(&plan, &token).await {
+            Ok(reach) => {
+                self.reach
+                    .lock()
+                    .expect("reach lock")
+                    .insert(plan.id.clone(), reach);
+                tracing::info!(id = %plan.id, image = %plan.image, "sandbox created");
+                Ok(SandboxRecord {
+                    id: plan.id,
+                    image: Some(plan.image),
+                    entrypoint: plan.entrypoint,
+                    metadata: plan.metadata,
+                    state: State::Running,
+                    reason: None,
+                    message: None,
+                    created_at: plan.created_at,
+                    expires_at: plan.expires_at,
+                })
+            }
+            Err(e) => {
+                // Leave nothing half-made behind.
+                let _ = self
+                    .docker
+                    .remove_container(
+                        &container_name(&plan.id),
+                        Some(RemoveContainerOptions {
+                            force: true,
+                            v: true,
+                            ..Default::default()
+                        }),
+                    )
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn get(&self, id: &str) -> ApiResult<SandboxRecord> {
+        let c = self.inspect(id).await?;
+        Ok(self.record_from_inspect(id, &c))
+    }
+
+    async fn list(&self) -> ApiResult<Vec<SandboxRecord>> {
+        let opts = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![LABEL_ID.to_string()],
+            )])),
+            ..Default::default()
+        };
+        let all = self
+            .docker
+            .list_containers(Some(opts))
+            .await
+            .map_err(|e| map_docker_err("*", e))?;
+        Ok(all
+            .iter()
+            .filter_map(|s| self.record_from_summary(s))
+            .collect())
+    }
+
+    async fn delete(&self, id: &str) -> ApiResult<()> {
+        self.inspect(id).await?;
+        self.docker
+            .remove_container(
+                &container_name(id),
+                Some(RemoveContainerOptions {
+                    force: true,
+                    // Anonymous volumes only; named (pvc) volumes are the user's.
+                    v: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(|e| map_docker_err(id, e))?;
+        self.forget(id);
+        tracing::info!(%id, "sandbox deleted");
+        Ok(())
+    }
+
+    async fn patch_metadata(
+        &self,
+        id: &str,
+        patch: BTreeMap<String, Option<String>>,
+    ) -> ApiResult<SandboxRecord> {
+        let c = self.inspect(id).await?;
+        let mut rec = self.record_from_inspect(id, &c);
+        for (k, v) in patch {
+            match v {
+                Some(v) => rec.metadata.insert(k, v),
+                None => rec.metadata.remove(&k),
+            };
+        }
+        write_json(&self.metadata_path(id), &rec.metadata)?;
+        Ok(rec)
+    }
+
+    async fn pause(&self, id: &str) -> ApiResult<()> {
+        let rec = self.get(id).await?;
+        if rec.state != State::Running {
+            return Err(ApiError::conflict(
+                "DOCKER::SANDBOX_NOT_RUNNING",
+                format!(
+                    "Sandbox {id} is {} and cannot be paused.",
+                    rec.state.as_str()
+                ),
+            ));
+        }
+        self.docker
+            .pause_container(&container_name(id))
+            .await
+            .map_err(|e| map_docker_err(id, e))
+    }
+
+    async fn resume(&self, id: &str) -> ApiResult<()> {
+        let rec = self.get(id).await?;
+        if rec.state != State::Paused {
+            return Err(ApiError::conflict(
+                "DOCKER::SANDBOX_NOT_PAUSED",
+                format!(
+                    "Sandbox {id} is {} and cannot be resumed.",
+                    rec.state.as_str()
+                ),
+            ));
+        }
+        self.docker
+            .unpause_container(&container_name(id))
+            .await
+            .map_err(|e| map_docker_err(id, e))
+    }
+
+    async fn set_expiry(&self, id: &str, at: DateTime<Utc>) -> ApiResult<()> {
+        write_json(
+            &self.expiry_path(id),
+            &ExpiryFile {
+                expires_at: at.to_rfc3339(),
+            },
+        )
+    }
+
+    async fn route(&self, id: &str, port: u16) -> ApiResult<Route> {
+        check_id(id)?;
+        let reach = self.reach(id).await?;
+        let headers = reach
+            .token
+            .iter()
+            .map(|t| (EXECD_TOKEN_HEADER.to_string(), t.clone()))
+            .collect();
+        // execd is published directly; every other port goes through
+        // execd's `/proxy/{port}` so only one host port per sandbox is used.
+        let path_prefix = if port == EXECD_PORT {
+            String::new()
+        } else {
+            format!("/proxy/{port}")
+        };
+        Ok(Route {
+            authority: format!("{}:{}", self.config.endpoint_host, reach.host_port),
+            path_prefix,
+            headers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn execd_tar_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("execd");
+        std::fs::write(&bin, b"\x7fELF-not-really").unwrap();
+        let tar = pack_execd(&bin).unwrap();
+        let mut a = tar::Archive::new(tar.as_ref());
+        let entries: Vec<(String, u32)> = a
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.path().unwrap().to_string_lossy().into_owned(),
+                    e.header().mode().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            entries,
+            vec![
+                ("opt/".to_string(), 0o755),
+                ("opt/sandbolt/".to_string(), 0o755),
+                ("opt/sandbolt/execd".to_string(), 0o755)
+            ]
+        );
+    }
+
+    #[test]
+    fn ids_are_checked_before_reaching_docker() {
+        assert!(check_id("4f1c2d9e-aaaa-bbbb-cccc-0123456789ab").is_ok());
+        for bad in ["", "../x", "a/b", "x y", &"a".repeat(65)] {
+            assert_eq!(check_id(bad).unwrap_err().status, 404, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_map_to_states() {
+        assert_eq!(state_of("running", None).0, State::Running);
+        assert_eq!(state_of("paused", None).0, State::Paused);
+        assert_eq!(state_of("exited", Some(0)).0, State::Terminated);
+        assert_eq!(state_of("exited", Some(3)).0, State::Failed);
+    }
+}

@@ -1,0 +1,736 @@
+//! Volume requests (OSEP-0003): both the seed's `volumes[]` + `volumeBindings[]`
+//! (`backendType` local|pvc|nfs) and the 1.1.1 spec's `volumes[]` (`host`,
+//! `pvc`, `ossfs`), parsed into one [`VolumeMount`] list and validated.
+//!
+//! Validation is strict because host paths are the one place a sandbox request
+//! can name something on the host: a path must be absolute and already
+//! normalized (we reject rather than silently rewrite, so what is checked is
+//! what is mounted), lie under an allowlisted prefix, exist, and still lie
+//! under that prefix once symlinks are resolved.
+
+use std::collections::BTreeSet;
+use std::path::{Component, Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{ApiError, ApiResult};
+
+/// Where a volume's data lives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VolumeSource {
+    /// A host directory (`host.path`, or seed `backendType: local`), already
+    /// joined with `subPath` and resolved through symlinks.
+    Host { path: PathBuf },
+    /// A platform-named volume (Kubernetes PVC; Docker named volume).
+    Pvc { claim_name: String },
+    /// NFS `server:/export`.
+    Nfs { server: String, export: String },
+    /// Alibaba OSS through ossfs.
+    Ossfs { bucket: String, endpoint: String },
+}
+
+impl VolumeSource {
+    /// The backend name as the request spelled the kind (for error messages).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            VolumeSource::Host { .. } => "host",
+            VolumeSource::Pvc { .. } => "pvc",
+            VolumeSource::Nfs { .. } => "nfs",
+            VolumeSource::Ossfs { .. } => "ossfs",
+        }
+    }
+}
+
+/// One validated mount.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeMount {
+    pub name: String,
+    pub source: VolumeSource,
+    pub mount_path: String,
+    pub read_only: bool,
+    /// Only for non-host sources (host sources fold it into the path).
+    pub sub_path: Option<String>,
+}
+
+/// Seed shape, one `volumes[]` entry.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SeedVolume {
+    name: String,
+    backend_type: String,
+    backend_ref: String,
+    #[serde(default)]
+    #[allow(dead_code)] // accepted per OSEP-0003; no runtime parameter is used yet
+    parameters: Option<serde_json::Map<String, Value>>,
+}
+
+/// Seed shape, one `volumeBindings[]` entry.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SeedBinding {
+    volume_name: String,
+    mount_path: String,
+    access_mode: String,
+    sub_path: Option<String>,
+}
+
+/// 1.1.1 shape, one `volumes[]` entry.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SpecVolume {
+    name: String,
+    mount_path: String,
+    #[serde(default)]
+    read_only: bool,
+    sub_path: Option<String>,
+    host: Option<SpecHost>,
+    pvc: Option<SpecPvc>,
+    ossfs: Option<SpecOssfs>,
+}
+
+#[derive(Deserialize)]
+struct SpecHost {
+    path: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecPvc {
+    claim_name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecOssfs {
+    bucket: String,
+    endpoint: String,
+}
+
+fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::invalid_code(code, message)
+}
+
+/// DNS-1123 label: lowercase alphanumerics and '-', alphanumeric at both ends.
+pub fn is_dns1123_label(s: &str, max: usize) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= max
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// True when `p` is absolute and has no `.`/`..`/empty components, i.e. it
+/// is already in the form it would be normalized to.
+fn is_normalized_absolute(p: &str) -> bool {
+    if !p.starts_with('/') || p.contains("//") || p.contains('\0') {
+        return false;
+    }
+    if p.len() > 1 && p.ends_with('/') {
+        return false;
+    }
+    Path::new(p)
+        .components()
+        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+}
+
+fn check_sub_path(sub: &str) -> ApiResult<String> {
+    const CODE: &str = "VOLUME::INVALID_SUB_PATH";
+    if sub.is_empty() {
+        return Err(bad(CODE, "subPath must not be empty when given"));
+    }
+    if sub.starts_with('/') {
+        return Err(bad(CODE, format!("subPath '{sub}' must be relative")));
+    }
+    if sub.contains('\0') {
+        return Err(bad(CODE, "subPath contains a NUL byte"));
+    }
+    let mut parts = Vec::new();
+    for c in Path::new(sub).components() {
+        match c {
+            Component::Normal(p) => parts.push(p.to_string_lossy().into_owned()),
+            Component::CurDir => {}
+            _ => return Err(bad(CODE, format!("subPath '{sub}' must not contain '..'"))),
+        }
+    }
+    if parts.is_empty() {
+        return Err(bad(CODE, format!("subPath '{sub}' names no directory")));
+    }
+    Ok(parts.join("/"))
+}
+
+fn check_mount_path(p: &str) -> ApiResult<()> {
+    const CODE: &str = "VOLUME::INVALID_MOUNT_PATH";
+    if !is_normalized_absolute(p) {
+        return Err(bad(
+            CODE,
+            format!("mountPath '{p}' must be an absolute, normalized path"),
+        ));
+    }
+    // Mounting over these would hide execd (PID 1 of every sandbox) or the
+    // kernel filesystems the runtime sets up.
+    for reserved in ["/opt/sandbolt", "/proc", "/sys", "/dev"] {
+        if p == reserved || p.starts_with(&format!("{reserved}/")) {
+            return Err(bad(CODE, format!("mountPath '{p}' is reserved")));
+        }
+    }
+    if p == "/" {
+        return Err(bad(CODE, "mountPath must not be '/'"));
+    }
+    Ok(())
+}
+
+/// Resolves and checks a host path against the allowlist (see module docs).
+fn check_host_path(path: &str, sub: Option<&str>, allow: &[PathBuf]) -> ApiResult<PathBuf> {
+    if !is_normalized_absolute(path) {
+        return Err(bad(
+            "VOLUME::INVALID_HOST_PATH",
+            format!("host path '{path}' must be an absolute, normalized path"),
+        ));
+    }
+    if allow.is_empty() {
+        return Err(bad(
+            "VOLUME::HOST_PATH_NOT_ALLOWED",
+            "host path volumes are disabled: no allow_host_paths configured",
+        ));
+    }
+    let requested = match sub {
+        Some(s) => Path::new(path).join(s),
+        None => PathBuf::from(path),
+    };
+    let Some(prefix) = allow.iter().find(|a| requested.starts_with(a)) else {
+        return Err(bad(
+            "VOLUME::HOST_PATH_NOT_ALLOWED",
+            format!(
+                "host path '{}' is not under an allowed prefix",
+                requested.display()
+            ),
+        ));
+    };
+    let resolved = std::fs::canonicalize(&requested).map_err(|e| {
+        bad(
+            "VOLUME::HOST_PATH_NOT_FOUND",
+            format!("host path '{}' is not usable: {e}", requested.display()),
+        )
+    })?;
+    let prefix_resolved = std::fs::canonicalize(prefix).unwrap_or_else(|_| prefix.clone());
+    if !resolved.starts_with(&prefix_resolved) {
+        return Err(bad(
+            "VOLUME::HOST_PATH_NOT_ALLOWED",
+            format!(
+                "host path '{}' resolves through a symlink to '{}', outside the allowed prefix",
+                requested.display(),
+                resolved.display()
+            ),
+        ));
+    }
+    if !resolved.is_dir() {
+        return Err(bad(
+            "VOLUME::INVALID_HOST_PATH",
+            format!("host path '{}' is not a directory", requested.display()),
+        ));
+    }
+    Ok(resolved)
+}
+
+fn check_name(name: &str) -> ApiResult<()> {
+    if !is_dns1123_label(name, 63) {
+        return Err(bad(
+            "VOLUME::INVALID_NAME",
+            format!("volume name '{name}' must be a DNS-1123 label (max 63 characters)"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_pvc(claim: &str) -> ApiResult<()> {
+    if !is_dns1123_label(claim, 253) {
+        return Err(bad(
+            "VOLUME::INVALID_PVC_NAME",
+            format!("PVC name '{claim}' must be a valid DNS-1123 name"),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_nfs(backend_ref: &str) -> ApiResult<VolumeSource> {
+    let invalid = || {
+        bad(
+            "VOLUME::INVALID_BACKEND",
+            format!("nfs backendRef '{backend_ref}' must be 'server:/export/path'"),
+        )
+    };
+    let (server, export) = backend_ref.split_once(':').ok_or_else(invalid)?;
+    let server_ok = !server.is_empty()
+        && server
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'[' | b']'));
+    if !server_ok || !is_normalized_absolute(export) {
+        return Err(invalid());
+    }
+    Ok(VolumeSource::Nfs {
+        server: server.to_string(),
+        export: export.to_string(),
+    })
+}
+
+fn parse_entry<T: serde::de::DeserializeOwned>(v: &Value, what: &str) -> ApiResult<T> {
+    serde_json::from_value(v.clone())
+        .map_err(|e| bad("VOLUME::INVALID_BACKEND", format!("invalid {what}: {e}")))
+}
+
+/// Parses and validates the request's volume fields. `allow_host_paths` is
+/// the configured allowlist (empty disables host volumes).
+pub fn parse_volumes(
+    volumes: Option<&[Value]>,
+    bindings: Option<&[Value]>,
+    allow_host_paths: &[PathBuf],
+) -> ApiResult<Vec<VolumeMount>> {
+    let volumes = volumes.unwrap_or(&[]);
+    let bindings = bindings.unwrap_or(&[]);
+    let seed_shape = !bindings.is_empty()
+        || volumes
+            .iter()
+            .any(|v| v.get("backendType").is_some() || v.get("backendRef").is_some());
+
+    let mut names = BTreeSet::new();
+    let mut mounts = Vec::new();
+    if seed_shape {
+        let mut declared = Vec::new();
+        for v in volumes {
+            let sv: SeedVolume = parse_entry(v, "volume")?;
+            check_name(&sv.name)?;
+            if !names.insert(sv.name.clone()) {
+                return Err(bad(
+                    "VOLUME::DUPLICATE_NAME",
+                    format!("volume name '{}' is declared twice", sv.name),
+                ));
+            }
+            declared.push(sv);
+        }
+        for b in bindings {
+            let sb: SeedBinding = parse_entry(b, "volume binding")?;
+            let Some(vol) = declared.iter().find(|v| v.name == sb.volume_name) else {
+                return Err(bad(
+                    "VOLUME::INVALID_NAME",
+                    format!(
+                        "volume binding names undeclared volume '{}'",
+                        sb.volume_name
+                    ),
+                ));
+            };
+            check_mount_path(&sb.mount_path)?;
+            let read_only = match sb.access_mode.as_str() {
+                "RW" => false,
+                "RO" => true,
+                other => {
+                    return Err(bad(
+                        "VOLUME::INVALID_ACCESS_MODE",
+                        format!("accessMode '{other}' must be RW or RO"),
+                    ));
+                }
+            };
+            let sub = sb.sub_path.as_deref().map(check_sub_path).transpose()?;
+            let (source, sub_path) = match vol.backend_type.as_str() {
+                "local" => (
+                    VolumeSource::Host {
+                        path: check_host_path(&vol.backend_ref, sub.as_deref(), allow_host_paths)?,
+                    },
+                    None,
+                ),
+                "pvc" => {
+                    check_pvc(&vol.backend_ref)?;
+                    (
+                        VolumeSource::Pvc {
+                            claim_name: vol.backend_ref.clone(),
+                        },
+                        sub,
+                    )
+                }
+                "nfs" => (parse_nfs(&vol.backend_ref)?, sub),
+                other => {
+                    return Err(bad(
+                        "VOLUME::INVALID_BACKEND",
+                        format!("backendType '{other}' must be one of local, pvc, nfs"),
+                    ));
+                }
+            };
+            mounts.push(VolumeMount {
+                name: vol.name.clone(),
+                source,
+                mount_path: sb.mount_path,
+                read_only,
+                sub_path,
+            });
+        }
+    } else {
+        for v in volumes {
+            let sv: SpecVolume = parse_entry(v, "volume")?;
+            check_name(&sv.name)?;
+            if !names.insert(sv.name.clone()) {
+                return Err(bad(
+                    "VOLUME::DUPLICATE_NAME",
+                    format!("volume name '{}' is declared twice", sv.name),
+                ));
+            }
+            check_mount_path(&sv.mount_path)?;
+            let sub = sv.sub_path.as_deref().map(check_sub_path).transpose()?;
+            let backends = [sv.host.is_some(), sv.pvc.is_some(), sv.ossfs.is_some()];
+            if backends.iter().filter(|b| **b).count() != 1 {
+                return Err(bad(
+                    "VOLUME::INVALID_BACKEND",
+                    format!(
+                        "volume '{}' must specify exactly one backend (host, pvc or ossfs)",
+                        sv.name
+                    ),
+                ));
+            }
+            let (source, sub_path) = if let Some(h) = sv.host {
+                (
+                    VolumeSource::Host {
+                        path: check_host_path(&h.path, sub.as_deref(), allow_host_paths)?,
+                    },
+                    None,
+                )
+            } else if let Some(p) = sv.pvc {
+                check_pvc(&p.claim_name)?;
+                (
+                    VolumeSource::Pvc {
+                        claim_name: p.claim_name,
+                    },
+                    sub,
+                )
+            } else if let Some(o) = sv.ossfs {
+                if !(3..=63).contains(&o.bucket.len()) || o.endpoint.is_empty() {
+                    return Err(bad(
+                        "VOLUME::INVALID_OSSFS_BUCKET",
+                        "ossfs needs a bucket of 3..63 characters and an endpoint",
+                    ));
+                }
+                (
+                    VolumeSource::Ossfs {
+                        bucket: o.bucket,
+                        endpoint: o.endpoint,
+                    },
+                    sub,
+                )
+            } else {
+                unreachable!("exactly one backend checked above")
+            };
+            mounts.push(VolumeMount {
+                name: sv.name,
+                source,
+                mount_path: sv.mount_path,
+                read_only: sv.read_only,
+                sub_path,
+            });
+        }
+    }
+    let mut paths = BTreeSet::new();
+    for m in &mounts {
+        if !paths.insert(m.mount_path.clone()) {
+            return Err(bad(
+                "VOLUME::INVALID_MOUNT_PATH",
+                format!("mountPath '{}' is used twice", m.mount_path),
+            ));
+        }
+    }
+    Ok(mounts)
+}
+
+/// The 400 for a backend a runtime cannot serve: names both, as OSEP-0003 asks.
+pub fn unsupported(kind: &str, runtime: &str) -> ApiError {
+    bad(
+        "VOLUME::UNSUPPORTED_BACKEND",
+        format!("volume backend '{kind}' is not supported by the {runtime} runtime"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: Value, allow: &[PathBuf]) -> ApiResult<Vec<VolumeMount>> {
+        parse_volumes(Some(&[v]), None, allow)
+    }
+    fn seed(v: Value, b: Value, allow: &[PathBuf]) -> ApiResult<Vec<VolumeMount>> {
+        parse_volumes(Some(&[v]), Some(&[b]), allow)
+    }
+    fn code(r: ApiResult<Vec<VolumeMount>>) -> &'static str {
+        r.expect_err("must be rejected").code
+    }
+
+    #[test]
+    fn host_path_accepted_under_allowlist_and_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("task")).unwrap();
+        let allow = vec![dir.path().to_path_buf()];
+        let m = spec(
+            json!({"name":"w","mountPath":"/mnt/w","host":{"path":dir.path()},"subPath":"task","readOnly":true}),
+            &allow,
+        )
+        .unwrap();
+        assert_eq!(
+            m[0].source,
+            VolumeSource::Host {
+                path: std::fs::canonicalize(dir.path().join("task")).unwrap()
+            }
+        );
+        assert!(m[0].read_only);
+    }
+
+    #[test]
+    fn host_path_rules_reject() {
+        let dir = tempfile::tempdir().unwrap();
+        let allow = vec![dir.path().join("allowed")];
+        std::fs::create_dir(dir.path().join("allowed")).unwrap();
+        std::fs::create_dir(dir.path().join("secret")).unwrap();
+        let d = dir.path().display();
+        // relative
+        assert_eq!(
+            code(spec(
+                json!({"name":"w","mountPath":"/m","host":{"path":"rel/x"}}),
+                &allow
+            )),
+            "VOLUME::INVALID_HOST_PATH"
+        );
+        // not normalized
+        assert_eq!(
+            code(spec(
+                json!({"name":"w","mountPath":"/m","host":{"path":format!("{d}/allowed/../secret")}}),
+                &allow
+            )),
+            "VOLUME::INVALID_HOST_PATH"
+        );
+        // outside allowlist
+        assert_eq!(
+            code(spec(
+                json!({"name":"w","mountPath":"/m","host":{"path":format!("{d}/secret")}}),
+                &allow
+            )),
+            "VOLUME::HOST_PATH_NOT_ALLOWED"
+        );
+        // prefix match is per component, not per string
+        std::fs::create_dir(dir.path().join("allowed-not")).unwrap();
+        assert_eq!(
+            code(spec(
+                json!({"name":"w","mountPath":"/m","host":{"path":format!("{d}/allowed-not")}}),
+                &allow
+            )),
+            "VOLUME::HOST_PATH_NOT_ALLOWED"
+        );
+        // symlink escape
+        std::os::unix::fs::symlink(dir.path().join("secret"), dir.path().join("allowed/link"))
+            .unwrap();
+        assert_eq!(
+            code(spec(
+                json!({"name":"w","mountPath":"/m","host":{"path":format!("{d}/allowed/link")}}),
+                &allow
+            )),
+            "VOLUME::HOST_PATH_NOT_ALLOWED"
+        );
+        // missing
+        assert_eq!(
+            code(spec(
+                json!({"name":"w","mountPath":"/m","host":{"path":format!("{d}/allowed/nope")}}),
+                &allow
+            )),
+            "VOLUME::HOST_PATH_NOT_FOUND"
+        );
+        // no allowlist at all
+        assert_eq!(
+            code(spec(
+                json!({"name":"w","mountPath":"/m","host":{"path":format!("{d}/allowed")}}),
+                &[]
+            )),
+            "VOLUME::HOST_PATH_NOT_ALLOWED"
+        );
+    }
+
+    #[test]
+    fn sub_path_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let allow = vec![dir.path().to_path_buf()];
+        for sub in ["../x", "a/../../x", "/abs", ""] {
+            assert_eq!(
+                code(spec(
+                    json!({"name":"w","mountPath":"/m","host":{"path":dir.path()},"subPath":sub}),
+                    &allow
+                )),
+                "VOLUME::INVALID_SUB_PATH",
+                "subPath {sub:?}"
+            );
+        }
+        let m = spec(
+            json!({"name":"w","mountPath":"/m","pvc":{"claimName":"data"},"subPath":"./a/b"}),
+            &allow,
+        )
+        .unwrap();
+        assert_eq!(m[0].sub_path.as_deref(), Some("a/b"));
+    }
+
+    #[test]
+    fn pvc_names_are_dns1123() {
+        assert!(
+            spec(
+                json!({"name":"w","mountPath":"/m","pvc":{"claimName":"user-a-pvc"}}),
+                &[]
+            )
+            .is_ok()
+        );
+        for bad in ["User", "-a", "a-", "a_b", "a.b", ""] {
+            assert_eq!(
+                code(spec(
+                    json!({"name":"w","mountPath":"/m","pvc":{"claimName":bad}}),
+                    &[]
+                )),
+                "VOLUME::INVALID_PVC_NAME",
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            code(seed(
+                json!({"name":"w","backendType":"pvc","backendRef":"Bad_Name"}),
+                json!({"volumeName":"w","mountPath":"/m","accessMode":"RW"}),
+                &[]
+            )),
+            "VOLUME::INVALID_PVC_NAME"
+        );
+    }
+
+    #[test]
+    fn nfs_needs_server_and_absolute_export() {
+        let m = seed(
+            json!({"name":"w","backendType":"nfs","backendRef":"10.0.0.1:/exports/a"}),
+            json!({"volumeName":"w","mountPath":"/m","accessMode":"RO"}),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            m[0].source,
+            VolumeSource::Nfs {
+                server: "10.0.0.1".into(),
+                export: "/exports/a".into()
+            }
+        );
+        assert!(m[0].read_only);
+        for r in ["nfs.local", ":/x", "srv:rel", "srv:/a/../b", "s rv:/x"] {
+            assert_eq!(
+                code(seed(
+                    json!({"name":"w","backendType":"nfs","backendRef":r}),
+                    json!({"volumeName":"w","mountPath":"/m","accessMode":"RO"}),
+                    &[]
+                )),
+                "VOLUME::INVALID_BACKEND",
+                "{r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn seed_shape_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let allow = vec![dir.path().to_path_buf()];
+        let v = json!({"name":"w","backendType":"local","backendRef":dir.path()});
+        let ok = seed(
+            v.clone(),
+            json!({"volumeName":"w","mountPath":"/mnt/work","accessMode":"RW"}),
+            &allow,
+        )
+        .unwrap();
+        assert!(!ok[0].read_only);
+        assert_eq!(
+            code(seed(
+                v.clone(),
+                json!({"volumeName":"w","mountPath":"/m","accessMode":"rw"}),
+                &allow
+            )),
+            "VOLUME::INVALID_ACCESS_MODE"
+        );
+        assert_eq!(
+            code(seed(
+                v.clone(),
+                json!({"volumeName":"other","mountPath":"/m","accessMode":"RW"}),
+                &allow
+            )),
+            "VOLUME::INVALID_NAME"
+        );
+        assert_eq!(
+            code(seed(
+                json!({"name":"w","backendType":"s3","backendRef":"x"}),
+                json!({"volumeName":"w","mountPath":"/m","accessMode":"RW"}),
+                &allow
+            )),
+            "VOLUME::INVALID_BACKEND"
+        );
+    }
+
+    #[test]
+    fn mount_path_and_names() {
+        for p in [
+            "rel",
+            "/a/../b",
+            "/",
+            "/opt/sandbolt",
+            "/opt/sandbolt/x",
+            "/proc",
+        ] {
+            assert_eq!(
+                code(spec(
+                    json!({"name":"w","mountPath":p,"pvc":{"claimName":"c"}}),
+                    &[]
+                )),
+                "VOLUME::INVALID_MOUNT_PATH",
+                "{p:?}"
+            );
+        }
+        assert_eq!(
+            code(spec(
+                json!({"name":"Bad","mountPath":"/m","pvc":{"claimName":"c"}}),
+                &[]
+            )),
+            "VOLUME::INVALID_NAME"
+        );
+        assert_eq!(
+            code(parse_volumes(
+                Some(&[
+                    json!({"name":"a","mountPath":"/m","pvc":{"claimName":"c"}}),
+                    json!({"name":"a","mountPath":"/n","pvc":{"claimName":"c"}})
+                ]),
+                None,
+                &[]
+            )),
+            "VOLUME::DUPLICATE_NAME"
+        );
+        assert_eq!(
+            code(parse_volumes(
+                Some(&[
+                    json!({"name":"a","mountPath":"/m","pvc":{"claimName":"c"}}),
+                    json!({"name":"b","mountPath":"/m","pvc":{"claimName":"c"}})
+                ]),
+                None,
+                &[]
+            )),
+            "VOLUME::INVALID_MOUNT_PATH"
+        );
+        assert_eq!(
+            code(spec(
+                json!({"name":"a","mountPath":"/m","pvc":{"claimName":"c"},"host":{"path":"/x"}}),
+                &[]
+            )),
+            "VOLUME::INVALID_BACKEND"
+        );
+        assert_eq!(
+            code(spec(json!({"name":"a","mountPath":"/m"}), &[])),
+            "VOLUME::INVALID_BACKEND"
+        );
+    }
+}
+
+/// DNS-1123 label of any length up to 63 (for label-key prefixes).
+pub fn is_dns1123_label_any(s: &str) -> bool {
+    is_dns1123_label(s, 63)
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what sandbolt needs on a fresh Debian machine (run as root):
+# containerd + runc (+ crun) for sandboxes, docker.io for the Docker fallback
+# and the test bed, busybox-static for test images, protobuf-compiler for
+# containerd-client's build script, iproute2 for network namespaces.
+# Idempotent: installs only what is missing.
+set -euo pipefail
+
+need=()
+check() { # check <path> <debian package>
+  [ -e "$1" ] || need+=("$2")
+}
+check /usr/bin/containerd containerd
+check /usr/sbin/runc runc
+check /usr/bin/crun crun
+check /usr/sbin/dockerd docker.io
+check /bin/busybox busybox-static
+check /usr/bin/protoc protobuf-compiler
+check /usr/sbin/ip iproute2
+check /sbin/mkfs.btrfs btrfs-progs
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "sandbolt: missing Debian packages: ${need[*]}" >&2
+    echo "          run as root, or: apt-get install -y ${need[*]}" >&2
+    exit 1
+  fi
+  echo "sandbolt: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >&2
+  apt-get install -y -q --no-install-recommends "${need[@]}" >&2
+fi
+
+if ! command -v protoc >/dev/null; then
+  echo "sandbolt: protoc not found: containerd-client's build script needs it (apt-get install -y protobuf-compiler)" >&2
+  exit 1
+fi
+if ! command -v cargo >/dev/null; then
+  echo "sandbolt: cargo not found: install a Rust toolchain >= 1.90 (edition 2024)" >&2
+  exit 1
+fi

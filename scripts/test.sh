@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Every check sandbolt has, as CI runs it (run as root on Debian): formatting,
+# clippy, then every test against real containerd/runc/dockerd started by
+# the test bed in private directories, then a check that no test bed left a
+# daemon, mount, directory or bridge behind.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+started=$(date +%s)
+step() { echo "==> [$(( $(date +%s) - started ))s] $*"; }
+
+step "host packages"
+scripts/setup-host.sh
+step "python venv for contract tests (real clients from PyPI)"
+scripts/python-env.sh >/dev/null
+if ! cargo nextest --version >/dev/null 2>&1; then
+  step "installing cargo-nextest"
+  cargo install --locked cargo-nextest >/dev/null
+fi
+
+step "cargo fmt --check"
+cargo fmt --all --check
+step "cargo clippy --all-targets -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "static execd"
+SANDBOLT_EXECD_BIN=$(scripts/build-execd.sh)
+export SANDBOLT_EXECD_BIN
+
+step "tests"
+status=0
+cargo nextest run --workspace --profile ci || status=$?
+
+step "leftover check"
+cargo run --quiet -p sandbolt-testbed --bin testbed-leftovers || status=1
+step "done (exit $status)"
+exit $status
