@@ -18,6 +18,8 @@ check /bin/busybox busybox-static
 check /usr/bin/protoc protobuf-compiler
 check /usr/sbin/ip iproute2
 check /sbin/mkfs.btrfs btrfs-progs
+# The benchmark charts are drawn with this font.
+check /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf fonts-dejavu-core
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 
 if [ ${#need[@]} -gt 0 ]; then

@@ -35,8 +35,12 @@ pub struct AgentHandle {
     sandboxes: Arc<Sandboxes>,
     api: Arc<AgentApi>,
     shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
 }
+
+/// How long [`AgentHandle::shutdown`] lets each background task finish
+/// (open gRPC streams, proxied connections) before aborting it.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 impl Agent {
     pub async fn start(config: AgentConfig) -> Result<AgentHandle> {
@@ -72,10 +76,10 @@ impl Agent {
         tracing::info!(recovered, agent_id = %cfg.agent_id, %instance_id, "agent state recovered from containerd");
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let mut tasks = vec![tokio::spawn(events::run(
-            sandboxes.clone(),
-            shutdown_rx.clone(),
-        ))];
+        let mut tasks = vec![(
+            "events",
+            tokio::spawn(events::run(sandboxes.clone(), shutdown_rx.clone())),
+        )];
 
         let grpc = TcpListener::bind(cfg.grpc_listen)
             .await
@@ -105,7 +109,7 @@ impl Agent {
                 instance_id: instance_id.clone(),
                 node_name: cfg.node_name.clone(),
                 pool: cfg.pool.clone(),
-                namespace: cfg.containerd_namespace.clone(),
+                namespace: cfg.pool_namespace.clone(),
                 max_sandboxes: cfg.max_sandboxes as i32,
                 api_endpoint: advertise(grpc_addr),
                 proxy_endpoint: advertise(proxy_addr),
@@ -117,28 +121,34 @@ impl Agent {
             BearerAuth::new(&cfg.api_token),
         );
         let mut rx = shutdown_rx.clone();
-        tasks.push(tokio::spawn(async move {
-            let res = tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await;
-            if let Err(e) = res {
-                tracing::error!(error = %e, "agent gRPC server failed");
-            }
-        }));
+        tasks.push((
+            "grpc",
+            tokio::spawn(async move {
+                let res = tonic::transport::Server::builder()
+                    .add_service(svc)
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async move {
+                        let _ = rx.wait_for(|s| *s).await;
+                    })
+                    .await;
+                if let Err(e) = res {
+                    tracing::error!(error = %e, "agent gRPC server failed");
+                }
+            }),
+        ));
 
         let mut rx = shutdown_rx.clone();
         let lookup: Arc<dyn proxy::SandboxLookup> = sandboxes.clone();
-        tasks.push(tokio::spawn(async move {
-            let stop = async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            if let Err(e) = proxy::serve(proxy_listener, lookup, stop).await {
-                tracing::error!(error = %e, "data-plane proxy failed");
-            }
-        }));
+        tasks.push((
+            "proxy",
+            tokio::spawn(async move {
+                let stop = async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                };
+                if let Err(e) = proxy::serve(proxy_listener, lookup, stop).await {
+                    tracing::error!(error = %e, "data-plane proxy failed");
+                }
+            }),
+        ));
 
         if let Some(endpoint) = cfg.controller_endpoint.clone() {
             let hb = Heartbeat {
@@ -146,7 +156,10 @@ impl Agent {
                 token: cfg.controller_token.clone().unwrap_or_default(),
                 interval: cfg.heartbeat_interval,
             };
-            tasks.push(tokio::spawn(hb.into_task(api.clone(), shutdown_rx.clone())?));
+            tasks.push((
+                "heartbeat",
+                tokio::spawn(hb.into_task(api.clone(), shutdown_rx.clone())?),
+            ));
         }
         tracing::info!(%grpc_addr, %proxy_addr, "agent started");
         Ok(AgentHandle {
@@ -188,8 +201,11 @@ impl AgentHandle {
     /// the tasks to end. Sandboxes keep running.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+        for (name, mut t) in self.tasks {
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut t).await.is_err() {
+                tracing::warn!(task = name, "did not stop within the grace period; aborted");
+                t.abort();
+            }
         }
         tracing::info!("agent stopped");
     }

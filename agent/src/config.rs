@@ -12,6 +12,9 @@ pub struct AgentConfig {
     pub agent_id: String,
     pub node_name: String,
     pub pool: String,
+    /// Namespace of the pool (FastPath namespaces, not containerd's): pools
+    /// are namespaced, and `sandbolt up`'s pool is `default/default`.
+    pub pool_namespace: String,
     /// containerd's gRPC socket.
     pub containerd_socket: PathBuf,
     /// containerd namespace; `k8s.io` shares the kubelet's image cache.
@@ -68,6 +71,7 @@ impl AgentConfig {
             node_name: agent_id.clone(),
             agent_id,
             pool: "default".into(),
+            pool_namespace: "default".into(),
             containerd_socket: containerd_socket.into(),
             containerd_namespace: "k8s.io".into(),
             snapshotter: "overlayfs".into(),

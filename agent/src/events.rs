@@ -24,25 +24,29 @@ pub async fn run(sandboxes: Arc<Sandboxes>, mut shutdown: watch::Receiver<bool>)
         format!("topic==\"{TOPIC_OOM}\",namespace==\"{ns}\""),
     ];
     let mut backoff = Duration::from_millis(50);
-    let mut first = true;
     loop {
         if *shutdown.borrow() {
             return;
         }
         let ctrd = sandboxes.containerd().clone();
-        let sub = ctrd
-            .events()
-            .subscribe(SubscribeRequest {
-                filters: filters.clone(),
-            })
-            .await;
+        // Exits between the last read of the tasks (recovery, or before the
+        // stream broke) and this subscription would be lost: re-read every
+        // task. containerd only answers a subscription with its first event,
+        // so the re-read cannot wait for that answer; a short delay lets the
+        // subscription register first, so an exit lands in the re-read or in
+        // the stream.
+        let s = sandboxes.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            s.reconcile().await;
+        });
+        let mut events_client = ctrd.events();
+        let sub = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            sub = events_client.subscribe(SubscribeRequest { filters: filters.clone() }) => sub,
+        };
         match sub {
             Ok(stream) => {
-                if !first {
-                    tracing::info!("containerd event stream re-established; reconciling");
-                    sandboxes.reconcile().await;
-                }
-                first = false;
                 backoff = Duration::from_millis(50);
                 let mut stream = stream.into_inner();
                 loop {
@@ -61,7 +65,9 @@ pub async fn run(sandboxes: Arc<Sandboxes>, mut shutdown: watch::Receiver<bool>)
                                         sandboxes.on_exit(&e.container_id, e.exit_status)
                                     }
                                     Ok(_) => {}
-                                    Err(err) => tracing::warn!(error = %err, "undecodable TaskExit"),
+                                    Err(err) => {
+                                        tracing::warn!(error = %err, "undecodable TaskExit")
+                                    }
                                 },
                                 TOPIC_OOM => {
                                     if let Ok(e) = TaskOom::decode(any.value.as_slice()) {

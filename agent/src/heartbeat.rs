@@ -30,10 +30,7 @@ impl Heartbeat {
     ) -> Result<impl Future<Output = ()> + Send + 'static> {
         let endpoint = Endpoint::from_shared(self.endpoint.clone())
             .map_err(|e| {
-                AgentError::InvalidArgument(format!(
-                    "controller endpoint {:?}: {e}",
-                    self.endpoint
-                ))
+                AgentError::InvalidArgument(format!("controller endpoint {:?}: {e}", self.endpoint))
             })?
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(10));

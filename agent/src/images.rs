@@ -153,8 +153,8 @@ impl Images {
 
     /// Finds the image in the store (no pull) and returns what a create needs.
     pub async fn resolve(&self, reference: &str) -> Result<Arc<ResolvedImage>> {
-        let parsed = ImageRef::parse(reference)
-            .map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
+        let parsed =
+            ImageRef::parse(reference).map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
         let image = self
             .find(&parsed)
             .await?
@@ -171,7 +171,9 @@ impl Images {
             match self
                 .ctrd
                 .images()
-                .get(self.ctrd.req(GetImageRequest { name: r.to_string() }))
+                .get(self.ctrd.req(GetImageRequest {
+                    name: r.to_string(),
+                }))
                 .await
             {
                 Ok(resp) => return Ok(resp.into_inner().image),
@@ -217,8 +219,9 @@ impl Images {
             reason,
         };
         let mut manifest_digest = target.digest.clone();
-        let mut manifest: RawManifest = serde_json::from_slice(&self.read_blob(&manifest_digest).await?)
-            .map_err(|e| bad(format!("manifest {manifest_digest}: {e}")))?;
+        let mut manifest: RawManifest =
+            serde_json::from_slice(&self.read_blob(&manifest_digest).await?)
+                .map_err(|e| bad(format!("manifest {manifest_digest}: {e}")))?;
         let is_index = |m: &RawManifest, mt: &str| {
             mt == MT_OCI_INDEX
                 || mt == MT_DOCKER_LIST
@@ -464,7 +467,9 @@ impl Images {
             .images;
         let mut by_digest: BTreeMap<String, (Vec<String>, Image)> = BTreeMap::new();
         for image in list {
-            let Some(target) = &image.target else { continue };
+            let Some(target) = &image.target else {
+                continue;
+            };
             let entry = by_digest
                 .entry(target.digest.clone())
                 .or_insert_with(|| (Vec::new(), image.clone()));
@@ -512,12 +517,11 @@ impl Images {
         let docs = tokio::task::spawn_blocking(move || read_layout_docs(&path))
             .await
             .map_err(|e| AgentError::io("import")(std::io::Error::other(e)))??;
-        let index: RawManifest = serde_json::from_slice(&docs.index_json).map_err(|e| {
-            AgentError::BadImage {
+        let index: RawManifest =
+            serde_json::from_slice(&docs.index_json).map_err(|e| AgentError::BadImage {
                 reference: tar_path.display().to_string(),
                 reason: format!("index.json: {e}"),
-            }
-        })?;
+            })?;
         // Labels that make containerd's GC follow index → manifest → blobs.
         let mut labels: HashMap<String, BTreeMap<String, String>> = HashMap::new();
         for (digest, json) in &docs.json_blobs {
@@ -561,11 +565,18 @@ impl Images {
                 let mut ar = tar::Archive::new(std::fs::File::open(&path)?);
                 for entry in ar.entries()? {
                     let mut entry = entry?;
-                    let p = entry.path()?.to_string_lossy().trim_start_matches("./").to_string();
+                    let p = entry
+                        .path()?
+                        .to_string_lossy()
+                        .trim_start_matches("./")
+                        .to_string();
                     if let Some(hex) = p.strip_prefix("blobs/sha256/") {
                         let mut data = Vec::with_capacity(entry.size() as usize);
                         entry.read_to_end(&mut data)?;
-                        if tx.blocking_send(Ok((format!("sha256:{hex}"), data))).is_err() {
+                        if tx
+                            .blocking_send(Ok((format!("sha256:{hex}"), data)))
+                            .is_err()
+                        {
                             break;
                         }
                     }
@@ -722,9 +733,14 @@ impl Images {
 /// Pulls `reference` with containerd's own client (`ctr images pull`),
 /// bounded by `timeout`: the agent needs no registry client of its own for
 /// the rare miss, and a dead registry turns into a clear error, not a hang.
-pub async fn pull(ctrd: &Containerd, snapshotter: &str, reference: &str, timeout: Duration) -> Result<()> {
-    let name = ImageRef::parse(reference)
-        .map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
+pub async fn pull(
+    ctrd: &Containerd,
+    snapshotter: &str,
+    reference: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let name =
+        ImageRef::parse(reference).map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
     let ImageRef::Named { .. } = name else {
         return Err(AgentError::PullFailed {
             reference: reference.to_string(),

@@ -155,8 +155,14 @@ pub fn normalize(reference: &str) -> String {
 }
 
 fn check_digest(d: &str) -> Result<(), &'static str> {
-    let hex = d.strip_prefix("sha256:").ok_or("digest must be sha256:<hex>")?;
-    if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
+    let hex = d
+        .strip_prefix("sha256:")
+        .ok_or("digest must be sha256:<hex>")?;
+    if hex.len() != 64
+        || !hex
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    {
         return Err("digest must be sha256 followed by 64 lowercase hex digits");
     }
     Ok(())

@@ -36,9 +36,7 @@ pub struct RuntimeInfo {
 
 impl RuntimeInfo {
     /// The `Container.runtime` for this runtime.
-    pub fn container_runtime(
-        &self,
-    ) -> containerd_client::services::v1::container::Runtime {
+    pub fn container_runtime(&self) -> containerd_client::services::v1::container::Runtime {
         let options = match self.shim {
             RUNC_SHIM => Some(prost_types::Any {
                 type_url: RUNC_OPTIONS_TYPE.to_string(),
@@ -101,7 +99,8 @@ fn which_shim(name: &str) -> Option<PathBuf> {
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    let path = std::env::var_os("PATH")
+        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
     std::env::split_paths(&path)
         .chain(["/usr/sbin".into(), "/sbin".into()])
         .map(|d| d.join(name))

@@ -686,9 +686,9 @@ impl Sandboxes {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(s)) if s.code() == Code::NotFound => Ok(()),
             Ok(Err(s)) => Err(AgentError::containerd("tasks.Wait")(s)),
-            Err(_) => Err(AgentError::containerd("tasks.Wait")(tonic::Status::deadline_exceeded(
-                "task did not exit 10s after SIGKILL",
-            ))),
+            Err(_) => Err(AgentError::containerd("tasks.Wait")(
+                tonic::Status::deadline_exceeded("task did not exit 10s after SIGKILL"),
+            )),
         }
     }
 
@@ -819,7 +819,8 @@ impl Sandboxes {
                     TaskStatus::Stopped => entry.exited(p.exit_status),
                     TaskStatus::Created => {
                         entry.phase = SandboxPhase::Failed;
-                        entry.message = "task created but never started (create interrupted)".into();
+                        entry.message =
+                            "task created but never started (create interrupted)".into();
                     }
                     TaskStatus::Unknown => entry.phase = SandboxPhase::Unknown,
                 }

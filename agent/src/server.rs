@@ -99,7 +99,8 @@ impl AgentService for AgentApi {
         request: Request<DeleteSandboxRequest>,
     ) -> Result<Response<DeleteSandboxResponse>, Status> {
         let r = request.into_inner();
-        let grace = (r.grace_period_ms > 0).then(|| Duration::from_millis(r.grace_period_ms.into()));
+        let grace =
+            (r.grace_period_ms > 0).then(|| Duration::from_millis(r.grace_period_ms.into()));
         let existed = self.sandboxes.delete(&r.sandbox_id, grace).await?;
         Ok(Response::new(DeleteSandboxResponse { existed }))
     }
@@ -109,7 +110,9 @@ impl AgentService for AgentApi {
         request: Request<SandboxRef>,
     ) -> Result<Response<SandboxStatus>, Status> {
         Ok(Response::new(
-            self.sandboxes.pause(&request.into_inner().sandbox_id).await?,
+            self.sandboxes
+                .pause(&request.into_inner().sandbox_id)
+                .await?,
         ))
     }
 
@@ -217,7 +220,13 @@ mod tests {
     fn bearer_auth_accepts_only_the_token() {
         let a = BearerAuth::new("s3cret");
         assert!(a.check(with_auth(Some("Bearer s3cret"))).is_ok());
-        for bad in [None, Some("Bearer s3cre"), Some("s3cret"), Some("Bearer "), Some("Basic s3cret")] {
+        for bad in [
+            None,
+            Some("Bearer s3cre"),
+            Some("s3cret"),
+            Some("Bearer "),
+            Some("Basic s3cret"),
+        ] {
             let e = a.check(with_auth(bad)).unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad:?}");
         }

@@ -38,7 +38,12 @@ pub struct SpecInput<'a> {
 
 /// Builds the spec without hardening and limits (see the module docs).
 pub fn build(input: &SpecInput<'_>) -> Value {
-    let mut args = vec![EXECD_PATH.to_string(), "--init".to_string(), "--".to_string()];
+    // --exit-with-entrypoint: the sandbox's task ends with the user's
+    // entrypoint, so its exit code becomes the sandbox's (Stopped/Failed),
+    // as in OpenSandbox's Docker mode where the entrypoint is the container.
+    let mut args = [EXECD_PATH, "--init", "--exit-with-entrypoint", "--"]
+        .map(String::from)
+        .to_vec();
     args.extend(input.user_command.iter().cloned());
 
     let mut mounts = vec![
@@ -148,7 +153,10 @@ pub fn user_command(
     if !args.is_empty() {
         return ep.iter().chain(args).cloned().collect();
     }
-    ep.iter().chain(image_cmd.unwrap_or_default()).cloned().collect()
+    ep.iter()
+        .chain(image_cmd.unwrap_or_default())
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -174,7 +182,14 @@ mod tests {
         let s = build(&input(&cmd, &[]));
         assert_eq!(
             s["process"]["args"],
-            json!(["/opt/sandbolt/execd", "--init", "--", "sleep", "1"])
+            json!([
+                "/opt/sandbolt/execd",
+                "--init",
+                "--exit-with-entrypoint",
+                "--",
+                "sleep",
+                "1"
+            ])
         );
         let m = s["mounts"]
             .as_array()
@@ -219,9 +234,24 @@ mod tests {
                 .unwrap()
                 .clone()
         };
-        assert!(find("/a")["options"].as_array().unwrap().contains(&json!("ro")));
-        assert!(!find("/b")["options"].as_array().unwrap().contains(&json!("ro")));
-        assert!(find("/b")["options"].as_array().unwrap().contains(&json!("rbind")));
+        assert!(
+            find("/a")["options"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("ro"))
+        );
+        assert!(
+            !find("/b")["options"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("ro"))
+        );
+        assert!(
+            find("/b")["options"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("rbind"))
+        );
     }
 
     #[test]
@@ -229,7 +259,15 @@ mod tests {
         let image = vec!["A=1".to_string(), "B=2".to_string()];
         let req = HashMap::from([("B".to_string(), "x".to_string())]);
         let env = merge_env(&image, &req, &[("T".into(), "tok".into())]);
-        assert_eq!(env, vec![format!("PATH={DEFAULT_PATH}"), "A=1".into(), "B=x".into(), "T=tok".into()]);
+        assert_eq!(
+            env,
+            vec![
+                format!("PATH={DEFAULT_PATH}"),
+                "A=1".into(),
+                "B=x".into(),
+                "T=tok".into()
+            ]
+        );
         let env = merge_env(&["PATH=/x".to_string()], &HashMap::new(), &[]);
         assert_eq!(env, vec!["PATH=/x".to_string()]);
     }
@@ -239,8 +277,14 @@ mod tests {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         let ep = s(&["/ep"]);
         let cmd = s(&["c1"]);
-        assert_eq!(user_command(Some(&ep), Some(&cmd), &[], &[]), s(&["/ep", "c1"]));
-        assert_eq!(user_command(Some(&ep), Some(&cmd), &[], &s(&["a"])), s(&["/ep", "a"]));
+        assert_eq!(
+            user_command(Some(&ep), Some(&cmd), &[], &[]),
+            s(&["/ep", "c1"])
+        );
+        assert_eq!(
+            user_command(Some(&ep), Some(&cmd), &[], &s(&["a"])),
+            s(&["/ep", "a"])
+        );
         assert_eq!(
             user_command(Some(&ep), Some(&cmd), &s(&["/bin/x"]), &s(&["a"])),
             s(&["/bin/x", "a"])

@@ -340,7 +340,7 @@ async fn edge_e2e_hardening_visible_inside() {
     let mut env = Env::start().await;
     let script = r#"
         grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status
-        echo "KCORE=$(wc -c < /proc/kcore)"
+        echo "TIMER_LIST=$(wc -c < /proc/timer_list) KEYS=$(wc -c < /proc/keys) FIRMWARE=$(ls -A /sys/firmware | wc -l)"
         if echo 1 > /proc/sys/vm/drop_caches 2>/dev/null; then echo PROCSYS=writable; else echo PROCSYS=readonly; fi
         if unshare -n true 2>/dev/null; then echo UNSHARE=allowed; else echo UNSHARE=denied; fi
         if mount -t tmpfs none /mnt 2>/dev/null; then echo MOUNT=allowed; else echo MOUNT=denied; fi
@@ -369,9 +369,21 @@ async fn edge_e2e_hardening_visible_inside() {
     assert_eq!(field("CapAmb"), "0000000000000000");
     assert_eq!(field("NoNewPrivs"), "1");
     assert_eq!(field("Seccomp"), "2", "seccomp filter mode");
+    // Masked paths (those this kernel has: it lacks /proc/kcore) read as
+    // empty inside, while the host's are not.
+    for (host, what) in [
+        ("/proc/timer_list", "timer list"),
+        ("/proc/keys", "keyring list"),
+    ] {
+        assert!(
+            !std::fs::read(host).unwrap().is_empty(),
+            "host {what} is non-empty (control)"
+        );
+    }
+    assert!(std::fs::read_dir("/sys/firmware").unwrap().next().is_some());
     assert!(
-        log.contains("KCORE=0"),
-        "/proc/kcore must be masked:\n{log}"
+        log.contains("TIMER_LIST=0 KEYS=0 FIRMWARE=0"),
+        "masked paths must be empty inside:\n{log}"
     );
     assert!(log.contains("PROCSYS=readonly"), "{log}");
     assert!(log.contains("UNSHARE=denied"), "{log}");

@@ -22,7 +22,11 @@ async fn entrypoint_output_labels_and_delete_leaves_nothing() {
     let mut env = Env::start().await;
     let mut s = spec(
         "sb-output",
-        &["sh", "-c", "echo hello-$GREETING; echo to-stderr >&2; exec sleep 1000"],
+        &[
+            "sh",
+            "-c",
+            "echo hello-$GREETING; echo to-stderr >&2; exec sleep 1000",
+        ],
     );
     s.envs.insert("GREETING".into(), "world".into());
     s.record_uid = "uid-123".into();
@@ -59,7 +63,10 @@ async fn entrypoint_output_labels_and_delete_leaves_nothing() {
     assert_eq!(labels["io.sandbolt.agent-id"], "agent-test");
     assert_eq!(labels["io.sandbolt.record-uid"], "uid-123");
     assert_eq!(labels["io.sandbolt.pool"], "default");
-    assert_eq!(labels["io.sandbolt.image"], "docker.io/library/busybox:latest");
+    assert_eq!(
+        labels["io.sandbolt.image"],
+        "docker.io/library/busybox:latest"
+    );
     assert_eq!(labels["user.example/team"], "blue");
     assert!(
         labels["io.sandbolt.created-at"]
@@ -162,8 +169,14 @@ async fn limits_are_visible_from_inside() {
         memory: "64Mi".into(),
         pids_limit: 77,
     });
-    env.client.create_sandbox(create_req(s)).await.expect("create");
-    let log = eventually("limits printed", WAIT, || log_contains(&env, "sb-limits", "done")).await;
+    env.client
+        .create_sandbox(create_req(s))
+        .await
+        .expect("create");
+    let log = eventually("limits printed", WAIT, || {
+        log_contains(&env, "sb-limits", "done")
+    })
+    .await;
     assert!(log.contains(&format!("mem={}\n", 64 << 20)), "{log}");
     assert!(log.contains("quota=50000\n"), "{log}");
     assert!(log.contains("period=100000\n"), "{log}");
@@ -324,7 +337,10 @@ async fn pull_of_a_missing_image_fails_clearly_and_unknown_runtimes_are_reported
     s.runtime = "crun".into();
     match env.client.create_sandbox(create_req(s)).await {
         Err(e) => {
-            assert!(!crun.available, "crun advertised available but failed: {e:?}");
+            assert!(
+                !crun.available,
+                "crun advertised available but failed: {e:?}"
+            );
             assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
             assert!(e.message().contains("crun"), "{}", e.message());
         }
@@ -358,6 +374,6 @@ async fn pull_of_a_missing_image_fails_clearly_and_unknown_runtimes_are_reported
     assert!(img.digest.starts_with("sha256:") && img.size_bytes > 0);
     assert_eq!(inv.agent_id, "agent-test");
     assert!(!inv.instance_id.is_empty());
-    assert_eq!(inv.namespace, "k8s.io");
+    assert_eq!(inv.namespace, "default", "the pool's namespace");
     env.shutdown().await;
 }

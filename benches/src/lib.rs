@@ -1,1 +1,102 @@
-//! sandbolt benches (not built yet).
+//! sandbolt's latency harness.
+//!
+//! One run starts a private containerd + dockerd (the test bed), sandbolt's
+//! agent and controllers on top of it, and then measures sandbolt and the
+//! systems a user would otherwise pick — containerd's API called directly,
+//! `ctr run -d`, the Docker engine — interleaved, iteration by iteration,
+//! so that every system sees the same machine at the same moment. Results
+//! are raw samples (CSV, JSON), a markdown table and a PNG chart.
+
+pub mod chart;
+pub mod machine;
+pub mod progress;
+pub mod report;
+pub mod scenarios;
+pub mod stats;
+pub mod systems;
+
+use std::path::PathBuf;
+
+/// One measured operation.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Sample {
+    pub scenario: String,
+    pub system: String,
+    pub iteration: u32,
+    /// Client-side latency of the whole operation, microseconds.
+    pub total_us: u64,
+    /// Named stage durations from the start of the operation, microseconds
+    /// (e.g. `task_started`, `execd_ready`), where a system reports them.
+    pub stages: Vec<(String, u64)>,
+}
+
+/// What a system could not do, and why; the run goes on without it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Skipped {
+    pub system: String,
+    pub reason: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("test bed: {0}")]
+    Testbed(#[from] sandbolt_testbed::TestbedError),
+    #[error("{system}: {message}")]
+    System { system: String, message: String },
+    #[error("writing {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("chart: {0}")]
+    Chart(String),
+}
+
+impl BenchError {
+    pub fn system(system: &str, message: impl std::fmt::Display) -> Self {
+        BenchError::System {
+            system: system.to_string(),
+            message: message.to_string(),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, BenchError>;
+
+/// How much to measure.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Sequential creates per system.
+    pub iterations: u32,
+    /// Concurrency of the burst scenario.
+    pub burst: u32,
+    /// Create → command → delete rounds.
+    pub churn: u32,
+    pub out_dir: PathBuf,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Options {
+    /// Small enough for CI: proves the harness works, says nothing of speed.
+    pub fn quick(out_dir: PathBuf) -> Self {
+        Options {
+            iterations: 5,
+            burst: 4,
+            churn: 3,
+            out_dir,
+            progress: false,
+        }
+    }
+
+    pub fn full(out_dir: PathBuf) -> Self {
+        Options {
+            iterations: 50,
+            burst: 16,
+            churn: 20,
+            out_dir,
+            progress: true,
+        }
+    }
+}

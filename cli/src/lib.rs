@@ -6,6 +6,7 @@
 mod agent_cmd;
 mod containerd;
 mod controller_cmd;
+mod janitor_cmd;
 mod lifecycle_cmd;
 mod logging;
 mod secrets;
@@ -54,6 +55,9 @@ enum Command {
     /// Run a node agent: creates sandboxes over the containerd socket and
     /// serves the data-plane proxy into them.
     Agent(agent_cmd::AgentArgs),
+    /// Run the node janitor: removes orphaned sandbox containers (never a
+    /// live one) and what they leave behind.
+    Janitor(janitor_cmd::JanitorArgs),
     /// Run the OpenSandbox Lifecycle REST API on a controller or on Docker.
     Lifecycle(lifecycle_cmd::LifecycleArgs),
 }
@@ -82,6 +86,7 @@ pub fn main() -> ExitCode {
             Command::Up(args) => up::run(args).await,
             Command::Controller(args) => controller_cmd::run(args).await,
             Command::Agent(args) => agent_cmd::run(args).await,
+            Command::Janitor(args) => janitor_cmd::run(args).await,
             Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
         }
     });

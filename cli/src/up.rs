@@ -203,7 +203,7 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
     agent_config.grpc_listen = args.agent_listen;
     agent_config.proxy_listen = args.proxy_listen;
     agent_config.controller_endpoint = Some(format!("http://{fastpath}"));
-    agent_config.controller_token = Some(agent_token);
+    agent_config.controller_token = Some(agent_token.clone());
     agent_config.max_sandboxes = args.max_sandboxes;
     agent_config.allowed_host_paths = args.allow_host_path.clone();
     let agent = match Agent::start(agent_config).await {
@@ -231,10 +231,27 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
         }
     };
 
-    tracing::warn!(
-        interval = ?args.janitor_interval,
-        "the janitor is not part of this build yet: orphaned containers are not reaped"
+    // The janitor talks to the controller over gRPC like a node's janitor
+    // does, with the agent token.
+    let mut janitor_config = sandbolt_janitor::JanitorConfig::new(
+        crate::secrets::hostname(),
+        &args.containerd_socket,
+        format!("http://{fastpath}"),
+        agent_token,
+        args.data_dir.join("janitor"),
     );
+    janitor_config.containerd_namespace = args.containerd_namespace.clone();
+    janitor_config.interval = args.janitor_interval;
+    janitor_config.agent_state_dir = Some(args.data_dir.join("agent"));
+    let janitor = match sandbolt_janitor::Janitor::start(janitor_config).await {
+        Ok(j) => j,
+        Err(e) => {
+            let _ = lifecycle.shutdown().await;
+            agent.shutdown().await;
+            controller.shutdown().await;
+            return Err(e).context("starting the janitor");
+        }
+    };
     tracing::info!(
         lifecycle = %format!("http://{}", lifecycle.addr()),
         fastpath = %fastpath,
@@ -245,6 +262,7 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
     );
 
     crate::shutdown_signal().await;
+    janitor.shutdown().await;
     if let Err(e) = lifecycle.shutdown().await {
         tracing::warn!(error = %e, "lifecycle API shutdown");
     }

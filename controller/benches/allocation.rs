@@ -23,7 +23,9 @@ fn agent_shape(i: usize) -> (u32, Vec<String>) {
         x
     };
     let load = (next() % (CAPACITY as u64 / 2)) as u32;
-    let images = (0..3).map(|_| format!("docker.io/library/img{}:latest", next() % IMAGES as u64)).collect();
+    let images = (0..3)
+        .map(|_| format!("docker.io/library/img{}:latest", next() % IMAGES as u64))
+        .collect();
     (load, images)
 }
 
@@ -35,7 +37,13 @@ fn setup_registry(n: usize) -> Registry {
         reg.heartbeat(&pb::Inventory {
             agent_id: format!("agent-{i:05}"),
             max_sandboxes: CAPACITY,
-            images: images.iter().map(|r| pb::ImageInfo { references: vec![r.clone()], ..Default::default() }).collect(),
+            images: images
+                .iter()
+                .map(|r| pb::ImageInfo {
+                    references: vec![r.clone()],
+                    ..Default::default()
+                })
+                .collect(),
             ..Default::default()
         });
         for s in 0..load {
@@ -70,16 +78,28 @@ fn bench(c: &mut Criterion) {
     for n in [100usize, 1_000, 10_000] {
         let reg = setup_registry(n);
         g.bench_with_input(BenchmarkId::new("indexed", n), &n, |b, _| {
-            let req = PlacementRequest { pool: &pool, image_key: image, ports: &[], exclude: &[] };
+            let req = PlacementRequest {
+                pool: &pool,
+                image_key: image,
+                ports: &[],
+                exclude: &[],
+            };
             b.iter(|| {
-                let p = reg.allocate(black_box(&req), "bench-sandbox").expect("allocation succeeds");
+                let p = reg
+                    .allocate(black_box(&req), "bench-sandbox")
+                    .expect("allocation succeeds");
                 reg.release(&p.agent, "bench-sandbox");
                 black_box(p.score)
             })
         });
         let mut agents = setup_reference(n);
         g.bench_with_input(BenchmarkId::new("linear_reference", n), &n, |b, _| {
-            let req = PlacementRequest { pool: &pool, image_key: image, ports: &[], exclude: &[] };
+            let req = PlacementRequest {
+                pool: &pool,
+                image_key: image,
+                ports: &[],
+                exclude: &[],
+            };
             b.iter(|| {
                 let i = reference::choose(black_box(&agents), &req).expect("allocation succeeds");
                 agents[i].allocated += 1;

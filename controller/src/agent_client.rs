@@ -20,7 +20,11 @@ pub struct Bearer(Option<MetadataValue<Ascii>>);
 
 impl Bearer {
     pub fn new(token: &str) -> Self {
-        Self(if token.is_empty() { None } else { format!("Bearer {token}").parse().ok() })
+        Self(if token.is_empty() {
+            None
+        } else {
+            format!("Bearer {token}").parse().ok()
+        })
     }
 }
 
@@ -42,7 +46,10 @@ pub struct AgentClients {
 
 impl AgentClients {
     pub fn new(token: &str) -> Self {
-        Self { bearer: Bearer::new(token), clients: Mutex::new(HashMap::new()) }
+        Self {
+            bearer: Bearer::new(token),
+            clients: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn client(&self, endpoint: &str) -> Result<Client> {
@@ -53,7 +60,11 @@ impl AgentClients {
         if let Some(c) = g.get(endpoint) {
             return Ok(c.clone());
         }
-        let uri = if endpoint.contains("://") { endpoint.to_string() } else { format!("http://{endpoint}") };
+        let uri = if endpoint.contains("://") {
+            endpoint.to_string()
+        } else {
+            format!("http://{endpoint}")
+        };
         let ch = Endpoint::from_shared(uri)
             .map_err(|e| Error::Unavailable(format!("bad agent endpoint {endpoint}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
@@ -64,46 +75,104 @@ impl AgentClients {
         Ok(c)
     }
 
-    pub async fn create(&self, agent: &str, endpoint: &str, spec: pb::SandboxSpec, deadline: Duration) -> Result<pb::CreateSandboxResponse> {
+    pub async fn create(
+        &self,
+        agent: &str,
+        endpoint: &str,
+        spec: pb::SandboxSpec,
+        deadline: Duration,
+    ) -> Result<pb::CreateSandboxResponse> {
         let mut c = self.client(endpoint)?;
         let mut req = tonic::Request::new(pb::CreateSandboxRequest { spec: Some(spec) });
         req.set_timeout(deadline);
         match tokio::time::timeout(deadline, c.create_sandbox(req)).await {
-            Ok(r) => r.map(|r| r.into_inner()).map_err(|status| Error::Agent { agent: agent.into(), status }),
-            Err(_) => Err(Error::Unavailable(format!("agent {agent}: create did not finish within {deadline:?}"))),
+            Ok(r) => r.map(|r| r.into_inner()).map_err(|status| Error::Agent {
+                agent: agent.into(),
+                status,
+            }),
+            Err(_) => Err(Error::Unavailable(format!(
+                "agent {agent}: create did not finish within {deadline:?}"
+            ))),
         }
     }
 
-    pub async fn delete(&self, agent: &str, endpoint: &str, sandbox_id: &str, deadline: Duration) -> Result<bool> {
+    pub async fn delete(
+        &self,
+        agent: &str,
+        endpoint: &str,
+        sandbox_id: &str,
+        deadline: Duration,
+    ) -> Result<bool> {
         let mut c = self.client(endpoint)?;
-        let mut req = tonic::Request::new(pb::DeleteSandboxRequest { sandbox_id: sandbox_id.into(), grace_period_ms: 0 });
+        let mut req = tonic::Request::new(pb::DeleteSandboxRequest {
+            sandbox_id: sandbox_id.into(),
+            grace_period_ms: 0,
+        });
         req.set_timeout(deadline);
         match tokio::time::timeout(deadline, c.delete_sandbox(req)).await {
-            Ok(r) => r.map(|r| r.into_inner().existed).map_err(|status| Error::Agent { agent: agent.into(), status }),
-            Err(_) => Err(Error::Unavailable(format!("agent {agent}: delete did not finish within {deadline:?}"))),
+            Ok(r) => r
+                .map(|r| r.into_inner().existed)
+                .map_err(|status| Error::Agent {
+                    agent: agent.into(),
+                    status,
+                }),
+            Err(_) => Err(Error::Unavailable(format!(
+                "agent {agent}: delete did not finish within {deadline:?}"
+            ))),
         }
     }
 
-    pub async fn get(&self, agent: &str, endpoint: &str, sandbox_id: &str, deadline: Duration) -> Result<pb::SandboxStatus> {
+    pub async fn get(
+        &self,
+        agent: &str,
+        endpoint: &str,
+        sandbox_id: &str,
+        deadline: Duration,
+    ) -> Result<pb::SandboxStatus> {
         let mut c = self.client(endpoint)?;
-        let mut req = tonic::Request::new(pb::SandboxRef { sandbox_id: sandbox_id.into() });
+        let mut req = tonic::Request::new(pb::SandboxRef {
+            sandbox_id: sandbox_id.into(),
+        });
         req.set_timeout(deadline);
         match tokio::time::timeout(deadline, c.get_sandbox(req)).await {
-            Ok(r) => r.map(|r| r.into_inner()).map_err(|status| Error::Agent { agent: agent.into(), status }),
-            Err(_) => Err(Error::Unavailable(format!("agent {agent}: no answer within {deadline:?}"))),
+            Ok(r) => r.map(|r| r.into_inner()).map_err(|status| Error::Agent {
+                agent: agent.into(),
+                status,
+            }),
+            Err(_) => Err(Error::Unavailable(format!(
+                "agent {agent}: no answer within {deadline:?}"
+            ))),
         }
     }
 
-    pub async fn pause(&self, agent: &str, endpoint: &str, sandbox_id: &str, pause: bool, deadline: Duration) -> Result<pb::SandboxStatus> {
+    pub async fn pause(
+        &self,
+        agent: &str,
+        endpoint: &str,
+        sandbox_id: &str,
+        pause: bool,
+        deadline: Duration,
+    ) -> Result<pb::SandboxStatus> {
         let mut c = self.client(endpoint)?;
-        let mut req = tonic::Request::new(pb::SandboxRef { sandbox_id: sandbox_id.into() });
+        let mut req = tonic::Request::new(pb::SandboxRef {
+            sandbox_id: sandbox_id.into(),
+        });
         req.set_timeout(deadline);
         let call = async {
-            if pause { c.pause_sandbox(req).await } else { c.resume_sandbox(req).await }
+            if pause {
+                c.pause_sandbox(req).await
+            } else {
+                c.resume_sandbox(req).await
+            }
         };
         match tokio::time::timeout(deadline, call).await {
-            Ok(r) => r.map(|r| r.into_inner()).map_err(|status| Error::Agent { agent: agent.into(), status }),
-            Err(_) => Err(Error::Unavailable(format!("agent {agent}: no answer within {deadline:?}"))),
+            Ok(r) => r.map(|r| r.into_inner()).map_err(|status| Error::Agent {
+                agent: agent.into(),
+                status,
+            }),
+            Err(_) => Err(Error::Unavailable(format!(
+                "agent {agent}: no answer within {deadline:?}"
+            ))),
         }
     }
 }

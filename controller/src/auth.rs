@@ -11,7 +11,12 @@ pub struct RequireBearer {
 
 impl RequireBearer {
     pub fn new(token: Option<&str>, what: &'static str) -> Self {
-        Self { expected: token.filter(|t| !t.is_empty()).map(|t| format!("Bearer {t}").into_bytes()), what }
+        Self {
+            expected: token
+                .filter(|t| !t.is_empty())
+                .map(|t| format!("Bearer {t}").into_bytes()),
+            what,
+        }
     }
 }
 
@@ -22,11 +27,19 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 impl tonic::service::Interceptor for RequireBearer {
     fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(expected) = &self.expected else { return Ok(req) };
+        let Some(expected) = &self.expected else {
+            return Ok(req);
+        };
         match req.metadata().get("authorization") {
             Some(v) if same(v.as_bytes(), expected) => Ok(req),
-            Some(_) => Err(Status::unauthenticated(format!("{}: wrong token", self.what))),
-            None => Err(Status::unauthenticated(format!("{}: authorization: Bearer <token> required", self.what))),
+            Some(_) => Err(Status::unauthenticated(format!(
+                "{}: wrong token",
+                self.what
+            ))),
+            None => Err(Status::unauthenticated(format!(
+                "{}: authorization: Bearer <token> required",
+                self.what
+            ))),
         }
     }
 }

@@ -4,7 +4,10 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn now_unix_nanos() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 pub fn now_unix_ms() -> i64 {

@@ -38,12 +38,19 @@ pub struct ControllerConfig {
     /// After a restart, writes wait this long at most for the agents known
     /// from the store to heartbeat (their inventories complete the registry).
     pub startup_grace: Duration,
+    /// Pools serve only their own namespace (fast-sandbox semantics) when
+    /// true; by default a pool is global by name (see `Registry`).
+    pub namespaced_pools: bool,
     /// Test hook: stop dead at a named point so a test can `kill -9` there.
-    pub failpoint: Option<Failpoint>,
+    pub failpoint: Option<FailpointSpec>,
 }
 
 impl ControllerConfig {
-    pub fn new(listen: SocketAddr, data_dir: impl Into<PathBuf>, agent_token: impl Into<String>) -> Self {
+    pub fn new(
+        listen: SocketAddr,
+        data_dir: impl Into<PathBuf>,
+        agent_token: impl Into<String>,
+    ) -> Self {
         Self {
             listen,
             data_dir: data_dir.into(),
@@ -57,7 +64,8 @@ impl ControllerConfig {
             record_commit_attempts: 5,
             default_recovery_timeout: Duration::from_secs(60),
             startup_grace: Duration::from_secs(10),
-            failpoint: Failpoint::from_env(),
+            namespaced_pools: false,
+            failpoint: FailpointSpec::from_env(),
         }
     }
 }
@@ -74,15 +82,37 @@ pub enum Failpoint {
 
 pub const FAILPOINT_ENV: &str = "SANDBOLT_CONTROLLER_FAILPOINT";
 
-impl Failpoint {
+/// A failpoint, optionally only for one sandbox name:
+/// `strong-after-record` or `strong-after-record:victim`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailpointSpec {
+    pub point: Failpoint,
+    pub only_for: Option<String>,
+}
+
+impl FailpointSpec {
     pub fn from_env() -> Option<Self> {
-        match std::env::var(FAILPOINT_ENV).ok()?.as_str() {
-            "strong-after-record" => Some(Self::StrongAfterRecord),
-            "fast-after-create" => Some(Self::FastAfterCreate),
-            _ => None,
-        }
+        Self::parse(&std::env::var(FAILPOINT_ENV).ok()?)
     }
 
+    pub fn parse(s: &str) -> Option<Self> {
+        let (p, name) = match s.split_once(':') {
+            Some((p, n)) => (p, Some(n.to_string())),
+            None => (s, None),
+        };
+        let point = match p {
+            "strong-after-record" => Failpoint::StrongAfterRecord,
+            "fast-after-create" => Failpoint::FastAfterCreate,
+            _ => return None,
+        };
+        Some(Self {
+            point,
+            only_for: name,
+        })
+    }
+}
+
+impl Failpoint {
     pub fn name(self) -> &'static str {
         match self {
             Self::StrongAfterRecord => "strong-after-record",
@@ -93,9 +123,12 @@ impl Failpoint {
 
 /// Stops this task forever if `point` is the configured failpoint, after
 /// saying so on stderr (the test waits for that line, then sends SIGKILL).
-pub(crate) async fn failpoint(config: &ControllerConfig, point: Failpoint) {
-    if config.failpoint == Some(point) {
-        eprintln!("SANDBOLT_FAILPOINT_REACHED {}", point.name());
+pub(crate) async fn failpoint(config: &ControllerConfig, point: Failpoint, sandbox: &str) {
+    let Some(spec) = &config.failpoint else {
+        return;
+    };
+    if spec.point == point && spec.only_for.as_deref().is_none_or(|n| n == sandbox) {
+        eprintln!("SANDBOLT_FAILPOINT_REACHED {} {sandbox}", point.name());
         std::future::pending::<()>().await;
     }
 }

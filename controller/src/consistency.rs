@@ -19,7 +19,7 @@ use crate::clock;
 use crate::config::{Failpoint, failpoint};
 use crate::error::{Error, Result};
 use crate::image_ref;
-use crate::placement::{PlacementRequest, PoolKey};
+use crate::placement::PlacementRequest;
 use crate::sandboxes::{Core, CreateSpec, new_id};
 use crate::store::{Consistency, Phase, SandboxRecord, StoreError};
 
@@ -27,10 +27,10 @@ impl Core {
     pub async fn create(&self, spec: CreateSpec) -> Result<SandboxRecord> {
         self.require_ready()?;
         let spec = self.validate(spec)?;
-        if !spec.request_id.is_empty() {
-            if let Some(existing) = self.store.get_by_request_id(&spec.request_id)? {
-                return self.finish_existing(existing, &spec).await;
-            }
+        if !spec.request_id.is_empty()
+            && let Some(existing) = self.store.get_by_request_id(&spec.request_id)?
+        {
+            return self.finish_existing(existing, &spec).await;
         }
         match spec.consistency.unwrap_or(self.config.default_consistency) {
             Consistency::Strong => self.create_strong(spec).await,
@@ -73,9 +73,14 @@ impl Core {
 
     /// Reserves a slot for `r` and fills in its agent.
     fn place(&self, r: &mut SandboxRecord, exclude: &[&str]) -> Result<()> {
-        let pool = PoolKey::new(&r.namespace, &r.pool);
+        let pool = self.registry.pool_key(&r.namespace, &r.pool);
         let key = image_ref::match_key(&r.image);
-        let req = PlacementRequest { pool: &pool, image_key: &key, ports: &r.exposed_ports, exclude };
+        let req = PlacementRequest {
+            pool: &pool,
+            image_key: &key,
+            ports: &r.exposed_ports,
+            exclude,
+        };
         let p = self.registry.allocate(&req, &r.sandbox_id)?;
         r.agent_id = p.agent.clone();
         r.push_event(
@@ -85,7 +90,11 @@ impl Core {
                 "placed on agent {} (score {}, image {})",
                 p.agent,
                 p.score,
-                if p.image_cached { "cached" } else { "not cached" }
+                if p.image_cached {
+                    "cached"
+                } else {
+                    "not cached"
+                }
             ),
         );
         Ok(())
@@ -99,21 +108,38 @@ impl Core {
             .ok_or_else(|| Error::Unavailable(format!("agent {} vanished", r.agent_id)))?;
         let resp = self
             .agents
-            .create(&r.agent_id, &agent.api_endpoint, self.agent_spec(r, wait_for_execd), self.config.create_deadline)
+            .create(
+                &r.agent_id,
+                &agent.api_endpoint,
+                self.agent_spec(r, wait_for_execd),
+                self.config.create_deadline,
+            )
             .await?;
         let t = resp.timings.unwrap_or_default();
         Ok(format!(
             "container created on {} (image {} µs, container {} µs, task {} µs, execd {} µs)",
-            r.agent_id, t.image_resolved_us, t.container_created_us, t.task_started_us, t.execd_ready_us
+            r.agent_id,
+            t.image_resolved_us,
+            t.container_created_us,
+            t.task_started_us,
+            t.execd_ready_us
         ))
     }
 
     /// Best effort: the container must not outlive a failed create.
     async fn discard_container(&self, r: &SandboxRecord) {
-        if let Some(a) = self.registry.agent(&r.agent_id) {
-            if let Err(e) = self.agents.delete(&r.agent_id, &a.api_endpoint, &r.sandbox_id, Duration::from_secs(30)).await {
-                tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "could not remove container of failed create");
-            }
+        if let Some(a) = self.registry.agent(&r.agent_id)
+            && let Err(e) = self
+                .agents
+                .delete(
+                    &r.agent_id,
+                    &a.api_endpoint,
+                    &r.sandbox_id,
+                    Duration::from_secs(30),
+                )
+                .await
+        {
+            tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "could not remove container of failed create");
         }
     }
 
@@ -121,7 +147,11 @@ impl Core {
         let mut r = self.new_record(&spec, Consistency::Strong);
         let _inflight = self.inflight(&r.sandbox_id);
         self.place(&mut r, &[])?;
-        r.push_event("info", "controller", "record committed before create (strong)");
+        r.push_event(
+            "info",
+            "controller",
+            "record committed before create (strong)",
+        );
         let r = match self.store.create(&r) {
             Ok(r) => r,
             Err(e) => {
@@ -133,14 +163,16 @@ impl Core {
             }
         };
         self.track_expiry(&r, None);
-        failpoint(&self.config, Failpoint::StrongAfterRecord).await;
+        failpoint(&self.config, Failpoint::StrongAfterRecord, &r.name).await;
         match self.agent_create(&r, spec.wait_for_execd).await {
             Ok(msg) => self.mark_running(&r, msg).await,
             Err(e) => {
                 tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "strong create failed");
                 self.discard_container(&r).await;
                 let _ = self.store.delete(&r.namespace, &r.name);
-                self.expiry.lock().remove(&(r.expires_at, r.namespace.clone(), r.name.clone()));
+                self.expiry
+                    .lock()
+                    .remove(&(r.expires_at, r.namespace.clone(), r.name.clone()));
                 self.registry.release(&r.agent_id, &r.sandbox_id);
                 Err(e)
             }
@@ -152,7 +184,10 @@ impl Core {
         let sid = r.sandbox_id.clone();
         match self.modify(&r.namespace, &r.name, |x| {
             if x.sandbox_id != sid {
-                return Err(Error::Aborted(format!("sandbox {} was reassigned meanwhile", x.name)));
+                return Err(Error::Aborted(format!(
+                    "sandbox {} was reassigned meanwhile",
+                    x.name
+                )));
             }
             x.phase = Phase::Running;
             x.push_event("info", "agent", msg.clone());
@@ -185,7 +220,7 @@ impl Core {
                 return Err(e);
             }
         }
-        failpoint(&self.config, Failpoint::FastAfterCreate).await;
+        failpoint(&self.config, Failpoint::FastAfterCreate, &r.name).await;
         r.push_event("info", "controller", "record committed after create (fast)");
         let attempts = self.config.record_commit_attempts.max(1);
         let mut last = None;
@@ -218,7 +253,11 @@ impl Core {
     }
 
     /// The name or request id is taken by `holder`.
-    async fn on_name_taken(&self, holder: SandboxRecord, spec: &CreateSpec) -> Result<SandboxRecord> {
+    async fn on_name_taken(
+        &self,
+        holder: SandboxRecord,
+        spec: &CreateSpec,
+    ) -> Result<SandboxRecord> {
         if !spec.request_id.is_empty() && holder.request_id == spec.request_id {
             return self.finish_existing(holder, spec).await;
         }
@@ -227,7 +266,11 @@ impl Core {
 
     /// A retry of a create that already has a record: answer with it, after
     /// finishing it if the process that started it is gone.
-    async fn finish_existing(&self, existing: SandboxRecord, spec: &CreateSpec) -> Result<SandboxRecord> {
+    async fn finish_existing(
+        &self,
+        existing: SandboxRecord,
+        spec: &CreateSpec,
+    ) -> Result<SandboxRecord> {
         if existing.namespace != spec.namespace || existing.name != spec.name {
             return Err(Error::AlreadyExists(existing.namespace, existing.name));
         }
@@ -238,13 +281,21 @@ impl Core {
         let mut r = existing;
         while self.inflight.lock().contains(&r.sandbox_id) {
             if tokio::time::Instant::now() > deadline {
-                return Err(Error::Unavailable(format!("sandbox {} is still being created", r.name)));
+                return Err(Error::Unavailable(format!(
+                    "sandbox {} is still being created",
+                    r.name
+                )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
             match self.store.get(&r.namespace, &r.name)? {
                 Some(x) if x.phase != Phase::Pending => return Ok(x),
                 Some(x) => r = x,
-                None => return Err(Error::Unavailable(format!("sandbox {}: the create failed; retry", r.name))),
+                None => {
+                    return Err(Error::Unavailable(format!(
+                        "sandbox {}: the create failed; retry",
+                        r.name
+                    )));
+                }
             }
         }
         self.redrive(r, spec.wait_for_execd).await
@@ -252,7 +303,11 @@ impl Core {
 
     /// Completes a Pending record whose creator died (restart recovery, or a
     /// client retry). The agent create is idempotent by sandbox id.
-    pub(crate) async fn redrive(&self, r: SandboxRecord, wait_for_execd: bool) -> Result<SandboxRecord> {
+    pub(crate) async fn redrive(
+        &self,
+        r: SandboxRecord,
+        wait_for_execd: bool,
+    ) -> Result<SandboxRecord> {
         let _inflight = self.inflight(&r.sandbox_id);
         // Someone else may have finished it between the check and the guard.
         let r = match self.store.get(&r.namespace, &r.name)? {
@@ -261,11 +316,17 @@ impl Core {
             None => return Err(Error::NotFound(r.namespace, r.name)),
         };
         if !self.registry.is_live(&r.agent_id) {
-            return Err(Error::Unavailable(format!("agent {} of pending sandbox {} is not live yet", r.agent_id, r.name)));
+            return Err(Error::Unavailable(format!(
+                "agent {} of pending sandbox {} is not live yet",
+                r.agent_id, r.name
+            )));
         }
         tracing::info!(sandbox = %r.name, agent = %r.agent_id, "re-driving pending create");
         let msg = self.agent_create(&r, wait_for_execd).await?;
-        self.recovering.lock().remove(&(r.namespace.clone(), r.name.clone()));
-        self.mark_running(&r, format!("{msg} (re-driven after controller restart)")).await
+        self.recovering
+            .lock()
+            .remove(&(r.namespace.clone(), r.name.clone()));
+        self.mark_running(&r, format!("{msg} (re-driven after controller restart)"))
+            .await
     }
 }

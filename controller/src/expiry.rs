@@ -13,7 +13,10 @@ impl Core {
         let now = clock::now_unix_secs();
         let due: Vec<(i64, String, String)> = {
             let g = self.expiry.lock();
-            g.iter().take_while(|(t, _, _)| *t <= now).cloned().collect()
+            g.iter()
+                .take_while(|(t, _, _)| *t <= now)
+                .cloned()
+                .collect()
         };
         let mut deleted = Vec::new();
         for (t, ns, name) in due {
@@ -24,7 +27,9 @@ impl Core {
                             tracing::info!(sandbox = %name, namespace = %ns, expired_at = t, "expired sandbox deleted");
                             deleted.push((ns, name));
                         }
-                        Err(e) => tracing::warn!(sandbox = %name, error = %e, "expired sandbox not deleted yet; will retry"),
+                        Err(e) => {
+                            tracing::warn!(sandbox = %name, error = %e, "expired sandbox not deleted yet; will retry")
+                        }
                     }
                 }
                 Ok(_) => {

@@ -42,12 +42,19 @@ impl ImageRef {
         }
         // A bare digest names content, not a repository.
         if is_digest(s) {
-            return Ok(Self { repository: String::new(), tag: None, digest: Some(s.to_ascii_lowercase()) });
+            return Ok(Self {
+                repository: String::new(),
+                tag: None,
+                digest: Some(s.to_ascii_lowercase()),
+            });
         }
         let (name_tag, digest) = match s.split_once('@') {
             Some((n, d)) => {
                 if !is_digest(d) {
-                    return Err(ImageRefError::Malformed(s.into(), "digest is not algorithm:hex"));
+                    return Err(ImageRefError::Malformed(
+                        s.into(),
+                        "digest is not algorithm:hex",
+                    ));
                 }
                 (n, Some(d.to_ascii_lowercase()))
             }
@@ -70,7 +77,9 @@ impl ImageRef {
             return Err(ImageRefError::Malformed(s.into(), "bad repository name"));
         }
         let (domain, path) = match name.split_once('/') {
-            Some((first, rest)) if first.contains('.') || first.contains(':') || first == "localhost" => {
+            Some((first, rest))
+                if first.contains('.') || first.contains(':') || first == "localhost" =>
+            {
                 (first.to_string(), rest.to_string())
             }
             _ => (DEFAULT_DOMAIN.to_string(), name.to_string()),
@@ -89,7 +98,11 @@ impl ImageRef {
             (None, None) => Some("latest".to_string()),
             (t, _) => t,
         };
-        Ok(Self { repository: format!("{domain}/{path}"), tag, digest })
+        Ok(Self {
+            repository: format!("{domain}/{path}"),
+            tag,
+            digest,
+        })
     }
 
     /// The key placement matches on: the digest when one was given (content
@@ -97,7 +110,11 @@ impl ImageRef {
     pub fn match_key(&self) -> String {
         match &self.digest {
             Some(d) => d.clone(),
-            None => format!("{}:{}", self.repository, self.tag.as_deref().unwrap_or("latest")),
+            None => format!(
+                "{}:{}",
+                self.repository,
+                self.tag.as_deref().unwrap_or("latest")
+            ),
         }
     }
 }
@@ -105,10 +122,10 @@ impl ImageRef {
 impl fmt::Display for ImageRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.repository)?;
-        if let Some(t) = &self.tag {
-            if !self.repository.is_empty() {
-                write!(f, ":{t}")?;
-            }
+        if let Some(t) = &self.tag
+            && !self.repository.is_empty()
+        {
+            write!(f, ":{t}")?;
         }
         if let Some(d) = &self.digest {
             if self.repository.is_empty() {
@@ -125,7 +142,9 @@ fn is_digest(s: &str) -> bool {
     match s.split_once(':') {
         Some((alg, hex)) => {
             !alg.is_empty()
-                && alg.chars().all(|c| c.is_ascii_alphanumeric() || c == '+' || c == '.' || c == '_' || c == '-')
+                && alg.chars().all(|c| {
+                    c.is_ascii_alphanumeric() || c == '+' || c == '.' || c == '_' || c == '-'
+                })
                 && hex.len() >= 32
                 && hex.chars().all(|c| c.is_ascii_hexdigit())
         }
@@ -135,7 +154,9 @@ fn is_digest(s: &str) -> bool {
 
 /// Normalizes a reference for matching; an unparsable one matches only itself.
 pub fn match_key(reference: &str) -> String {
-    ImageRef::parse(reference).map(|r| r.match_key()).unwrap_or_else(|_| reference.trim().to_string())
+    ImageRef::parse(reference)
+        .map(|r| r.match_key())
+        .unwrap_or_else(|_| reference.trim().to_string())
 }
 
 #[cfg(test)]
@@ -152,8 +173,14 @@ mod tests {
         assert_eq!(n("busybox:1.36"), "docker.io/library/busybox:1.36");
         assert_eq!(n("library/busybox"), "docker.io/library/busybox:latest");
         assert_eq!(n("docker.io/busybox"), "docker.io/library/busybox:latest");
-        assert_eq!(n("index.docker.io/library/busybox:latest"), "docker.io/library/busybox:latest");
-        assert_eq!(match_key("busybox"), match_key("docker.io/library/busybox:latest"));
+        assert_eq!(
+            n("index.docker.io/library/busybox:latest"),
+            "docker.io/library/busybox:latest"
+        );
+        assert_eq!(
+            match_key("busybox"),
+            match_key("docker.io/library/busybox:latest")
+        );
     }
 
     #[test]
@@ -162,7 +189,10 @@ mod tests {
         assert_eq!(n("ghcr.io/org/app:v1"), "ghcr.io/org/app:v1");
         assert_eq!(n("localhost:5000/app"), "localhost:5000/app:latest");
         assert_eq!(n("localhost/app:1"), "localhost/app:1");
-        assert_eq!(n("registry.local:5000/a/b/c:tag"), "registry.local:5000/a/b/c:tag");
+        assert_eq!(
+            n("registry.local:5000/a/b/c:tag"),
+            "registry.local:5000/a/b/c:tag"
+        );
     }
 
     #[test]
@@ -170,8 +200,17 @@ mod tests {
         let d = format!("sha256:{}", "a".repeat(64));
         assert_eq!(match_key(&format!("busybox@{d}")), d);
         assert_eq!(match_key(&d), d);
-        assert_eq!(match_key(&format!("busybox:1@{}", d.to_uppercase().replace("SHA", "sha"))), d);
-        assert_eq!(n(&format!("busybox@{d}")), format!("docker.io/library/busybox@{d}"));
+        assert_eq!(
+            match_key(&format!(
+                "busybox:1@{}",
+                d.to_uppercase().replace("SHA", "sha")
+            )),
+            d
+        );
+        assert_eq!(
+            n(&format!("busybox@{d}")),
+            format!("docker.io/library/busybox@{d}")
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod error;
 mod expiry;
 pub mod fastpath;
 pub mod image_ref;
+mod ownership;
 pub mod placement;
 mod recovery;
 pub mod registry;
@@ -41,7 +42,7 @@ use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathServiceServe
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use config::{ControllerConfig, FAILPOINT_ENV, Failpoint};
+pub use config::{ControllerConfig, FAILPOINT_ENV, Failpoint, FailpointSpec};
 pub use error::{Error, Result};
 pub use sandboxes::Core;
 pub use store::{Consistency, Store};
@@ -64,9 +65,14 @@ impl Controller {
     }
 
     /// Starts with any [`Store`] implementation.
-    pub async fn start_with_store(config: ControllerConfig, store: Arc<dyn Store>) -> Result<ControllerHandle> {
+    pub async fn start_with_store(
+        config: ControllerConfig,
+        store: Arc<dyn Store>,
+    ) -> Result<ControllerHandle> {
         if config.agent_token.is_empty() {
-            return Err(Error::InvalidArgument("agent_token must be set: agents authenticate with it".into()));
+            return Err(Error::InvalidArgument(
+                "agent_token must be set: agents authenticate with it".into(),
+            ));
         }
         let core = Arc::new(Core::new(config.clone(), store));
         // Records and known agents first: the port opens on a registry that
@@ -75,23 +81,37 @@ impl Controller {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|e| Error::Unavailable(format!("bind {}: {e}", config.listen)))?;
-        let addr = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::Internal(e.to_string()))?;
         let (stop, stop_rx) = watch::channel(false);
 
         let fp_auth = auth::RequireBearer::new(config.fastpath_token.as_deref(), "fastpath");
         let agent_auth = auth::RequireBearer::new(Some(&config.agent_token), "registry");
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
-            .add_service(V2Server::with_interceptor(fastpath::v2::FastPathV2::new(core.clone()), fp_auth.clone()))
-            .add_service(V1Server::with_interceptor(fastpath::v1::FastPathV1::new(core.clone()), fp_auth))
-            .add_service(RegistryServiceServer::with_interceptor(registry_server::RegistryServer::new(core.clone()), agent_auth));
+            .add_service(V2Server::with_interceptor(
+                fastpath::v2::FastPathV2::new(core.clone()),
+                fp_auth.clone(),
+            ))
+            .add_service(V1Server::with_interceptor(
+                fastpath::v1::FastPathV1::new(core.clone()),
+                fp_auth,
+            ))
+            .add_service(RegistryServiceServer::with_interceptor(
+                registry_server::RegistryServer::new(core.clone()),
+                agent_auth,
+            ));
         let mut rx = stop_rx.clone();
         let server = tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             let shutdown = async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown).await {
+            if let Err(e) = router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+            {
                 tracing::error!(error = %e, "controller gRPC server failed");
             }
         });
@@ -120,7 +140,12 @@ impl Controller {
             }
         });
         tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
-        Ok(ControllerHandle { addr, core, stop, tasks: vec![server, recovery, expiry] })
+        Ok(ControllerHandle {
+            addr,
+            core,
+            stop,
+            tasks: vec![server, recovery, expiry],
+        })
     }
 }
 

@@ -33,7 +33,10 @@ pub struct PoolKey {
 
 impl PoolKey {
     pub fn new(namespace: &str, pool: &str) -> Self {
-        Self { namespace: or_default(namespace).into(), pool: or_default(pool).into() }
+        Self {
+            namespace: or_default(namespace).into(),
+            pool: or_default(pool).into(),
+        }
     }
 }
 
@@ -74,7 +77,12 @@ struct Slot {
 
 impl Slot {
     fn recount(&mut self) {
-        let extra = self.state.reported.iter().filter(|id| !self.reserved.contains_key(*id)).count();
+        let extra = self
+            .state
+            .reported
+            .iter()
+            .filter(|id| !self.reserved.contains_key(*id))
+            .count();
         self.allocated = (self.reserved.len() + extra) as u32;
     }
     fn has_room(&self) -> bool {
@@ -116,12 +124,17 @@ pub enum PlacementError {
 }
 
 #[derive(Debug, Default)]
+struct PoolSets {
+    all: BTreeSet<(u32, Name)>,
+    by_image: HashMap<String, BTreeSet<(u32, Name)>>,
+}
+
+#[derive(Debug, Default)]
 pub struct PlacementIndex {
     slots: HashMap<Name, Slot>,
-    /// Schedulable agents with free capacity, per pool.
-    by_pool: HashMap<PoolKey, BTreeSet<(u32, Name)>>,
-    /// The same, restricted to agents that have the image cached.
-    by_image: HashMap<(PoolKey, String), BTreeSet<(u32, Name)>>,
+    /// Schedulable agents with free capacity, per pool, and the same per
+    /// cached image. Nested maps so lookups borrow (no key allocation).
+    by_pool: HashMap<PoolKey, PoolSets>,
     /// Schedulable agents per pool, whatever their load (for `NoAgents`).
     live_per_pool: HashMap<PoolKey, usize>,
 }
@@ -132,33 +145,54 @@ impl PlacementIndex {
     }
 
     fn unindex(&mut self, name: &Name) {
-        let Some(slot) = self.slots.get(name) else { return };
+        let Some(slot) = self.slots.get(name) else {
+            return;
+        };
         if !slot.has_room() {
             return;
         }
         let key = (slot.allocated, name.clone());
-        if let Some(set) = self.by_pool.get_mut(&slot.state.pool) {
-            set.remove(&key);
-        }
+        let Some(sets) = self.by_pool.get_mut(&slot.state.pool) else {
+            return;
+        };
+        sets.all.remove(&key);
         for img in &slot.state.images {
-            if let Some(set) = self.by_image.get_mut(&(slot.state.pool.clone(), img.clone())) {
+            if let Some(set) = sets.by_image.get_mut(img.as_str()) {
                 set.remove(&key);
                 if set.is_empty() {
-                    self.by_image.remove(&(slot.state.pool.clone(), img.clone()));
+                    sets.by_image.remove(img.as_str());
                 }
             }
         }
     }
 
     fn index(&mut self, name: &Name) {
-        let Some(slot) = self.slots.get(name) else { return };
+        let Some(slot) = self.slots.get(name) else {
+            return;
+        };
         if !slot.has_room() {
             return;
         }
         let key = (slot.allocated, name.clone());
-        self.by_pool.entry(slot.state.pool.clone()).or_default().insert(key.clone());
+        if !self.by_pool.contains_key(&slot.state.pool) {
+            self.by_pool
+                .insert(slot.state.pool.clone(), PoolSets::default());
+        }
+        let sets = self
+            .by_pool
+            .get_mut(&slot.state.pool)
+            .expect("just ensured");
+        sets.all.insert(key.clone());
         for img in &slot.state.images {
-            self.by_image.entry((slot.state.pool.clone(), img.clone())).or_default().insert(key.clone());
+            match sets.by_image.get_mut(img.as_str()) {
+                Some(set) => {
+                    set.insert(key.clone());
+                }
+                None => {
+                    sets.by_image
+                        .insert(img.clone(), BTreeSet::from([key.clone()]));
+                }
+            }
         }
     }
 
@@ -167,17 +201,37 @@ impl PlacementIndex {
         let name: Name = self.slots.get_key_value(name)?.0.clone();
         self.unindex(&name);
         let slot = self.slots.get_mut(&name).expect("slot present");
-        let was_live = slot.schedulable;
+        let (was_live, cap) = (slot.schedulable, slot.state.capacity);
         let old_pool = slot.state.pool.clone();
         let r = f(slot);
         slot.recount();
-        let (is_live, new_pool) = (slot.schedulable, slot.state.pool.clone());
-        if was_live {
-            *self.live_per_pool.entry(old_pool).or_default() -= 1;
+        let is_live = slot.schedulable;
+        // Reservations (the hot path) change neither pool nor liveness.
+        if was_live != is_live || old_pool != slot.state.pool || cap != slot.state.capacity {
+            let new_pool = slot.state.pool.clone();
+            if was_live {
+                *self.live_per_pool.entry(old_pool).or_default() -= 1;
+            }
+            if is_live {
+                *self.live_per_pool.entry(new_pool).or_default() += 1;
+            }
         }
-        if is_live {
-            *self.live_per_pool.entry(new_pool).or_default() += 1;
-        }
+        self.index(&name);
+        Some(r)
+    }
+
+    /// The hot path: changes one agent's reservations only (pool, capacity
+    /// and liveness stay), so only its position in the ordered sets moves.
+    fn with_reservations<R>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut HashMap<String, Vec<u32>>) -> R,
+    ) -> Option<R> {
+        let name: Name = self.slots.get_key_value(name)?.0.clone();
+        self.unindex(&name);
+        let slot = self.slots.get_mut(&name).expect("slot present");
+        let r = f(&mut slot.reserved);
+        slot.recount();
         self.index(&name);
         Some(r)
     }
@@ -189,7 +243,13 @@ impl PlacementIndex {
             let n: Name = Arc::from(name);
             self.slots.insert(
                 n.clone(),
-                Slot { name: n, state: AgentState::default(), reserved: HashMap::new(), allocated: 0, schedulable: false },
+                Slot {
+                    name: n,
+                    state: AgentState::default(),
+                    reserved: HashMap::new(),
+                    allocated: 0,
+                    schedulable: false,
+                },
             );
         }
         self.with_slot(name, |s| {
@@ -214,10 +274,14 @@ impl PlacementIndex {
 
     /// Picks the best agent and reserves a slot on it for `sandbox_id`, in one
     /// step.
-    pub fn allocate(&mut self, req: &PlacementRequest<'_>, sandbox_id: &str) -> Result<Placement, PlacementError> {
+    pub fn allocate(
+        &mut self,
+        req: &PlacementRequest<'_>,
+        sandbox_id: &str,
+    ) -> Result<Placement, PlacementError> {
         let chosen = self.choose(req)?;
-        self.with_slot(&chosen.agent, |s| {
-            s.reserved.insert(sandbox_id.to_string(), req.ports.to_vec());
+        self.with_reservations(&chosen.agent, |r| {
+            r.insert(sandbox_id.to_string(), req.ports.to_vec());
         });
         Ok(chosen)
     }
@@ -235,15 +299,13 @@ impl PlacementIndex {
             !req.exclude.contains(&name.as_ref())
                 && (req.ports.is_empty() || !self.slots[name].port_conflict(req.ports))
         };
-        let cached = self
-            .by_image
-            .get(&(req.pool.clone(), req.image_key.to_string()))
+        let sets = self.by_pool.get(req.pool);
+        let cached = sets
+            .and_then(|s| s.by_image.get(req.image_key))
             .and_then(|set| set.iter().find(|(_, n)| usable(n)))
             .map(|(a, n)| (*a as u64, *a, n.clone()));
-        let any = self
-            .by_pool
-            .get(req.pool)
-            .and_then(|set| set.iter().find(|(_, n)| usable(n)))
+        let any = sets
+            .and_then(|s| s.all.iter().find(|(_, n)| usable(n)))
             .map(|(a, n)| {
                 let hit = self.slots[n].state.images.contains(req.image_key);
                 let score = *a as u64 + if hit { 0 } else { IMAGE_MISS_PENALTY };
@@ -257,21 +319,26 @@ impl PlacementIndex {
             (None, None) => return Err(err()),
         };
         let image_cached = self.slots[&best.2].state.images.contains(req.image_key);
-        Ok(Placement { agent: best.2.to_string(), score: best.0, image_cached })
+        Ok(Placement {
+            agent: best.2.to_string(),
+            score: best.0,
+            image_cached,
+        })
     }
 
     /// Holds a slot for a sandbox known to live on `agent` (restart rebuild,
     /// recovery). Fails if the agent is unknown.
     pub fn reserve(&mut self, agent: &str, sandbox_id: &str, ports: &[u32]) -> bool {
-        self.with_slot(agent, |s| {
-            s.reserved.insert(sandbox_id.to_string(), ports.to_vec());
+        self.with_reservations(agent, |r| {
+            r.insert(sandbox_id.to_string(), ports.to_vec());
         })
         .is_some()
     }
 
     /// Gives a slot back. Releasing twice is harmless.
     pub fn release(&mut self, agent: &str, sandbox_id: &str) -> bool {
-        self.with_slot(agent, |s| s.reserved.remove(sandbox_id).is_some()).unwrap_or(false)
+        self.with_reservations(agent, |r| r.remove(sandbox_id).is_some())
+            .unwrap_or(false)
     }
 
     /// Adds a placeholder for an agent known only from the store, so its
@@ -285,7 +352,11 @@ impl PlacementIndex {
             n.clone(),
             Slot {
                 name: n,
-                state: AgentState { pool, capacity, ..Default::default() },
+                state: AgentState {
+                    pool,
+                    capacity,
+                    ..Default::default()
+                },
                 reserved: HashMap::new(),
                 allocated: 0,
                 schedulable: false,
@@ -306,7 +377,10 @@ impl PlacementIndex {
     }
 
     pub fn reserved_on(&self, agent: &str) -> Vec<String> {
-        self.slots.get(agent).map(|s| s.reserved.keys().cloned().collect()).unwrap_or_default()
+        self.slots
+            .get(agent)
+            .map(|s| s.reserved.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn agent_names(&self) -> impl Iterator<Item = &str> {
@@ -338,7 +412,10 @@ pub mod reference {
     pub fn choose(agents: &[Agent], req: &PlacementRequest<'_>) -> Option<usize> {
         let mut best: Option<(u64, u32, &str, usize)> = None;
         for (i, a) in agents.iter().enumerate() {
-            if &a.pool != req.pool || a.allocated >= a.capacity || req.exclude.contains(&a.name.as_str()) {
+            if &a.pool != req.pool
+                || a.allocated >= a.capacity
+                || req.exclude.contains(&a.name.as_str())
+            {
                 continue;
             }
             if req.ports.iter().any(|p| a.used_ports.contains(p)) {
@@ -369,7 +446,12 @@ mod tests {
     }
 
     fn req<'a>(pool: &'a PoolKey, image: &'a str) -> PlacementRequest<'a> {
-        PlacementRequest { pool, image_key: image, ports: &[], exclude: &[] }
+        PlacementRequest {
+            pool,
+            image_key: image,
+            ports: &[],
+            exclude: &[],
+        }
     }
 
     #[test]
@@ -380,14 +462,22 @@ mod tests {
         let pool = PoolKey::new("default", "p");
         // b has the image: score 0 vs 1000.
         for i in 0..5 {
-            assert_eq!(ix.allocate(&req(&pool, "img"), &format!("s{i}")).unwrap().agent, "b");
+            assert_eq!(
+                ix.allocate(&req(&pool, "img"), &format!("s{i}"))
+                    .unwrap()
+                    .agent,
+                "b"
+            );
         }
         // b now has 5 allocated: score 5 vs a's 1000 — still b.
         let p = ix.choose(&req(&pool, "img")).unwrap();
         assert_eq!((p.agent.as_str(), p.score, p.image_cached), ("b", 5, true));
         // An image nobody has goes to the least loaded agent.
         let p = ix.choose(&req(&pool, "other")).unwrap();
-        assert_eq!((p.agent.as_str(), p.score, p.image_cached), ("a", 1000, false));
+        assert_eq!(
+            (p.agent.as_str(), p.score, p.image_cached),
+            ("a", 1000, false)
+        );
     }
 
     #[test]
@@ -405,12 +495,28 @@ mod tests {
         assert_eq!(ix.allocate(&req(&pool, "img"), "s1").unwrap().agent, "a");
         // a is full; b/c are elsewhere; d has no image but room.
         assert_eq!(ix.choose(&req(&pool, "img")).unwrap().agent, "d");
-        let r = PlacementRequest { pool: &pool, image_key: "img", ports: &[8080], exclude: &[] };
-        assert_eq!(ix.choose(&r), Err(PlacementError::NoCapacity("default".into(), "p".into())));
+        let r = PlacementRequest {
+            pool: &pool,
+            image_key: "img",
+            ports: &[8080],
+            exclude: &[],
+        };
+        assert_eq!(
+            ix.choose(&r),
+            Err(PlacementError::NoCapacity("default".into(), "p".into()))
+        );
         let none = PoolKey::new("", "nope");
-        assert_eq!(ix.choose(&req(&none, "img")), Err(PlacementError::NoAgents("default".into(), "nope".into())));
+        assert_eq!(
+            ix.choose(&req(&none, "img")),
+            Err(PlacementError::NoAgents("default".into(), "nope".into()))
+        );
         // Reserved ports conflict too.
-        let r = PlacementRequest { pool: &pool, image_key: "img", ports: &[9000], exclude: &[] };
+        let r = PlacementRequest {
+            pool: &pool,
+            image_key: "img",
+            ports: &[9000],
+            exclude: &[],
+        };
         assert_eq!(ix.allocate(&r, "s2").unwrap().agent, "d");
         assert!(ix.choose(&r).is_err());
         ix.release("d", "s2");
@@ -424,8 +530,13 @@ mod tests {
             ix.upsert(n, state("p", 3, &["img"]));
         }
         let pool = PoolKey::new("", "p");
-        let order: Vec<String> =
-            (0..6).map(|i| ix.allocate(&req(&pool, "img"), &format!("s{i}")).unwrap().agent).collect();
+        let order: Vec<String> = (0..6)
+            .map(|i| {
+                ix.allocate(&req(&pool, "img"), &format!("s{i}"))
+                    .unwrap()
+                    .agent
+            })
+            .collect();
         assert_eq!(order, ["a", "b", "c", "a", "b", "c"]);
         // Equal score, cached (load 1001) vs uncached (load 0 + 1000): lower load wins.
         let mut ix = PlacementIndex::new();
@@ -463,7 +574,10 @@ mod tests {
         ix.upsert("a", state("p", 2, &[]));
         ix.allocate(&req(&pool, "img"), "s1").unwrap();
         ix.set_schedulable("a", false);
-        assert_eq!(ix.choose(&req(&pool, "img")), Err(PlacementError::NoAgents("default".into(), "p".into())));
+        assert_eq!(
+            ix.choose(&req(&pool, "img")),
+            Err(PlacementError::NoAgents("default".into(), "p".into()))
+        );
         ix.set_schedulable("a", true);
         assert_eq!(ix.allocated("a"), Some(1));
     }
@@ -488,18 +602,40 @@ mod tests {
                 continue;
             }
             let pool = PoolKey::new("", if i % 3 == 0 { "q" } else { "p" });
-            let images: Vec<String> =
-                imgs.iter().filter(|_| rnd(2) == 0).map(|s| s.to_string()).collect();
+            let images: Vec<String> = imgs
+                .iter()
+                .filter(|_| rnd(2) == 0)
+                .map(|s| s.to_string())
+                .collect();
             let capacity = 1 + rnd(4) as u32;
-            ix.upsert(&name, AgentState { pool: pool.clone(), capacity, images: images.iter().cloned().collect(), ..Default::default() });
-            agents.push(reference::Agent { name, pool, capacity, allocated: 0, images, used_ports: vec![] });
+            ix.upsert(
+                &name,
+                AgentState {
+                    pool: pool.clone(),
+                    capacity,
+                    images: images.iter().cloned().collect(),
+                    ..Default::default()
+                },
+            );
+            agents.push(reference::Agent {
+                name,
+                pool,
+                capacity,
+                allocated: 0,
+                images,
+                used_ports: vec![],
+            });
         }
         let mut held: Vec<(String, String)> = Vec::new();
         for step in 0..2000 {
             if rnd(3) == 0 && !held.is_empty() {
                 let (agent, sid) = held.swap_remove(rnd(held.len() as u64) as usize);
                 assert!(ix.release(&agent, &sid));
-                agents.iter_mut().find(|a| a.name == agent).unwrap().allocated -= 1;
+                agents
+                    .iter_mut()
+                    .find(|a| a.name == agent)
+                    .unwrap()
+                    .allocated -= 1;
                 continue;
             }
             let pool = PoolKey::new("", if rnd(3) == 0 { "q" } else { "p" });

@@ -27,23 +27,33 @@ impl Core {
         let mut held = 0;
         for r in &records {
             if r.holds_slot() {
-                self.registry.reserve(&r.agent_id, &r.sandbox_id, &r.exposed_ports);
+                self.registry
+                    .reserve(&r.agent_id, &r.sandbox_id, &r.exposed_ports);
                 held += 1;
             }
             self.track_expiry(r, None);
             if matches!(r.phase, Phase::Pending | Phase::Recovering) {
-                self.recovering.lock().insert((r.namespace.clone(), r.name.clone()));
+                self.recovering
+                    .lock()
+                    .insert((r.namespace.clone(), r.name.clone()));
             }
         }
         self.ready.store(agents.is_empty(), Ordering::Release);
-        tracing::info!(agents = agents.len(), records = records.len(), slots = held, "registry rebuilt from the store");
+        tracing::info!(
+            agents = agents.len(),
+            records = records.len(),
+            slots = held,
+            "registry rebuilt from the store"
+        );
         Ok(())
     }
 
     /// Applies one agent heartbeat.
     pub fn on_heartbeat(self: &Arc<Self>, inv: &pb::Inventory) -> Result<()> {
         if inv.agent_id.is_empty() {
-            return Err(Error::InvalidArgument("inventory.agent_id is required".into()));
+            return Err(Error::InvalidArgument(
+                "inventory.agent_id is required".into(),
+            ));
         }
         let outcome = self.registry.heartbeat(inv);
         if outcome.persist {
@@ -110,7 +120,11 @@ impl Core {
                     continue;
                 }
                 tracing::warn!(agent = %agent, sandbox_id = %sid, "removing container without a record");
-                if let Err(e) = core.agents.delete(&agent, &endpoint, &sid, Duration::from_secs(30)).await {
+                if let Err(e) = core
+                    .agents
+                    .delete(&agent, &endpoint, &sid, Duration::from_secs(30))
+                    .await
+                {
                     tracing::warn!(agent = %agent, sandbox_id = %sid, error = %e, "orphan removal failed");
                 }
             }
@@ -137,7 +151,9 @@ impl Core {
                 Err(_) => continue,
             };
             match r.phase {
-                Phase::Pending if self.is_ready() => self.spawn_once(&r, |core, r| async move { core.redrive(r, true).await.map(|_| ()) }),
+                Phase::Pending if self.is_ready() => self.spawn_once(&r, |core, r| async move {
+                    core.redrive(r, true).await.map(|_| ())
+                }),
                 Phase::Recovering => self.recover(r),
                 Phase::Pending => {}
                 _ => {
@@ -172,7 +188,9 @@ impl Core {
     fn on_agent_lost(&self, agent: &str) -> Result<()> {
         let now_ms = clock::now_unix_ms();
         for r in self.store.list(None, None, 0)? {
-            if r.agent_id != agent || !matches!(r.phase, Phase::Running | Phase::Paused | Phase::Pending) {
+            if r.agent_id != agent
+                || !matches!(r.phase, Phase::Running | Phase::Paused | Phase::Pending)
+            {
                 continue;
             }
             let sid = r.sandbox_id.clone();
@@ -189,22 +207,34 @@ impl Core {
                         x.phase = Phase::Recovering;
                         x.recovery_deadline_unix_ms = now_ms + timeout.as_millis() as i64;
                         x.message = format!("agent {agent} lost; recreating elsewhere");
-                        x.push_event("warning", "registry", format!("agent {agent} lost; AUTO_RECREATE within {timeout:?}"));
+                        x.push_event(
+                            "warning",
+                            "registry",
+                            format!("agent {agent} lost; AUTO_RECREATE within {timeout:?}"),
+                        );
                     }
                     FailurePolicy::Manual => {
                         x.phase = Phase::Failed;
                         x.message = format!("agent {agent} lost");
-                        x.push_event("error", "registry", format!("agent {agent} lost; MANUAL policy: marked failed"));
+                        x.push_event(
+                            "error",
+                            "registry",
+                            format!("agent {agent} lost; MANUAL policy: marked failed"),
+                        );
                     }
                 }
                 Ok(())
             });
             match updated {
                 Ok(x) if x.phase == Phase::Recovering => {
-                    self.recovering.lock().insert((x.namespace.clone(), x.name.clone()));
+                    self.recovering
+                        .lock()
+                        .insert((x.namespace.clone(), x.name.clone()));
                 }
                 Ok(x) => self.registry.release(&x.agent_id, &x.sandbox_id),
-                Err(e) => tracing::warn!(sandbox = %r.name, error = %e, "could not apply failure policy"),
+                Err(e) => {
+                    tracing::warn!(sandbox = %r.name, error = %e, "could not apply failure policy")
+                }
             }
         }
         Ok(())
@@ -212,7 +242,9 @@ impl Core {
 
     fn recover(self: &Arc<Self>, r: SandboxRecord) {
         // The agent came back before we moved the sandbox: keep it there.
-        if self.registry.is_live(&r.agent_id) && self.registry.observed(&r.agent_id, &r.sandbox_id).is_some() {
+        if self.registry.is_live(&r.agent_id)
+            && self.registry.observed(&r.agent_id, &r.sandbox_id).is_some()
+        {
             let sid = r.sandbox_id.clone();
             if let Ok(x) = self.modify(&r.namespace, &r.name, |x| {
                 if x.sandbox_id != sid || x.phase != Phase::Recovering {
@@ -220,10 +252,15 @@ impl Core {
                 }
                 x.phase = Phase::Running;
                 x.message.clear();
-                x.push_event("info", "registry", format!("agent {} is back; sandbox kept in place", x.agent_id));
+                x.push_event(
+                    "info",
+                    "registry",
+                    format!("agent {} is back; sandbox kept in place", x.agent_id),
+                );
                 Ok(())
             }) {
-                self.registry.reserve(&x.agent_id, &x.sandbox_id, &x.exposed_ports);
+                self.registry
+                    .reserve(&x.agent_id, &x.sandbox_id, &x.exposed_ports);
                 self.recovering.lock().remove(&(x.namespace, x.name));
             }
             return;
@@ -236,7 +273,11 @@ impl Core {
                 }
                 x.phase = Phase::Failed;
                 x.message = "recovery timeout passed without a new placement".into();
-                x.push_event("error", "controller", "AUTO_RECREATE gave up: recovery timeout passed");
+                x.push_event(
+                    "error",
+                    "controller",
+                    "AUTO_RECREATE gave up: recovery timeout passed",
+                );
                 Ok(())
             });
             self.registry.release(&r.agent_id, &r.sandbox_id);
@@ -269,7 +310,11 @@ impl Core {
             x.assignment_attempt += 1;
             x.recovery_deadline_unix_ms = 0;
             x.message.clear();
-            x.push_event("info", "controller", format!("recreated on agent {new_agent} as {new_sid} (agent {old_agent} lost)"));
+            x.push_event(
+                "info",
+                "controller",
+                format!("recreated on agent {new_agent} as {new_sid} (agent {old_agent} lost)"),
+            );
             Ok(())
         });
         match result {
@@ -281,7 +326,15 @@ impl Core {
             }
             Err(e) => {
                 if let Some(a) = self.registry.agent(&n.agent_id) {
-                    let _ = self.agents.delete(&n.agent_id, &a.api_endpoint, &n.sandbox_id, Duration::from_secs(30)).await;
+                    let _ = self
+                        .agents
+                        .delete(
+                            &n.agent_id,
+                            &a.api_endpoint,
+                            &n.sandbox_id,
+                            Duration::from_secs(30),
+                        )
+                        .await;
                 }
                 self.registry.release(&n.agent_id, &n.sandbox_id);
                 Err(e)
@@ -290,17 +343,32 @@ impl Core {
     }
 
     fn place_for_recovery(&self, n: &mut SandboxRecord, exclude: &str) -> Result<()> {
-        let pool = crate::placement::PoolKey::new(&n.namespace, &n.pool);
+        let pool = self.registry.pool_key(&n.namespace, &n.pool);
         let key = crate::image_ref::match_key(&n.image);
-        let req = crate::placement::PlacementRequest { pool: &pool, image_key: &key, ports: &n.exposed_ports, exclude: &[exclude] };
+        let req = crate::placement::PlacementRequest {
+            pool: &pool,
+            image_key: &key,
+            ports: &n.exposed_ports,
+            exclude: &[exclude],
+        };
         let p = self.registry.allocate(&req, &n.sandbox_id)?;
         n.agent_id = p.agent;
         Ok(())
     }
 
     async fn create_for_recovery(&self, n: &SandboxRecord) -> Result<()> {
-        let agent = self.registry.agent(&n.agent_id).ok_or_else(|| Error::Unavailable("agent vanished".into()))?;
-        self.agents.create(&n.agent_id, &agent.api_endpoint, self.agent_spec(n, true), self.config.create_deadline).await?;
+        let agent = self
+            .registry
+            .agent(&n.agent_id)
+            .ok_or_else(|| Error::Unavailable("agent vanished".into()))?;
+        self.agents
+            .create(
+                &n.agent_id,
+                &agent.api_endpoint,
+                self.agent_spec(n, true),
+                self.config.create_deadline,
+            )
+            .await?;
         Ok(())
     }
 }

@@ -14,7 +14,9 @@ use parking_lot::Mutex;
 use sandbolt_proto::agent::v1 as pb;
 
 use crate::image_ref;
-use crate::placement::{AgentState, Placement, PlacementError, PlacementIndex, PlacementRequest, PoolKey};
+use crate::placement::{
+    AgentState, Placement, PlacementError, PlacementIndex, PlacementRequest, PoolKey,
+};
 use crate::store::AgentRecord;
 
 #[derive(Debug, Clone)]
@@ -45,6 +47,11 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct Registry {
     inner: Mutex<Inner>,
+    /// Whether pools belong to a namespace (fast-sandbox: a SandboxPool is
+    /// namespaced and serves only its namespace). Off by default: the agent
+    /// fills `Inventory.namespace` with its containerd namespace (`k8s.io`),
+    /// which is no sandbox namespace, so pools are global by name.
+    namespaced_pools: bool,
 }
 
 /// What changed with a heartbeat.
@@ -75,9 +82,21 @@ impl Registry {
         Self::default()
     }
 
+    pub fn with_namespaced_pools(namespaced_pools: bool) -> Self {
+        Self {
+            namespaced_pools,
+            ..Self::default()
+        }
+    }
+
+    /// The pool key placement uses for (namespace, pool).
+    pub fn pool_key(&self, namespace: &str, pool: &str) -> PoolKey {
+        PoolKey::new(if self.namespaced_pools { namespace } else { "" }, pool)
+    }
+
     /// Applies a heartbeat: replaces what we know of the agent.
     pub fn heartbeat(&self, inv: &pb::Inventory) -> HeartbeatOutcome {
-        let pool = PoolKey::new(&inv.namespace, &inv.pool);
+        let pool = self.pool_key(&inv.namespace, &inv.pool);
         let mut images = std::collections::HashSet::new();
         for img in &inv.images {
             for r in &img.references {
@@ -96,7 +115,11 @@ impl Registry {
         };
         let mut g = self.inner.lock();
         g.index.upsert(&inv.agent_id, state);
-        let sandboxes = inv.sandboxes.iter().map(|s| (s.sandbox_id.clone(), s.clone())).collect();
+        let sandboxes = inv
+            .sandboxes
+            .iter()
+            .map(|s| (s.sandbox_id.clone(), s.clone()))
+            .collect();
         let now = Instant::now();
         match g.agents.get_mut(&inv.agent_id) {
             Some(a) => {
@@ -136,7 +159,10 @@ impl Registry {
                         images: inv.images.clone(),
                     },
                 );
-                HeartbeatOutcome { persist: true, came_back: false }
+                HeartbeatOutcome {
+                    persist: true,
+                    came_back: false,
+                }
             }
         }
     }
@@ -146,26 +172,32 @@ impl Registry {
     /// until it heartbeats.
     pub fn load_known(&self, a: &AgentRecord) {
         let mut g = self.inner.lock();
-        let pool = PoolKey::new(&a.namespace, &a.pool);
+        let pool = self.pool_key(&a.namespace, &a.pool);
         g.index.ensure_known(&a.agent_id, pool.clone(), a.capacity);
-        g.agents.entry(a.agent_id.clone()).or_insert_with(|| AgentInfo {
-            agent_id: a.agent_id.clone(),
-            instance_id: String::new(),
-            node_name: a.node_name.clone(),
-            pool,
-            api_endpoint: a.api_endpoint.clone(),
-            proxy_endpoint: a.proxy_endpoint.clone(),
-            capacity: a.capacity,
-            last_seen: Instant::now(),
-            lost: false,
-            heartbeated: false,
-            sandboxes: HashMap::new(),
-            images: Vec::new(),
-        });
+        g.agents
+            .entry(a.agent_id.clone())
+            .or_insert_with(|| AgentInfo {
+                agent_id: a.agent_id.clone(),
+                instance_id: String::new(),
+                node_name: a.node_name.clone(),
+                pool,
+                api_endpoint: a.api_endpoint.clone(),
+                proxy_endpoint: a.proxy_endpoint.clone(),
+                capacity: a.capacity,
+                last_seen: Instant::now(),
+                lost: false,
+                heartbeated: false,
+                sandboxes: HashMap::new(),
+                images: Vec::new(),
+            });
     }
 
     /// Chooses an agent and reserves a slot on it, atomically.
-    pub fn allocate(&self, req: &PlacementRequest<'_>, sandbox_id: &str) -> Result<Placement, PlacementError> {
+    pub fn allocate(
+        &self,
+        req: &PlacementRequest<'_>,
+        sandbox_id: &str,
+    ) -> Result<Placement, PlacementError> {
         self.inner.lock().index.allocate(req, sandbox_id)
     }
 
@@ -194,7 +226,11 @@ impl Registry {
 
     /// What the agent last reported about one sandbox.
     pub fn observed(&self, agent: &str, sandbox_id: &str) -> Option<pb::SandboxStatus> {
-        self.inner.lock().agents.get(agent).and_then(|a| a.sandboxes.get(sandbox_id).cloned())
+        self.inner
+            .lock()
+            .agents
+            .get(agent)
+            .and_then(|a| a.sandboxes.get(sandbox_id).cloned())
     }
 
     pub fn allocated(&self, agent: &str) -> Option<u32> {
@@ -221,14 +257,21 @@ impl Registry {
 
     /// Whether every agent known at startup has heartbeated since.
     pub fn all_known_heard(&self) -> bool {
-        self.inner.lock().agents.values().all(|a| a.heartbeated || a.lost)
+        self.inner
+            .lock()
+            .agents
+            .values()
+            .all(|a| a.heartbeated || a.lost)
     }
 
     pub fn pools(&self) -> Vec<PoolSummary> {
         let g = self.inner.lock();
         let mut out: BTreeMap<PoolKey, PoolSummary> = BTreeMap::new();
         for a in g.agents.values() {
-            let s = out.entry(a.pool.clone()).or_insert_with(|| PoolSummary { pool: a.pool.clone(), ..Default::default() });
+            let s = out.entry(a.pool.clone()).or_insert_with(|| PoolSummary {
+                pool: a.pool.clone(),
+                ..Default::default()
+            });
             let allocated = g.index.allocated(&a.agent_id).unwrap_or(0);
             s.total_agents += 1;
             if !a.lost && a.heartbeated {
@@ -242,7 +285,13 @@ impl Registry {
             s.capacity += a.capacity as i64;
             for img in &a.images {
                 if let Some(r) = img.references.first() {
-                    *s.images.entry(image_ref::ImageRef::parse(r).map(|r| r.to_string()).unwrap_or_else(|_| r.clone())).or_default() += 1;
+                    *s.images
+                        .entry(
+                            image_ref::ImageRef::parse(r)
+                                .map(|r| r.to_string())
+                                .unwrap_or_else(|_| r.clone()),
+                        )
+                        .or_default() += 1;
                 }
             }
         }

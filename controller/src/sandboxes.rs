@@ -114,7 +114,8 @@ impl Drop for InflightGuard<'_> {
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
         && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
 }
 
@@ -126,9 +127,9 @@ impl Core {
     pub fn new(config: ControllerConfig, store: Arc<dyn Store>) -> Self {
         Self {
             agents: AgentClients::new(&config.agent_token),
+            registry: Arc::new(Registry::with_namespaced_pools(config.namespaced_pools)),
             config,
             store,
-            registry: Arc::new(Registry::new()),
             expiry: Mutex::new(BTreeSet::new()),
             inflight: Mutex::new(HashSet::new()),
             recovering: Mutex::new(BTreeSet::new()),
@@ -161,7 +162,9 @@ impl Core {
 
     fn untrack_expiry(&self, r: &SandboxRecord) {
         if r.expires_at != 0 {
-            self.expiry.lock().remove(&(r.expires_at, r.namespace.clone(), r.name.clone()));
+            self.expiry
+                .lock()
+                .remove(&(r.expires_at, r.namespace.clone(), r.name.clone()));
         }
     }
 
@@ -170,11 +173,18 @@ impl Core {
         spec.namespace = or_default(spec.namespace.trim()).to_string();
         spec.pool = or_default(spec.pool.trim()).to_string();
         if !valid_name(&spec.namespace) {
-            return Err(Error::InvalidArgument(format!("invalid namespace {:?}", spec.namespace)));
+            return Err(Error::InvalidArgument(format!(
+                "invalid namespace {:?}",
+                spec.namespace
+            )));
         }
         ImageRef::parse(&spec.image).map_err(|e| Error::InvalidArgument(format!("image: {e}")))?;
         if spec.name.is_empty() {
-            spec.name = if spec.request_id.is_empty() { new_id("sbx-") } else { spec.request_id.clone() };
+            spec.name = if spec.request_id.is_empty() {
+                new_id("sbx-")
+            } else {
+                spec.request_id.clone()
+            };
         }
         if !valid_name(&spec.name) {
             return Err(Error::InvalidArgument(format!(
@@ -183,7 +193,9 @@ impl Core {
             )));
         }
         if spec.expires_at < 0 {
-            return Err(Error::InvalidArgument("expires_at_unix_seconds must not be negative".into()));
+            return Err(Error::InvalidArgument(
+                "expires_at_unix_seconds must not be negative".into(),
+            ));
         }
         if spec.expires_at != 0 && spec.expires_at <= clock::now_unix_secs() {
             return Err(Error::InvalidArgument(format!(
@@ -192,20 +204,30 @@ impl Core {
             )));
         }
         if spec.recovery_timeout_seconds < 0 {
-            return Err(Error::InvalidArgument("recovery_timeout_seconds must not be negative".into()));
+            return Err(Error::InvalidArgument(
+                "recovery_timeout_seconds must not be negative".into(),
+            ));
         }
         if let Some(p) = spec.exposed_ports.iter().find(|p| **p == 0 || **p > 65535) {
-            return Err(Error::InvalidArgument(format!("exposed port {p} is out of range")));
+            return Err(Error::InvalidArgument(format!(
+                "exposed port {p} is out of range"
+            )));
         }
         Ok(spec)
     }
 
     pub fn get(&self, namespace: &str, name: &str, expected_uid: &str) -> Result<SandboxRecord> {
         let ns = or_default(namespace);
-        let r = self.store.get(ns, name)?.ok_or_else(|| Error::NotFound(ns.into(), name.into()))?;
+        let r = self
+            .store
+            .get(ns, name)?
+            .ok_or_else(|| Error::NotFound(ns.into(), name.into()))?;
         if !expected_uid.is_empty() && r.uid != expected_uid {
             // The sandbox the caller means is gone; a namesake is not it.
-            return Err(Error::NotFound(ns.into(), format!("{name} (uid {expected_uid})")));
+            return Err(Error::NotFound(
+                ns.into(),
+                format!("{name} (uid {expected_uid})"),
+            ));
         }
         Ok(r)
     }
@@ -220,7 +242,13 @@ impl Core {
         Ok(())
     }
 
-    pub fn get_checked(&self, namespace: &str, name: &str, expected_uid: &str, expected_generation: i64) -> Result<SandboxRecord> {
+    pub fn get_checked(
+        &self,
+        namespace: &str,
+        name: &str,
+        expected_uid: &str,
+        expected_generation: i64,
+    ) -> Result<SandboxRecord> {
         let r = self.get(namespace, name, expected_uid)?;
         Self::check_generation(&r, expected_generation)?;
         Ok(r)
@@ -234,7 +262,10 @@ impl Core {
         mut f: impl FnMut(&mut SandboxRecord) -> Result<()>,
     ) -> Result<SandboxRecord> {
         for _ in 0..16 {
-            let mut r = self.store.get(namespace, name)?.ok_or_else(|| Error::NotFound(namespace.into(), name.into()))?;
+            let mut r = self
+                .store
+                .get(namespace, name)?
+                .ok_or_else(|| Error::NotFound(namespace.into(), name.into()))?;
             f(&mut r)?;
             match self.store.replace(&r) {
                 Ok(r) => return Ok(r),
@@ -243,7 +274,9 @@ impl Core {
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(Error::Aborted(format!("sandbox {namespace}/{name} keeps changing; retry")))
+        Err(Error::Aborted(format!(
+            "sandbox {namespace}/{name} keeps changing; retry"
+        )))
     }
 
     pub fn list(
@@ -261,7 +294,9 @@ impl Core {
         let mut after = (!page_token.is_empty()).then(|| page_token.to_string());
         let mut out = Vec::new();
         loop {
-            let chunk = self.store.list(Some(ns), after.as_deref(), page_size.max(64))?;
+            let chunk = self
+                .store
+                .list(Some(ns), after.as_deref(), page_size.max(64))?;
             let exhausted = chunk.len() < page_size.max(64);
             for r in chunk {
                 after = Some(r.name.clone());
@@ -270,7 +305,14 @@ impl Core {
                     if out.len() == page_size {
                         // Another page only if something is left to read.
                         let more = !self.store.list(Some(ns), after.as_deref(), 1)?.is_empty();
-                        return Ok((out, if more { after.unwrap_or_default() } else { String::new() }));
+                        return Ok((
+                            out,
+                            if more {
+                                after.unwrap_or_default()
+                            } else {
+                                String::new()
+                            },
+                        ));
                     }
                 }
             }
@@ -281,7 +323,12 @@ impl Core {
     }
 
     /// Deletes the container, then the record, then frees the slot.
-    pub async fn delete(&self, namespace: &str, name: &str, expected_uid: &str) -> Result<SandboxRecord> {
+    pub async fn delete(
+        &self,
+        namespace: &str,
+        name: &str,
+        expected_uid: &str,
+    ) -> Result<SandboxRecord> {
         let r = self.get(namespace, name, expected_uid)?;
         self.remove_container(&r).await?;
         self.store.delete(&r.namespace, &r.name)?;
@@ -289,7 +336,9 @@ impl Core {
         if !r.agent_id.is_empty() {
             self.registry.release(&r.agent_id, &r.sandbox_id);
         }
-        self.recovering.lock().remove(&(r.namespace.clone(), r.name.clone()));
+        self.recovering
+            .lock()
+            .remove(&(r.namespace.clone(), r.name.clone()));
         tracing::info!(sandbox = %r.name, namespace = %r.namespace, agent = %r.agent_id, "deleted");
         Ok(r)
     }
@@ -301,17 +350,37 @@ impl Core {
         if r.agent_id.is_empty() || r.sandbox_id.is_empty() {
             return Ok(());
         }
-        let Some(agent) = self.registry.agent(&r.agent_id) else { return Ok(()) };
+        let Some(agent) = self.registry.agent(&r.agent_id) else {
+            return Ok(());
+        };
         if agent.lost {
             tracing::warn!(sandbox = %r.name, agent = %r.agent_id, "agent lost; container left to the janitor");
             return Ok(());
         }
-        self.agents.delete(&r.agent_id, &agent.api_endpoint, &r.sandbox_id, self.config.create_deadline).await?;
+        self.agents
+            .delete(
+                &r.agent_id,
+                &agent.api_endpoint,
+                &r.sandbox_id,
+                self.config.create_deadline,
+            )
+            .await?;
         Ok(())
     }
 
-    pub async fn update(&self, namespace: &str, name: &str, op: UpdateOp, spec: UpdateSpec) -> Result<SandboxRecord> {
-        if let Some(k) = spec.metadata_upsert.keys().chain(spec.metadata_delete.iter()).find(|k| k.is_empty()) {
+    pub async fn update(
+        &self,
+        namespace: &str,
+        name: &str,
+        op: UpdateOp,
+        spec: UpdateSpec,
+    ) -> Result<SandboxRecord> {
+        if let Some(k) = spec
+            .metadata_upsert
+            .keys()
+            .chain(spec.metadata_delete.iter())
+            .find(|k| k.is_empty())
+        {
             return Err(Error::InvalidArgument(format!("empty metadata key {k:?}")));
         }
         let now = clock::now_unix_secs();
@@ -319,7 +388,10 @@ impl Core {
         let mut old_expiry = None;
         let r = self.modify(ns, name, |r| {
             if !spec.expected_uid.is_empty() && r.uid != spec.expected_uid {
-                return Err(Error::NotFound(ns.into(), format!("{name} (uid {})", spec.expected_uid)));
+                return Err(Error::NotFound(
+                    ns.into(),
+                    format!("{name} (uid {})", spec.expected_uid),
+                ));
             }
             Self::check_generation(r, spec.expected_generation)?;
             old_expiry = Some(r.expires_at);
@@ -345,7 +417,9 @@ impl Core {
                             )));
                         }
                         if *t <= now {
-                            return Err(Error::InvalidArgument(format!("expiry {t} is not in the future")));
+                            return Err(Error::InvalidArgument(format!(
+                                "expiry {t} is not in the future"
+                            )));
                         }
                         r.expires_at = *t;
                         r.push_event("info", "controller", format!("expiry set to {t}"));
@@ -354,10 +428,16 @@ impl Core {
                 }
                 UpdateOp::ResetRevision(s) => {
                     if s.is_empty() {
-                        return Err(Error::InvalidArgument("reset_revision must not be empty".into()));
+                        return Err(Error::InvalidArgument(
+                            "reset_revision must not be empty".into(),
+                        ));
                     }
                     r.reset_revision = s.clone();
-                    r.push_event("info", "controller", format!("reset revision {s} requested"));
+                    r.push_event(
+                        "info",
+                        "controller",
+                        format!("reset revision {s} requested"),
+                    );
                     changed = true;
                 }
                 UpdateOp::FailurePolicy(p) => {
@@ -367,7 +447,9 @@ impl Core {
                 }
                 UpdateOp::RecoveryTimeout(t) => {
                     if *t < 0 {
-                        return Err(Error::InvalidArgument("recovery_timeout_seconds must not be negative".into()));
+                        return Err(Error::InvalidArgument(
+                            "recovery_timeout_seconds must not be negative".into(),
+                        ));
                     }
                     r.recovery_timeout_seconds = *t;
                     changed = true;
@@ -394,14 +476,30 @@ impl Core {
     /// Reset revision: the same sandbox (id, token, spec) starts afresh.
     async fn restart(&self, r: SandboxRecord, revision: &str) -> Result<SandboxRecord> {
         let agent = self.live_agent(&r)?;
-        self.agents.delete(&r.agent_id, &agent.api_endpoint, &r.sandbox_id, self.config.create_deadline).await?;
+        self.agents
+            .delete(
+                &r.agent_id,
+                &agent.api_endpoint,
+                &r.sandbox_id,
+                self.config.create_deadline,
+            )
+            .await?;
         let _g = self.inflight(&r.sandbox_id);
         self.agents
-            .create(&r.agent_id, &agent.api_endpoint, self.agent_spec(&r, true), self.config.create_deadline)
+            .create(
+                &r.agent_id,
+                &agent.api_endpoint,
+                self.agent_spec(&r, true),
+                self.config.create_deadline,
+            )
             .await?;
         self.modify(&r.namespace, &r.name, |x| {
             x.phase = Phase::Running;
-            x.push_event("info", "agent", format!("restarted for reset revision {revision}"));
+            x.push_event(
+                "info",
+                "agent",
+                format!("restarted for reset revision {revision}"),
+            );
             Ok(())
         })
     }
@@ -409,14 +507,31 @@ impl Core {
     fn live_agent(&self, r: &SandboxRecord) -> Result<crate::registry::AgentInfo> {
         match self.registry.agent(&r.agent_id) {
             Some(a) if !a.lost => Ok(a),
-            Some(_) => Err(Error::Unavailable(format!("agent {} of sandbox {} is lost", r.agent_id, r.name))),
-            None => Err(Error::Unavailable(format!("agent {} of sandbox {} is not registered", r.agent_id, r.name))),
+            Some(_) => Err(Error::Unavailable(format!(
+                "agent {} of sandbox {} is lost",
+                r.agent_id, r.name
+            ))),
+            None => Err(Error::Unavailable(format!(
+                "agent {} of sandbox {} is not registered",
+                r.agent_id, r.name
+            ))),
         }
     }
 
-    pub async fn pause(&self, namespace: &str, name: &str, expected_uid: &str, expected_generation: i64, pause: bool) -> Result<SandboxRecord> {
+    pub async fn pause(
+        &self,
+        namespace: &str,
+        name: &str,
+        expected_uid: &str,
+        expected_generation: i64,
+        pause: bool,
+    ) -> Result<SandboxRecord> {
         let r = self.get_checked(namespace, name, expected_uid, expected_generation)?;
-        let (from, to) = if pause { (Phase::Running, Phase::Paused) } else { (Phase::Paused, Phase::Running) };
+        let (from, to) = if pause {
+            (Phase::Running, Phase::Paused)
+        } else {
+            (Phase::Paused, Phase::Running)
+        };
         if r.phase == to {
             return Ok(r);
         }
@@ -431,37 +546,87 @@ impl Core {
             )));
         }
         let agent = self.live_agent(&r)?;
-        self.agents.pause(&r.agent_id, &agent.api_endpoint, &r.sandbox_id, pause, self.config.create_deadline).await?;
+        self.agents
+            .pause(
+                &r.agent_id,
+                &agent.api_endpoint,
+                &r.sandbox_id,
+                pause,
+                self.config.create_deadline,
+            )
+            .await?;
         self.modify(&r.namespace, &r.name, |x| {
             x.phase = to;
             x.generation += 1;
-            x.push_event("info", "agent", if pause { "paused (frozen)" } else { "resumed (thawed)" });
+            x.push_event(
+                "info",
+                "agent",
+                if pause {
+                    "paused (frozen)"
+                } else {
+                    "resumed (thawed)"
+                },
+            );
             Ok(())
         })
     }
 
-    pub fn resolve(&self, namespace: &str, name: &str, expected_uid: &str, expected_generation: i64, port: Option<u32>, component: &str) -> Result<ResolvedRoute> {
+    pub fn resolve(
+        &self,
+        namespace: &str,
+        name: &str,
+        expected_uid: &str,
+        expected_generation: i64,
+        port: Option<u32>,
+        component: &str,
+    ) -> Result<ResolvedRoute> {
         let r = self.get_checked(namespace, name, expected_uid, expected_generation)?;
         let (port, component) = match (port, component) {
             (Some(p), _) if (1..=65535).contains(&p) => (p, String::new()),
-            (Some(p), _) => return Err(Error::InvalidArgument(format!("port {p} is out of range"))),
+            (Some(p), _) => {
+                return Err(Error::InvalidArgument(format!("port {p} is out of range")));
+            }
             (None, "execd") => (EXECD_PORT, "execd".to_string()),
-            (None, "") => return Err(Error::InvalidArgument("endpoint target is required (port or component)".into())),
-            (None, c) => return Err(Error::NotFoundOther(format!("sandbox {name} has no component {c:?} (known: execd)"))),
+            (None, "") => {
+                return Err(Error::InvalidArgument(
+                    "endpoint target is required (port or component)".into(),
+                ));
+            }
+            (None, c) => {
+                return Err(Error::NotFoundOther(format!(
+                    "sandbox {name} has no component {c:?} (known: execd)"
+                )));
+            }
         };
         if r.phase != Phase::Running {
-            return Err(Error::FailedPrecondition(format!("sandbox {}/{} is {:?}, not Running", r.namespace, r.name, r.phase)));
+            return Err(Error::FailedPrecondition(format!(
+                "sandbox {}/{} is {:?}, not Running",
+                r.namespace, r.name, r.phase
+            )));
         }
         let agent = self.live_agent(&r)?;
         if agent.proxy_endpoint.is_empty() {
-            return Err(Error::Unavailable(format!("agent {} has no proxy endpoint", agent.agent_id)));
+            return Err(Error::Unavailable(format!(
+                "agent {} has no proxy endpoint",
+                agent.agent_id
+            )));
         }
-        let host = agent.proxy_endpoint.trim_start_matches("http://").trim_start_matches("https://").trim_end_matches('/');
+        let host = agent
+            .proxy_endpoint
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .trim_end_matches('/');
         let headers = BTreeMap::from([
             (PROXY_TOKEN_HEADER.to_string(), r.access_token.clone()),
             (EXECD_TOKEN_HEADER.to_string(), r.access_token.clone()),
         ]);
-        Ok(ResolvedRoute { proxy_endpoint: format!("{host}/{}/{port}", r.sandbox_id), port, component, headers, record: r })
+        Ok(ResolvedRoute {
+            proxy_endpoint: format!("{host}/{}/{port}", r.sandbox_id),
+            port,
+            component,
+            headers,
+            record: r,
+        })
     }
 
     pub async fn diagnostics(&self, namespace: &str, name: &str) -> Result<Diagnostics> {
@@ -469,13 +634,30 @@ impl Core {
         let observed = self.registry.observed(&r.agent_id, &r.sandbox_id);
         let (reachable, agent_error) = match self.registry.agent(&r.agent_id) {
             None => (false, format!("agent {:?} is not registered", r.agent_id)),
-            Some(a) if a.lost => (false, format!("agent {} is lost (no heartbeat)", a.agent_id)),
-            Some(a) => match self.agents.get(&r.agent_id, &a.api_endpoint, &r.sandbox_id, Duration::from_secs(3)).await {
+            Some(a) if a.lost => (
+                false,
+                format!("agent {} is lost (no heartbeat)", a.agent_id),
+            ),
+            Some(a) => match self
+                .agents
+                .get(
+                    &r.agent_id,
+                    &a.api_endpoint,
+                    &r.sandbox_id,
+                    Duration::from_secs(3),
+                )
+                .await
+            {
                 Ok(_) => (true, String::new()),
                 Err(e) => (false, e.to_string()),
             },
         };
-        Ok(Diagnostics { record: r, observed, reachable, agent_error })
+        Ok(Diagnostics {
+            record: r,
+            observed,
+            reachable,
+            agent_error,
+        })
     }
 
     /// The spec the agent gets for a record.
@@ -509,7 +691,9 @@ impl Core {
         if self.is_ready() {
             Ok(())
         } else {
-            Err(Error::Unavailable("controller is rebuilding its registry after a restart; retry shortly".into()))
+            Err(Error::Unavailable(
+                "controller is rebuilding its registry after a restart; retry shortly".into(),
+            ))
         }
     }
 }

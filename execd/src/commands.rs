@@ -142,14 +142,19 @@ pub fn parse_timeout(ms: Option<i64>) -> Result<Option<Duration>, ApiError> {
 
 fn check_env_name(k: &str) -> Result<(), ApiError> {
     if k.is_empty() || k.contains('=') || k.contains('\0') {
-        return Err(ApiError::bad_request(format!("invalid environment variable name {k:?}")));
+        return Err(ApiError::bad_request(format!(
+            "invalid environment variable name {k:?}"
+        )));
     }
     Ok(())
 }
 
 /// Environment of a new user process: execd's environment (without its own secrets), then
 /// the `EXECD_ENVS` file, then the request's variables.
-pub fn build_env(state: &AppState, extra: Option<&HashMap<String, String>>) -> Result<BTreeMap<OsString, OsString>, ApiError> {
+pub fn build_env(
+    state: &AppState,
+    extra: Option<&HashMap<String, String>>,
+) -> Result<BTreeMap<OsString, OsString>, ApiError> {
     let mut env: BTreeMap<OsString, OsString> = state.base_env().iter().cloned().collect();
     for (k, v) in state.env_file_entries() {
         env.insert(k.into(), v.into());
@@ -158,7 +163,9 @@ pub fn build_env(state: &AppState, extra: Option<&HashMap<String, String>>) -> R
         for (k, v) in extra {
             check_env_name(k)?;
             if v.contains('\0') {
-                return Err(ApiError::bad_request(format!("environment variable {k} contains NUL")));
+                return Err(ApiError::bad_request(format!(
+                    "environment variable {k} contains NUL"
+                )));
             }
             env.insert(k.into(), v.into());
         }
@@ -184,7 +191,11 @@ pub fn expand_cwd(raw: &str, env: &BTreeMap<OsString, OsString>) -> Result<PathB
             let (name, next) = if b.get(i + 1) == Some(&b'{') {
                 match raw[i + 2..].find('}') {
                     Some(end) => (&raw[i + 2..i + 2 + end], i + 3 + end),
-                    None => return Err(ApiError::bad_request(format!("invalid cwd {raw:?}: unclosed ${{"))),
+                    None => {
+                        return Err(ApiError::bad_request(format!(
+                            "invalid cwd {raw:?}: unclosed ${{"
+                        )));
+                    }
                 }
             } else {
                 let len = raw[i + 1..]
@@ -216,7 +227,9 @@ pub fn expand_cwd(raw: &str, env: &BTreeMap<OsString, OsString>) -> Result<PathB
     let p = if p.is_absolute() {
         p
     } else {
-        std::env::current_dir().unwrap_or_else(|_| "/".into()).join(p)
+        std::env::current_dir()
+            .unwrap_or_else(|_| "/".into())
+            .join(p)
     };
     Ok(crate::util::normalize(&p))
 }
@@ -225,13 +238,21 @@ pub fn expand_cwd(raw: &str, env: &BTreeMap<OsString, OsString>) -> Result<PathB
 pub fn check_dir(dir: &Path) -> Result<(), ApiError> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(ApiError::bad_request(format!("cwd {} is not a directory", dir.display()))),
+        Ok(_) => Err(ApiError::bad_request(format!(
+            "cwd {} is not a directory",
+            dir.display()
+        ))),
         Err(e) => Err(ApiError::bad_request(format!("cwd {}: {e}", dir.display()))),
     }
 }
 
 /// Resolves `uid`/`gid` to an identity switch (`None` when it is execd's own).
-pub fn resolve_identity(uid: Option<i64>, gid: Option<i64>, env: &mut BTreeMap<OsString, OsString>, user_env: &HashMap<String, String>) -> Result<Option<Identity>, ApiError> {
+pub fn resolve_identity(
+    uid: Option<i64>,
+    gid: Option<i64>,
+    env: &mut BTreeMap<OsString, OsString>,
+    user_env: &HashMap<String, String>,
+) -> Result<Option<Identity>, ApiError> {
     let check = |v: i64, what: &str| -> Result<u32, ApiError> {
         if (0..=u32::MAX as i64 - 1).contains(&v) {
             Ok(v as u32)
@@ -260,7 +281,11 @@ pub fn resolve_identity(uid: Option<i64>, gid: Option<i64>, env: &mut BTreeMap<O
         None => vec![gid],
     };
     if let Some(u) = &user {
-        for (k, v) in [("HOME", u.home.as_str()), ("USER", u.name.as_str()), ("LOGNAME", u.name.as_str())] {
+        for (k, v) in [
+            ("HOME", u.home.as_str()),
+            ("USER", u.name.as_str()),
+            ("LOGNAME", u.name.as_str()),
+        ] {
             if !user_env.contains_key(k) && !v.is_empty() {
                 env.insert(k.into(), v.into());
             }
@@ -286,7 +311,11 @@ pub fn prepare(state: &AppState, req: &RunCommandRequest) -> Result<Prepared, Ap
     };
     let path_var = env.get(OsStr::new("PATH")).cloned();
     let (program, args, content) = match (&req.command, &req.argv) {
-        (Some(_), Some(_)) => return Err(ApiError::bad_request("give either command or argv, not both")),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "give either command or argv, not both",
+            ));
+        }
         (None, None) => return Err(ApiError::bad_request("missing command (or argv)")),
         (Some(cmd), None) => {
             if cmd.trim().is_empty() {
@@ -298,7 +327,11 @@ pub fn prepare(state: &AppState, req: &RunCommandRequest) -> Result<Prepared, Ap
             let shell = process::find_shell(path_var.as_deref()).ok_or_else(|| {
                 ApiError::bad_request("no shell (bash or sh) in PATH to run `command`; use `argv` to run a program without a shell")
             })?;
-            (shell.into_os_string(), vec![OsString::from("-c"), OsString::from(cmd)], cmd.clone())
+            (
+                shell.into_os_string(),
+                vec![OsString::from("-c"), OsString::from(cmd)],
+                cmd.clone(),
+            )
         }
         (None, Some(argv)) => {
             let Some(first) = argv.first().filter(|a| !a.is_empty()) else {
@@ -312,14 +345,25 @@ pub fn prepare(state: &AppState, req: &RunCommandRequest) -> Result<Prepared, Ap
                 if p.is_absolute() {
                     p
                 } else {
-                    cwd.clone().unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| "/".into())).join(p)
+                    cwd.clone()
+                        .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| "/".into()))
+                        .join(p)
                 }
             } else {
                 // Unknown names fail at spawn (reported as exit 127, like a shell).
-                process::find_in_path(first, path_var.as_deref()).unwrap_or_else(|| PathBuf::from(first))
+                process::find_in_path(first, path_var.as_deref())
+                    .unwrap_or_else(|| PathBuf::from(first))
             };
-            let content = argv.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ");
-            (program.into_os_string(), argv[1..].iter().map(OsString::from).collect(), content)
+            let content = argv
+                .iter()
+                .map(|a| shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" ");
+            (
+                program.into_os_string(),
+                argv[1..].iter().map(OsString::from).collect(),
+                content,
+            )
         }
     };
     let mut spec = SpawnSpec::new(program);
@@ -327,7 +371,11 @@ pub fn prepare(state: &AppState, req: &RunCommandRequest) -> Result<Prepared, Ap
     spec.env = env.into_iter().collect();
     spec.cwd = cwd;
     spec.identity = identity;
-    Ok(Prepared { spec, content, timeout })
+    Ok(Prepared {
+        spec,
+        content,
+        timeout,
+    })
 }
 
 /// How a streamed process ended.
@@ -344,7 +392,8 @@ pub async fn stream_process(sp: &mut Spawned, tx: &EventTx, timeout: Option<Dura
     let (mut out_c, mut err_c) = (LineChunker::default(), LineChunker::default());
     let mut buf_o = vec![0u8; 32 * 1024];
     let mut buf_e = vec![0u8; 32 * 1024];
-    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
+    let mut ping =
+        tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
     let mut gone = false;
@@ -404,7 +453,11 @@ pub async fn stream_process(sp: &mut Spawned, tx: &EventTx, timeout: Option<Dura
     if let Some(t) = err_c.flush() {
         emit!(Event::stderr(t));
     }
-    Outcome { status, timed_out, client_gone: gone }
+    Outcome {
+        status,
+        timed_out,
+        client_gone: gone,
+    }
 }
 
 /// The exit code and message of an outcome.
@@ -415,7 +468,10 @@ pub fn outcome_code(o: &Outcome, timeout: Option<Duration>) -> (i32, Option<Stri
     }
     if o.timed_out {
         let ms = timeout.map(|t| t.as_millis()).unwrap_or(0);
-        return (code, Some(format!("command timed out after {ms} ms and was killed")));
+        return (
+            code,
+            Some(format!("command timed out after {ms} ms and was killed")),
+        );
     }
     match &o.status {
         Some(s) if s.success() => (0, None),
@@ -463,7 +519,10 @@ pub async fn run_command(State(state): State<AppState>, body: Bytes) -> Response
         content: prepared.content.clone(),
         background,
         started_at: SystemTime::now(),
-        state: Mutex::new(RecState { running: true, ..Default::default() }),
+        state: Mutex::new(RecState {
+            running: true,
+            ..Default::default()
+        }),
         done,
     });
     state.insert_command(record.clone());
@@ -494,7 +553,8 @@ pub async fn run_command(State(state): State<AppState>, body: Bytes) -> Response
             if background {
                 tokio::spawn(async move {
                     tx.send(Event::init(&id)).await;
-                    tx.send(Event::complete(started.elapsed().as_millis() as i64)).await;
+                    tx.send(Event::complete(started.elapsed().as_millis() as i64))
+                        .await;
                     drop(tx);
                     run_background(record, sp, timeout).await;
                 });
@@ -505,7 +565,8 @@ pub async fn run_command(State(state): State<AppState>, body: Bytes) -> Response
                     let (code, msg) = outcome_code(&outcome, timeout);
                     record.finish(code, msg.clone());
                     if code == 0 && !outcome.timed_out {
-                        tx.send(Event::complete(started.elapsed().as_millis() as i64)).await;
+                        tx.send(Event::complete(started.elapsed().as_millis() as i64))
+                            .await;
                     } else {
                         tx.send(Event::error(code, msg.unwrap_or_default())).await;
                     }
@@ -557,7 +618,11 @@ async fn run_background(record: Arc<CommandRecord>, mut sp: Spawned, timeout: Op
             break;
         }
     }
-    let outcome = Outcome { status, timed_out, client_gone: false };
+    let outcome = Outcome {
+        status,
+        timed_out,
+        client_gone: false,
+    };
     let (code, msg) = outcome_code(&outcome, timeout);
     record.finish(code, msg);
 }
@@ -579,7 +644,11 @@ pub async fn interrupt(State(state): State<AppState>, uri: axum::http::Uri) -> R
         session.interrupt();
         return StatusCode::OK.into_response();
     }
-    ApiError::not_found(code::CONTEXT_NOT_FOUND, format!("no command or session {id}")).into_response()
+    ApiError::not_found(
+        code::CONTEXT_NOT_FOUND,
+        format!("no command or session {id}"),
+    )
+    .into_response()
 }
 
 /// SIGTERM to the command's process group, SIGKILL if it is still there after 2 s.
@@ -593,7 +662,10 @@ pub async fn interrupt_record(rec: &CommandRecord) {
     };
     let mut done = rec.done.subscribe();
     process::kill_group(pgid, libc::SIGTERM);
-    let finished = matches!(tokio::time::timeout(Duration::from_secs(2), done.wait_for(|d| *d)).await, Ok(Ok(_)));
+    let finished = matches!(
+        tokio::time::timeout(Duration::from_secs(2), done.wait_for(|d| *d)).await,
+        Ok(Ok(_))
+    );
     if !finished {
         process::kill_group(pgid, libc::SIGKILL);
         let _ = tokio::time::timeout(Duration::from_secs(2), done.wait_for(|d| *d)).await;
@@ -606,7 +678,8 @@ pub async fn interrupt_record(rec: &CommandRecord) {
 /// `GET /command/status/{id}`
 pub async fn status(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Response {
     let Some(rec) = state.command(&id) else {
-        return ApiError::not_found(code::CONTEXT_NOT_FOUND, format!("command not found: {id}")).into_response();
+        return ApiError::not_found(code::CONTEXT_NOT_FOUND, format!("command not found: {id}"))
+            .into_response();
     };
     let s = rec.lock();
     let body = StatusResponse {
@@ -623,7 +696,11 @@ pub async fn status(State(state): State<AppState>, UrlPath(id): UrlPath<String>)
 
 /// `GET /command/{id}/logs?cursor=`: the cursor is a byte offset into the command's
 /// combined output; the answer's `EXECD-COMMANDS-TAIL-CURSOR` is the next one.
-pub async fn logs(State(state): State<AppState>, UrlPath(id): UrlPath<String>, uri: axum::http::Uri) -> Response {
+pub async fn logs(
+    State(state): State<AppState>,
+    UrlPath(id): UrlPath<String>,
+    uri: axum::http::Uri,
+) -> Response {
     let q = match Query::from_uri(&uri) {
         Ok(q) => q,
         Err(e) => return e.into_response(),
@@ -636,10 +713,14 @@ pub async fn logs(State(state): State<AppState>, UrlPath(id): UrlPath<String>, u
         return ApiError::bad_request("cursor must not be negative").into_response();
     }
     let Some(rec) = state.command(&id) else {
-        return ApiError::not_found(code::CONTEXT_NOT_FOUND, format!("command not found: {id}")).into_response();
+        return ApiError::not_found(code::CONTEXT_NOT_FOUND, format!("command not found: {id}"))
+            .into_response();
     };
     if !rec.background {
-        return ApiError::bad_request(format!("command {id} is not a background command; its output was streamed")).into_response();
+        return ApiError::bad_request(format!(
+            "command {id} is not a background command; its output was streamed"
+        ))
+        .into_response();
     }
     let (data, next) = {
         let s = rec.lock();
@@ -648,7 +729,10 @@ pub async fn logs(State(state): State<AppState>, UrlPath(id): UrlPath<String>, u
     };
     let mut resp = Response::new(Body::from(data));
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     h.insert("EXECD-COMMANDS-TAIL-CURSOR", HeaderValue::from(next));
     resp
 }
@@ -714,7 +798,10 @@ mod tests {
     fn timeouts() {
         assert_eq!(parse_timeout(None).unwrap(), None);
         assert_eq!(parse_timeout(Some(0)).unwrap(), None);
-        assert_eq!(parse_timeout(Some(1500)).unwrap(), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_timeout(Some(1500)).unwrap(),
+            Some(Duration::from_millis(1500))
+        );
         assert!(parse_timeout(Some(-1)).is_err());
     }
 }

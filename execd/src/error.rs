@@ -76,7 +76,11 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, code, message)
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, code::RUNTIME_ERROR, message)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            code::RUNTIME_ERROR,
+            message,
+        )
     }
     pub fn not_supported(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_IMPLEMENTED, code::NOT_SUPPORTED, message)

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File, Metadata};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use axum::body::{Body, Bytes};
@@ -15,7 +15,9 @@ use tokio::sync::mpsc;
 
 use crate::error::{ApiError, code};
 use crate::server::parse_json;
-use crate::util::{Query, UserDb, lchown, mode_from_api, mode_to_api, resolve_owner, resolve_path, rfc3339};
+use crate::util::{
+    Query, UserDb, lchown, mode_from_api, mode_to_api, resolve_owner, resolve_path, rfc3339,
+};
 
 /// Largest `metadata` part of an upload.
 const MAX_METADATA: usize = 64 * 1024;
@@ -54,7 +56,11 @@ fn file_info(path: &Path, lmd: &Metadata, md: Option<&Metadata>, db: &UserDb) ->
     let m = md.unwrap_or(lmd);
     let modified = m.modified().unwrap_or(std::time::UNIX_EPOCH);
     let created = m.created().unwrap_or_else(|_| {
-        std::time::UNIX_EPOCH + std::time::Duration::new(m.ctime().max(0) as u64, m.ctime_nsec().clamp(0, 999_999_999) as u32)
+        std::time::UNIX_EPOCH
+            + std::time::Duration::new(
+                m.ctime().max(0) as u64,
+                m.ctime_nsec().clamp(0, 999_999_999) as u32,
+            )
     });
     FileInfo {
         path: path.to_string_lossy().into_owned(),
@@ -70,12 +76,18 @@ fn file_info(path: &Path, lmd: &Metadata, md: Option<&Metadata>, db: &UserDb) ->
 
 fn info_for(path: &Path, db: &UserDb) -> io::Result<FileInfo> {
     let lmd = fs::symlink_metadata(path)?;
-    let md = if lmd.file_type().is_symlink() { fs::metadata(path).ok() } else { None };
+    let md = if lmd.file_type().is_symlink() {
+        fs::metadata(path).ok()
+    } else {
+        None
+    };
     Ok(file_info(path, &lmd, md.as_ref(), db))
 }
 
 /// Runs blocking filesystem work off the async workers.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(ApiError::internal(format!("worker failed: {e}"))))
@@ -143,7 +155,9 @@ pub async fn remove_files(uri: Uri) -> Response {
                             p.display()
                         )));
                     }
-                    Ok(_) => fs::remove_file(&p).or_else(ignore_missing).map_err(|e| ApiError::fs(&p, "remove", &e))?,
+                    Ok(_) => fs::remove_file(&p)
+                        .or_else(ignore_missing)
+                        .map_err(|e| ApiError::fs(&p, "remove", &e))?,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(ApiError::fs(&p, "stat", &e)),
                 }
@@ -160,7 +174,11 @@ pub async fn remove_files(uri: Uri) -> Response {
 }
 
 fn ignore_missing(e: io::Error) -> io::Result<()> {
-    if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(e) }
+    if e.kind() == io::ErrorKind::NotFound {
+        Ok(())
+    } else {
+        Err(e)
+    }
 }
 
 // ---------------------------------------------------------------- permissions, mv, replace
@@ -178,7 +196,8 @@ fn apply_permission(p: &Path, perm: &Permission, db: &UserDb) -> Result<(), ApiE
     let (uid, gid) = resolve_owner(db, perm.owner.as_deref(), perm.group.as_deref())?;
     if let Some(mode) = perm.mode.filter(|m| *m != 0) {
         let mode = mode_from_api(mode)?;
-        fs::set_permissions(p, fs::Permissions::from_mode(mode)).map_err(|e| ApiError::fs(p, "chmod", &e))?;
+        fs::set_permissions(p, fs::Permissions::from_mode(mode))
+            .map_err(|e| ApiError::fs(p, "chmod", &e))?;
     }
     lchown(p, uid, gid).map_err(|e| ApiError::fs(p, "chown", &e))
 }
@@ -229,11 +248,19 @@ pub async fn mv(body: Bytes) -> Response {
             for (src, dest) in items {
                 fs::symlink_metadata(&src).map_err(|e| ApiError::fs(&src, "stat", &e))?;
                 if let Err(e) = fs::rename(&src, &dest) {
-                    if e.kind() == io::ErrorKind::CrossesDevices && fs::symlink_metadata(&src).map(|m| m.is_file()).unwrap_or(false) {
+                    if e.kind() == io::ErrorKind::CrossesDevices
+                        && fs::symlink_metadata(&src)
+                            .map(|m| m.is_file())
+                            .unwrap_or(false)
+                    {
                         fs::copy(&src, &dest).map_err(|e| ApiError::fs(&dest, "copy to", &e))?;
                         fs::remove_file(&src).map_err(|e| ApiError::fs(&src, "remove", &e))?;
                     } else {
-                        return Err(ApiError::fs(&dest, &format!("move {} to", src.display()), &e));
+                        return Err(ApiError::fs(
+                            &dest,
+                            &format!("move {} to", src.display()),
+                            &e,
+                        ));
                     }
                 }
             }
@@ -286,7 +313,9 @@ pub async fn replace(uri: Uri, body: Bytes) -> Response {
         let mut items = Vec::new();
         for (k, v) in req {
             if v.old.is_empty() {
-                return Err(ApiError::bad_request(format!("{k}: old content must not be empty")));
+                return Err(ApiError::bad_request(format!(
+                    "{k}: old content must not be empty"
+                )));
             }
             items.push((k.clone(), resolve_path(&k)?, v));
         }
@@ -295,7 +324,10 @@ pub async fn replace(uri: Uri, body: Bytes) -> Response {
             for (key, p, item) in items {
                 let md = fs::metadata(&p).map_err(|e| ApiError::fs(&p, "stat", &e))?;
                 if !md.is_file() {
-                    return Err(ApiError::bad_request(format!("{} is not a regular file", p.display())));
+                    return Err(ApiError::bad_request(format!(
+                        "{} is not a regular file",
+                        p.display()
+                    )));
                 }
                 let data = fs::read(&p).map_err(|e| ApiError::fs(&p, "read", &e))?;
                 let (new, count) = replace_all(&data, item.old.as_bytes(), item.new.as_bytes());
@@ -303,7 +335,12 @@ pub async fn replace(uri: Uri, body: Bytes) -> Response {
                     // In place: keeps inode, owner, mode and hard links.
                     fs::write(&p, new).map_err(|e| ApiError::fs(&p, "write", &e))?;
                 }
-                results.insert(key, ReplaceResult { replaced_count: count });
+                results.insert(
+                    key,
+                    ReplaceResult {
+                        replaced_count: count,
+                    },
+                );
             }
             Ok(results)
         })
@@ -326,16 +363,31 @@ pub async fn replace(uri: Uri, body: Bytes) -> Response {
 pub async fn search(uri: Uri) -> Response {
     let r = async {
         let q = query(&uri)?;
-        let root = resolve_path(q.get("path").ok_or_else(|| ApiError::missing_query("path"))?)?;
-        let pattern = q.get("pattern").filter(|p| !p.is_empty()).unwrap_or("**").to_string();
-        let pat = glob::Pattern::new(&pattern).map_err(|e| ApiError::bad_request(format!("invalid pattern {pattern:?}: {e}")))?;
+        let root = resolve_path(
+            q.get("path")
+                .ok_or_else(|| ApiError::missing_query("path"))?,
+        )?;
+        let pattern = q
+            .get("pattern")
+            .filter(|p| !p.is_empty())
+            .unwrap_or("**")
+            .to_string();
+        let pat = glob::Pattern::new(&pattern)
+            .map_err(|e| ApiError::bad_request(format!("invalid pattern {pattern:?}: {e}")))?;
         blocking(move || {
             let md = fs::metadata(&root).map_err(|e| ApiError::fs(&root, "stat", &e))?;
             if !md.is_dir() {
-                return Err(ApiError::bad_request(format!("{} is not a directory", root.display())));
+                return Err(ApiError::bad_request(format!(
+                    "{} is not a directory",
+                    root.display()
+                )));
             }
             let by_path = pattern.contains('/');
-            let opts = glob::MatchOptions { case_sensitive: true, require_literal_separator: by_path, require_literal_leading_dot: false };
+            let opts = glob::MatchOptions {
+                case_sensitive: true,
+                require_literal_separator: by_path,
+                require_literal_leading_dot: false,
+            };
             let db = UserDb::load();
             let mut out = Vec::new();
             let mut stack = vec![root.clone()];
@@ -345,18 +397,26 @@ pub async fn search(uri: Uri) -> Response {
                 entries.sort_by_key(|e| e.file_name());
                 for e in entries.into_iter().rev() {
                     let p = e.path();
-                    let Ok(lmd) = fs::symlink_metadata(&p) else { continue };
+                    let Ok(lmd) = fs::symlink_metadata(&p) else {
+                        continue;
+                    };
                     if lmd.is_dir() {
                         stack.push(p);
                         continue;
                     }
                     let matched = if by_path {
-                        p.strip_prefix(&root).map(|rel| pat.matches_path_with(rel, opts)).unwrap_or(false)
+                        p.strip_prefix(&root)
+                            .map(|rel| pat.matches_path_with(rel, opts))
+                            .unwrap_or(false)
                     } else {
                         pat.matches_with(&e.file_name().to_string_lossy(), opts)
                     };
                     if matched {
-                        let md = if lmd.file_type().is_symlink() { fs::metadata(&p).ok() } else { None };
+                        let md = if lmd.file_type().is_symlink() {
+                            fs::metadata(&p).ok()
+                        } else {
+                            None
+                        };
                         out.push(file_info(&p, &lmd, md.as_ref(), &db));
                     }
                 }
@@ -378,7 +438,10 @@ pub async fn search(uri: Uri) -> Response {
 pub async fn list_dir(uri: Uri) -> Response {
     let r = async {
         let q = query(&uri)?;
-        let root = resolve_path(q.get("path").ok_or_else(|| ApiError::missing_query("path"))?)?;
+        let root = resolve_path(
+            q.get("path")
+                .ok_or_else(|| ApiError::missing_query("path"))?,
+        )?;
         let depth = q.int::<i64>("depth")?.unwrap_or(1);
         if depth < 0 {
             return Err(ApiError::bad_request("depth must not be negative"));
@@ -386,14 +449,21 @@ pub async fn list_dir(uri: Uri) -> Response {
         blocking(move || {
             let lmd = fs::symlink_metadata(&root).map_err(|e| ApiError::fs(&root, "stat", &e))?;
             if lmd.file_type().is_symlink() {
-                return Err(ApiError::bad_request(format!("{} is a symbolic link; pass the real directory", root.display())));
+                return Err(ApiError::bad_request(format!(
+                    "{} is a symbolic link; pass the real directory",
+                    root.display()
+                )));
             }
             if !lmd.is_dir() {
-                return Err(ApiError::bad_request(format!("{} is not a directory", root.display())));
+                return Err(ApiError::bad_request(format!(
+                    "{} is not a directory",
+                    root.display()
+                )));
             }
             let db = UserDb::load();
             let mut out = Vec::new();
-            walk(&root, 1, depth as u64, &db, &mut out).map_err(|e| ApiError::fs(&root, "list", &e))?;
+            walk(&root, 1, depth as u64, &db, &mut out)
+                .map_err(|e| ApiError::fs(&root, "list", &e))?;
             Ok(out)
         })
         .await
@@ -410,7 +480,9 @@ fn walk(dir: &Path, level: u64, max: u64, db: &UserDb, out: &mut Vec<FileInfo>) 
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let p = e.path();
-        let Ok(lmd) = fs::symlink_metadata(&p) else { continue };
+        let Ok(lmd) = fs::symlink_metadata(&p) else {
+            continue;
+        };
         out.push(file_info(&p, &lmd, None, db));
         if lmd.is_dir() && level < max {
             // Unreadable subdirectories are listed but not descended into.
@@ -459,8 +531,15 @@ pub async fn remove_dirs(uri: Uri) -> Response {
                     return Err(ApiError::bad_request("refusing to delete /"));
                 }
                 match fs::symlink_metadata(&p) {
-                    Ok(md) if md.is_dir() => fs::remove_dir_all(&p).or_else(ignore_missing).map_err(|e| ApiError::fs(&p, "remove", &e))?,
-                    Ok(_) => return Err(ApiError::bad_request(format!("{} is not a directory; use DELETE /files", p.display()))),
+                    Ok(md) if md.is_dir() => fs::remove_dir_all(&p)
+                        .or_else(ignore_missing)
+                        .map_err(|e| ApiError::fs(&p, "remove", &e))?,
+                    Ok(_) => {
+                        return Err(ApiError::bad_request(format!(
+                            "{} is not a directory; use DELETE /files",
+                            p.display()
+                        )));
+                    }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(ApiError::fs(&p, "stat", &e)),
                 }
@@ -500,20 +579,26 @@ impl PendingFile {
         if target == Path::new("/") {
             return Err(ApiError::bad_request("cannot upload to /"));
         }
-        if let Ok(md) = fs::symlink_metadata(&target) {
-            if md.is_dir() {
-                return Err(ApiError::bad_request(format!("{} is a directory", target.display())));
-            }
+        if let Ok(md) = fs::symlink_metadata(&target)
+            && md.is_dir()
+        {
+            return Err(ApiError::bad_request(format!(
+                "{} is a directory",
+                target.display()
+            )));
         }
         let parent = target.parent().unwrap_or(Path::new("/")).to_path_buf();
         fs::create_dir_all(&parent).map_err(|e| ApiError::fs(&parent, "mkdir", &e))?;
-        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let short: String = name.chars().take(100).collect();
         let temp = parent.join(format!(".{short}.execd-{}", crate::commands::new_id()));
         let file = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode_compat(0o644)
+            .mode(0o644)
             .open(&temp)
             .map_err(|e| ApiError::fs(&temp, "create", &e))?;
         Ok((Self { target, temp, perm }, file))
@@ -524,7 +609,9 @@ impl PendingFile {
             apply_permission(&self.temp, &self.perm, db)?;
             // A symlink at the target is written through, like `cp` would.
             let dest = match fs::symlink_metadata(&self.target) {
-                Ok(md) if md.file_type().is_symlink() => fs::canonicalize(&self.target).unwrap_or(self.target.clone()),
+                Ok(md) if md.file_type().is_symlink() => {
+                    fs::canonicalize(&self.target).unwrap_or(self.target.clone())
+                }
                 _ => self.target.clone(),
             };
             fs::rename(&self.temp, &dest).map_err(|e| ApiError::fs(&dest, "rename to", &e))
@@ -540,83 +627,123 @@ impl PendingFile {
     }
 }
 
-trait ModeCompat {
-    fn mode_compat(&mut self, mode: u32) -> &mut Self;
-}
-impl ModeCompat for fs::OpenOptions {
-    fn mode_compat(&mut self, mode: u32) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::mode(self, mode)
-    }
-}
-
 /// `POST /files/upload`: multipart `metadata` (JSON `{path, owner, group, mode}`, sent as
 /// a file part by the SDK) followed by `file`, repeated. Streams to disk.
 pub async fn upload(multipart: Result<Multipart, MultipartRejection>) -> Response {
     match upload_inner(multipart).await {
-        Ok(0) => ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE, "no file parts in upload").into_response(),
+        Ok(0) => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_FILE,
+            "no file parts in upload",
+        )
+        .into_response(),
         Ok(_) => ok_empty(),
         Err(e) => e.into_response(),
     }
 }
 
 async fn upload_inner(multipart: Result<Multipart, MultipartRejection>) -> Result<usize, ApiError> {
-    let mut mp = multipart.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_REQUEST, format!("not a multipart/form-data upload: {}", e.body_text())))?;
+    let mut mp = multipart.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            format!("not a multipart/form-data upload: {}", e.body_text()),
+        )
+    })?;
     let mut meta: Option<FileMetadata> = None;
     let mut written = 0usize;
     loop {
-        let field = mp.next_field().await.map_err(|e| ApiError::bad_request(format!("malformed multipart body: {e}")))?;
+        let field = mp
+            .next_field()
+            .await
+            .map_err(|e| ApiError::bad_request(format!("malformed multipart body: {e}")))?;
         let Some(mut field) = field else { break };
         match field.name() {
             Some("metadata") => {
                 let mut data = Vec::new();
-                while let Some(chunk) = field.chunk().await.map_err(|e| ApiError::bad_request(format!("malformed multipart body: {e}")))? {
+                while let Some(chunk) = field
+                    .chunk()
+                    .await
+                    .map_err(|e| ApiError::bad_request(format!("malformed multipart body: {e}")))?
+                {
                     data.extend_from_slice(&chunk);
                     if data.len() > MAX_METADATA {
-                        return Err(ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, "metadata part too large"));
+                        return Err(ApiError::new(
+                            StatusCode::BAD_REQUEST,
+                            code::INVALID_FILE_METADATA,
+                            "metadata part too large",
+                        ));
                     }
                 }
-                let m: FileMetadata = serde_json::from_slice(&data)
-                    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, format!("invalid metadata JSON: {e}")))?;
+                let m: FileMetadata = serde_json::from_slice(&data).map_err(|e| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        code::INVALID_FILE_METADATA,
+                        format!("invalid metadata JSON: {e}"),
+                    )
+                })?;
                 if let Some(mode) = m.mode {
-                    mode_from_api(mode).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, e.message))?;
+                    mode_from_api(mode).map_err(|e| {
+                        ApiError::new(
+                            StatusCode::BAD_REQUEST,
+                            code::INVALID_FILE_METADATA,
+                            e.message,
+                        )
+                    })?;
                 }
                 if m.path.as_deref().is_none_or(|p| p.is_empty()) {
-                    return Err(ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, "metadata has no path"));
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        code::INVALID_FILE_METADATA,
+                        "metadata has no path",
+                    ));
                 }
                 meta = Some(m);
             }
             Some("file") => {
                 let Some(m) = meta.take() else {
-                    return Err(ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE_METADATA, "file part without a preceding metadata part"));
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        code::INVALID_FILE_METADATA,
+                        "file part without a preceding metadata part",
+                    ));
                 };
                 let target = resolve_path(m.path.as_deref().unwrap_or_default())?;
-                let perm = Permission { owner: m.owner, group: m.group, mode: m.mode };
+                let perm = Permission {
+                    owner: m.owner,
+                    group: m.group,
+                    mode: m.mode,
+                };
                 // Check owner/group before writing anything.
                 blocking({
                     let perm_o = perm.owner.clone();
                     let perm_g = perm.group.clone();
-                    move || resolve_owner(&UserDb::load(), perm_o.as_deref(), perm_g.as_deref()).map(|_| ())
+                    move || {
+                        resolve_owner(&UserDb::load(), perm_o.as_deref(), perm_g.as_deref())
+                            .map(|_| ())
+                    }
                 })
                 .await?;
                 let (tx, mut rx) = mpsc::channel::<Bytes>(16);
-                let writer = tokio::task::spawn_blocking(move || -> Result<PendingFile, ApiError> {
-                    let (pending, file) = PendingFile::create(target, perm)?;
-                    let mut w = io::BufWriter::with_capacity(256 * 1024, file);
-                    let res = (|| {
-                        while let Some(chunk) = rx.blocking_recv() {
-                            w.write_all(&chunk)?;
+                let writer =
+                    tokio::task::spawn_blocking(move || -> Result<PendingFile, ApiError> {
+                        let (pending, file) = PendingFile::create(target, perm)?;
+                        let mut w = io::BufWriter::with_capacity(256 * 1024, file);
+                        let res = (|| {
+                            while let Some(chunk) = rx.blocking_recv() {
+                                w.write_all(&chunk)?;
+                            }
+                            w.flush()
+                        })();
+                        match res {
+                            Ok(()) => Ok(pending),
+                            Err(e) => {
+                                let err = ApiError::fs(&pending.temp, "write", &e);
+                                pending.abort();
+                                Err(err)
+                            }
                         }
-                        w.flush()
-                    })();
-                    match res {
-                        Ok(()) => Ok(pending),
-                        Err(e) => {
-                            let err = ApiError::fs(&pending.temp, "write", &e);
-                            pending.abort();
-                            Err(err)
-                        }
-                    }
-                });
+                    });
                 let mut read_err = None;
                 loop {
                     match field.chunk().await {
@@ -627,13 +754,17 @@ async fn upload_inner(multipart: Result<Multipart, MultipartRejection>) -> Resul
                         }
                         Ok(None) => break,
                         Err(e) => {
-                            read_err = Some(ApiError::bad_request(format!("malformed multipart body: {e}")));
+                            read_err = Some(ApiError::bad_request(format!(
+                                "malformed multipart body: {e}"
+                            )));
                             break;
                         }
                     }
                 }
                 drop(tx);
-                let pending = writer.await.unwrap_or_else(|e| Err(ApiError::internal(format!("writer failed: {e}"))))?;
+                let pending = writer
+                    .await
+                    .unwrap_or_else(|e| Err(ApiError::internal(format!("writer failed: {e}"))))?;
                 if let Some(e) = read_err {
                     tokio::task::spawn_blocking(move || pending.abort());
                     return Err(e);
@@ -650,7 +781,11 @@ async fn upload_inner(multipart: Result<Multipart, MultipartRejection>) -> Resul
         }
     }
     if meta.is_some() {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE, "metadata part without a following file part"));
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_FILE,
+            "metadata part without a following file part",
+        ));
     }
     Ok(written)
 }
@@ -666,21 +801,29 @@ enum Window {
 /// Parses a single `bytes=` range against `size`. `Ok(None)`: ignore the header (multiple
 /// ranges or unknown syntax); `Err(())`: not satisfiable.
 pub fn parse_range(h: &str, size: u64) -> Result<Option<(u64, u64)>, ()> {
-    let Some(spec) = h.trim().strip_prefix("bytes=") else { return Ok(None) };
+    let Some(spec) = h.trim().strip_prefix("bytes=") else {
+        return Ok(None);
+    };
     if spec.contains(',') {
         return Ok(None);
     }
-    let Some((a, b)) = spec.trim().split_once('-') else { return Ok(None) };
+    let Some((a, b)) = spec.trim().split_once('-') else {
+        return Ok(None);
+    };
     let (a, b) = (a.trim(), b.trim());
     if a.is_empty() {
-        let Ok(n) = b.parse::<u64>() else { return Ok(None) };
+        let Ok(n) = b.parse::<u64>() else {
+            return Ok(None);
+        };
         if n == 0 || size == 0 {
             return Err(());
         }
         let n = n.min(size);
         return Ok(Some((size - n, n)));
     }
-    let Ok(start) = a.parse::<u64>() else { return Ok(None) };
+    let Ok(start) = a.parse::<u64>() else {
+        return Ok(None);
+    };
     let end = if b.is_empty() {
         size.saturating_sub(1)
     } else {
@@ -705,15 +848,24 @@ pub async fn download(uri: Uri, headers: HeaderMap) -> Response {
 
 async fn download_inner(uri: Uri, headers: HeaderMap) -> Result<Response, ApiError> {
     let q = query(&uri)?;
-    let path = resolve_path(q.get("path").ok_or_else(|| ApiError::missing_query("path"))?)?;
+    let path = resolve_path(
+        q.get("path")
+            .ok_or_else(|| ApiError::missing_query("path"))?,
+    )?;
     let offset = q.int::<i64>("offset")?;
     let limit = q.int::<i64>("limit")?;
-    let range = headers.get(header::RANGE).map(|v| v.to_str().unwrap_or("").to_string());
+    let range = headers
+        .get(header::RANGE)
+        .map(|v| v.to_str().unwrap_or("").to_string());
     if (offset.is_some() || limit.is_some()) && range.is_some() {
-        return Err(ApiError::bad_request("offset/limit and the Range header are mutually exclusive"));
+        return Err(ApiError::bad_request(
+            "offset/limit and the Range header are mutually exclusive",
+        ));
     }
     if offset.is_some_and(|o| o < 1) {
-        return Err(ApiError::bad_request("offset must be a positive integer (1-based)"));
+        return Err(ApiError::bad_request(
+            "offset must be a positive integer (1-based)",
+        ));
     }
     if limit.is_some_and(|l| l < 1) {
         return Err(ApiError::bad_request("limit must be a positive integer"));
@@ -723,54 +875,87 @@ async fn download_inner(uri: Uri, headers: HeaderMap) -> Result<Response, ApiErr
         let file = File::open(&p2).map_err(|e| ApiError::fs(&p2, "open", &e))?;
         let md = file.metadata().map_err(|e| ApiError::fs(&p2, "stat", &e))?;
         if md.is_dir() {
-            return Err(ApiError::bad_request(format!("{} is a directory", p2.display())));
+            return Err(ApiError::bad_request(format!(
+                "{} is a directory",
+                p2.display()
+            )));
         }
         Ok((file, md.len()))
     })
     .await?;
     let window = if offset.is_some() || limit.is_some() {
-        Window::Lines { offset: offset.unwrap_or(1) as u64, limit: limit.map(|l| l as u64).unwrap_or(u64::MAX) }
+        Window::Lines {
+            offset: offset.unwrap_or(1) as u64,
+            limit: limit.map(|l| l as u64).unwrap_or(u64::MAX),
+        }
     } else if let Some(r) = &range {
         match parse_range(r, size) {
             Ok(Some((start, len))) => Window::Bytes { start, len },
             Ok(None) => Window::Full,
             Err(()) => {
-                let mut resp = ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, code::RANGE_NOT_SATISFIABLE, format!("range {r:?} not satisfiable for {size} bytes")).into_response();
-                resp.headers_mut().insert(header::CONTENT_RANGE, HeaderValue::from_str(&format!("bytes */{size}")).unwrap_or(HeaderValue::from_static("bytes */0")));
+                let mut resp = ApiError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    code::RANGE_NOT_SATISFIABLE,
+                    format!("range {r:?} not satisfiable for {size} bytes"),
+                )
+                .into_response();
+                resp.headers_mut().insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&format!("bytes */{size}"))
+                        .unwrap_or(HeaderValue::from_static("bytes */0")),
+                );
                 return Ok(resp);
             }
         }
     } else {
         Window::Full
     };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(8);
     let mut resp;
     match window {
         Window::Lines { offset, limit } => {
             tokio::task::spawn_blocking(move || stream_lines(file, offset, limit, tx));
-            resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
-            resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+            resp = Response::new(Body::from_stream(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            ));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
             return Ok(resp);
         }
         Window::Full => {
             tokio::task::spawn_blocking(move || stream_bytes(file, 0, size, tx));
-            resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
-            resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+            resp = Response::new(Body::from_stream(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            ));
+            resp.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
         }
         Window::Bytes { start, len } => {
             tokio::task::spawn_blocking(move || stream_bytes(file, start, len, tx));
-            resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
+            resp = Response::new(Body::from_stream(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            ));
             *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
             let h = resp.headers_mut();
             h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-            if let Ok(v) = HeaderValue::from_str(&format!("bytes {}-{}/{}", start, start + len - 1, size)) {
+            if let Ok(v) =
+                HeaderValue::from_str(&format!("bytes {}-{}/{}", start, start + len - 1, size))
+            {
                 h.insert(header::CONTENT_RANGE, v);
             }
         }
     }
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if let Ok(v) = HeaderValue::from_str(&content_disposition(&name)) {
         h.insert(header::CONTENT_DISPOSITION, v);
@@ -779,7 +964,10 @@ async fn download_inner(uri: Uri, headers: HeaderMap) -> Result<Response, ApiErr
 }
 
 fn content_disposition(name: &str) -> String {
-    if name.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\') {
+    if name
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
         return format!("attachment; filename=\"{name}\"");
     }
     let mut enc = String::new();
@@ -794,11 +982,11 @@ fn content_disposition(name: &str) -> String {
 }
 
 fn stream_bytes(mut file: File, start: u64, len: u64, tx: mpsc::Sender<Result<Bytes, io::Error>>) {
-    if start > 0 {
-        if let Err(e) = file.seek(SeekFrom::Start(start)) {
-            let _ = tx.blocking_send(Err(e));
-            return;
-        }
+    if start > 0
+        && let Err(e) = file.seek(SeekFrom::Start(start))
+    {
+        let _ = tx.blocking_send(Err(e));
+        return;
     }
     let mut left = len;
     while left > 0 {
@@ -807,7 +995,10 @@ fn stream_bytes(mut file: File, start: u64, len: u64, tx: mpsc::Sender<Result<By
         match file.read(&mut buf) {
             Ok(0) => {
                 // The file shrank: the promised length cannot be delivered.
-                let _ = tx.blocking_send(Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank during download")));
+                let _ = tx.blocking_send(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file shrank during download",
+                )));
                 return;
             }
             Ok(got) => {
@@ -840,10 +1031,12 @@ fn stream_lines(file: File, offset: u64, limit: u64, tx: mpsc::Sender<Result<Byt
                 if line_no >= offset {
                     out.extend_from_slice(&line);
                     sent += 1;
-                    if out.len() >= CHUNK {
-                        if tx.blocking_send(Ok(Bytes::from(std::mem::take(&mut out)))).is_err() {
-                            return;
-                        }
+                    if out.len() >= CHUNK
+                        && tx
+                            .blocking_send(Ok(Bytes::from(std::mem::take(&mut out))))
+                            .is_err()
+                    {
+                        return;
                     }
                 }
                 line_no += 1;
@@ -881,14 +1074,20 @@ mod tests {
 
     #[test]
     fn replacing() {
-        assert_eq!(replace_all(b"a-a-a", b"a", b"bb"), (b"bb-bb-bb".to_vec(), 3));
+        assert_eq!(
+            replace_all(b"a-a-a", b"a", b"bb"),
+            (b"bb-bb-bb".to_vec(), 3)
+        );
         assert_eq!(replace_all(b"aaa", b"aa", b"x"), (b"xa".to_vec(), 1));
         assert_eq!(replace_all(b"abc", b"zz", b"x"), (b"abc".to_vec(), 0));
     }
 
     #[test]
     fn disposition() {
-        assert_eq!(content_disposition("a.txt"), "attachment; filename=\"a.txt\"");
+        assert_eq!(
+            content_disposition("a.txt"),
+            "attachment; filename=\"a.txt\""
+        );
         assert!(content_disposition("é.txt").contains("filename*=UTF-8''%C3%A9.txt"));
     }
 }

@@ -72,7 +72,12 @@ async fn run_async(config: Config) -> Result<i32, ExecdError> {
 
     let mut entry: Option<(i32, oneshot::Receiver<ExitStatus>)> = None;
     if let Some((program, args)) = config.entrypoint.split_first() {
-        let path_var = config.state_config().base_env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone());
+        let path_var = config
+            .state_config()
+            .base_env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone());
         let resolved = program
             .to_str()
             .and_then(|p| process::find_in_path(p, path_var.as_deref()))
@@ -87,9 +92,16 @@ async fn run_async(config: Config) -> Result<i32, ExecdError> {
         match process::spawn(&reaper, spec) {
             Ok(sp) => entry = Some((sp.pid, sp.exit)),
             Err(e) => {
-                log(&format!("cannot start entrypoint {}: {e}", program.to_string_lossy()));
+                log(&format!(
+                    "cannot start entrypoint {}: {e}",
+                    program.to_string_lossy()
+                ));
                 if config.exit_with_entrypoint {
-                    return Ok(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
+                    return Ok(if e.kind() == std::io::ErrorKind::NotFound {
+                        127
+                    } else {
+                        126
+                    });
                 }
             }
         }

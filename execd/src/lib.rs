@@ -87,7 +87,8 @@ impl Config {
         // User processes see where the env file is (the SDK's `set_env` appends to it).
         if let Some(f) = &sc.env_file {
             sc.base_env.retain(|(k, _)| k != "EXECD_ENVS");
-            sc.base_env.push(("EXECD_ENVS".into(), f.clone().into_os_string()));
+            sc.base_env
+                .push(("EXECD_ENVS".into(), f.clone().into_os_string()));
         }
         sc
     }
@@ -107,10 +108,12 @@ impl Server {
     }
 
     pub async fn bind_with_state(addr: SocketAddr, state: AppState) -> Result<Server, ExecdError> {
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| ExecdError::Bind {
-            addr: addr.to_string(),
-            source,
-        })?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ExecdError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
         Ok(Server { listener, state })
     }
 

@@ -17,10 +17,15 @@ usage: execd [--init] [--listen ADDR] [--access-token TOKEN] [--exit-with-entryp
 fn parse(args: Vec<OsString>) -> Result<Config, String> {
     let mut cfg = Config::default();
     let mut listen = std::env::var("EXECD_LISTEN").ok().filter(|s| !s.is_empty());
-    cfg.access_token = std::env::var("EXECD_ACCESS_TOKEN").ok().filter(|s| !s.is_empty());
+    cfg.access_token = std::env::var("EXECD_ACCESS_TOKEN")
+        .ok()
+        .filter(|s| !s.is_empty());
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
-        let s = a.to_str().ok_or_else(|| format!("invalid argument {a:?}"))?.to_string();
+        let s = a
+            .to_str()
+            .ok_or_else(|| format!("invalid argument {a:?}"))?
+            .to_string();
         let (flag, inline) = match s.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (s.clone(), None),
@@ -38,7 +43,9 @@ fn parse(args: Vec<OsString>) -> Result<Config, String> {
             "--init" => cfg.init = true,
             "--exit-with-entrypoint" => cfg.exit_with_entrypoint = true,
             "--listen" => listen = Some(value("--listen")?),
-            "--access-token" => cfg.access_token = Some(value("--access-token")?).filter(|t| !t.is_empty()),
+            "--access-token" => {
+                cfg.access_token = Some(value("--access-token")?).filter(|t| !t.is_empty())
+            }
             "-h" | "--help" => return Err(String::new()),
             "--" => {
                 cfg.entrypoint = it.collect();

@@ -56,14 +56,21 @@ fn cpu_reading() -> Option<CpuReading> {
             }
         }
     }
-    for p in ["/sys/fs/cgroup/cpuacct/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage"] {
+    for p in [
+        "/sys/fs/cgroup/cpuacct/cpuacct.usage",
+        "/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage",
+    ] {
         if let Some(ns) = read_u64(p) {
             return Some(CpuReading::Cgroup(ns / 1000));
         }
     }
     let stat = read("/proc/stat")?;
     let line = stat.lines().next()?;
-    let vals: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    let vals: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
     if vals.len() < 4 {
         return None;
     }
@@ -82,11 +89,19 @@ pub fn cpu_count() -> f64 {
             (p > 0.0).then_some(q / p)
         })
         .or_else(|| {
-            let q = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")?.trim().parse::<f64>().ok()?;
-            let p = read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")?.trim().parse::<f64>().ok()?;
+            let q = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")?
+                .trim()
+                .parse::<f64>()
+                .ok()?;
+            let p = read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")?
+                .trim()
+                .parse::<f64>()
+                .ok()?;
             (q > 0.0 && p > 0.0).then_some(q / p)
         });
-    let cpus = std::thread::available_parallelism().map(|n| n.get() as f64).unwrap_or(1.0);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get() as f64)
+        .unwrap_or(1.0);
     match quota {
         Some(q) if q > 0.0 && q < cpus => q,
         _ => cpus,
@@ -99,7 +114,13 @@ pub fn memory() -> (u64, u64) {
     let mut host_avail = 0;
     if let Some(mi) = read("/proc/meminfo") {
         for line in mi.lines() {
-            let val = || line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1024;
+            let val = || {
+                line.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+                    * 1024
+            };
             if line.starts_with("MemTotal:") {
                 host_total = val();
             } else if line.starts_with("MemAvailable:") {
@@ -112,20 +133,33 @@ pub fn memory() -> (u64, u64) {
     let usage = read_u64("/sys/fs/cgroup/memory.current");
     let inactive = |stat: Option<String>, key: &str| -> u64 {
         stat.and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok()))
+            s.lines().find_map(|l| {
+                l.strip_prefix(key)
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
         })
         .unwrap_or(0)
     };
     if let Some(u) = usage {
-        let used = u.saturating_sub(inactive(read("/sys/fs/cgroup/memory.stat"), "inactive_file "));
-        let total = limit.filter(|l| *l > 0 && (host_total == 0 || *l < host_total)).unwrap_or(host_total);
+        let used = u.saturating_sub(inactive(
+            read("/sys/fs/cgroup/memory.stat"),
+            "inactive_file ",
+        ));
+        let total = limit
+            .filter(|l| *l > 0 && (host_total == 0 || *l < host_total))
+            .unwrap_or(host_total);
         return (total, if total > 0 { used.min(total) } else { used });
     }
     // cgroup v1
     if let Some(u) = read_u64("/sys/fs/cgroup/memory/memory.usage_in_bytes") {
         let l = read_u64("/sys/fs/cgroup/memory/memory.limit_in_bytes");
-        let used = u.saturating_sub(inactive(read("/sys/fs/cgroup/memory/memory.stat"), "total_inactive_file "));
-        let total = l.filter(|l| host_total == 0 || *l < host_total).unwrap_or(host_total);
+        let used = u.saturating_sub(inactive(
+            read("/sys/fs/cgroup/memory/memory.stat"),
+            "total_inactive_file ",
+        ));
+        let total = l
+            .filter(|l| host_total == 0 || *l < host_total)
+            .unwrap_or(host_total);
         if total < host_total || host_total == 0 {
             return (total, used);
         }
@@ -141,9 +175,10 @@ impl CpuSampler {
         let (t0, r0) = prev?;
         let wall = now.duration_since(t0).as_secs_f64();
         match (r0, reading) {
-            (CpuReading::Cgroup(a), CpuReading::Cgroup(b)) if wall > 0.0 => {
-                Some(((b.saturating_sub(a)) as f64 / 1e6 / wall / cpus.max(0.01) * 100.0).clamp(0.0, 100.0))
-            }
+            (CpuReading::Cgroup(a), CpuReading::Cgroup(b)) if wall > 0.0 => Some(
+                ((b.saturating_sub(a)) as f64 / 1e6 / wall / cpus.max(0.01) * 100.0)
+                    .clamp(0.0, 100.0),
+            ),
             (CpuReading::Host(b0, t0), CpuReading::Host(b1, t1)) if t1 > t0 => {
                 Some((b1.saturating_sub(b0) as f64 / (t1 - t0) as f64 * 100.0).clamp(0.0, 100.0))
             }
@@ -157,18 +192,26 @@ pub async fn collect(state: &AppState) -> Metrics {
     let cpus = cpu_count();
     let stale = {
         let s = state.cpu();
-        s.last.is_none_or(|(t, _)| t.elapsed() > Duration::from_secs(30))
+        s.last
+            .is_none_or(|(t, _)| t.elapsed() > Duration::from_secs(30))
     };
     if stale {
         if let Some(r) = cpu_reading() {
             state.cpu().last = Some((Instant::now(), r));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    } else if state.cpu().last.is_some_and(|(t, _)| t.elapsed() < Duration::from_millis(50)) {
+    } else if state
+        .cpu()
+        .last
+        .is_some_and(|(t, _)| t.elapsed() < Duration::from_millis(50))
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let pct = match cpu_reading() {
-        Some(r) => state.cpu().percent_since(Instant::now(), r, cpus).unwrap_or(0.0),
+        Some(r) => state
+            .cpu()
+            .percent_since(Instant::now(), r, cpus)
+            .unwrap_or(0.0),
         None => 0.0,
     };
     let (total, used) = memory();
@@ -204,9 +247,14 @@ pub async fn watch(State(state): State<AppState>) -> Response {
             }
         }
     });
-    let mut resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
+    let mut resp = Response::new(Body::from_stream(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ));
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
 }

@@ -274,16 +274,18 @@ pub fn find_in_path(name: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBu
     if name.contains('/') {
         return Some(PathBuf::from(name));
     }
-    let default = std::ffi::OsStr::new("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    let default =
+        std::ffi::OsStr::new("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     for dir in std::env::split_paths(path.unwrap_or(default)) {
         if !dir.is_absolute() {
             continue;
         }
         let candidate = dir.join(name);
-        if let Ok(md) = std::fs::metadata(&candidate) {
-            if md.is_file() && md.permissions().mode() & 0o111 != 0 {
-                return Some(candidate);
-            }
+        if let Ok(md) = std::fs::metadata(&candidate)
+            && md.is_file()
+            && md.permissions().mode() & 0o111 != 0
+        {
+            return Some(candidate);
         }
     }
     None

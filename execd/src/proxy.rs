@@ -26,7 +26,9 @@ const HOP: &[&str] = &[
 /// Splits `/proxy/{port}/rest` into the port and the upstream path (always starting
 /// with `/`).
 pub fn split_target(path: &str) -> Result<(u16, String), ApiError> {
-    let rest = path.strip_prefix("/proxy/").ok_or_else(|| ApiError::bad_request("not a proxy path"))?;
+    let rest = path
+        .strip_prefix("/proxy/")
+        .ok_or_else(|| ApiError::bad_request("not a proxy path"))?;
     let (port, tail) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -61,14 +63,25 @@ pub async fn handle(mut req: Request) -> Response {
     let stream = match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
         Ok(s) => s,
         Err(e) => {
-            return ApiError::new(StatusCode::BAD_GATEWAY, code::BAD_GATEWAY, format!("cannot reach 127.0.0.1:{port}: {e}")).into_response();
+            return ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                code::BAD_GATEWAY,
+                format!("cannot reach 127.0.0.1:{port}: {e}"),
+            )
+            .into_response();
         }
     };
     let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
         Ok(x) => x,
         Err(e) => {
-            return ApiError::new(StatusCode::BAD_GATEWAY, code::BAD_GATEWAY, format!("upstream 127.0.0.1:{port}: {e}")).into_response();
+            return ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                code::BAD_GATEWAY,
+                format!("upstream 127.0.0.1:{port}: {e}"),
+            )
+            .into_response();
         }
     };
     tokio::spawn(async move {
@@ -102,27 +115,42 @@ pub async fn handle(mut req: Request) -> Response {
             headers.insert(header::UPGRADE, v);
         }
     }
-    if !headers.contains_key(header::HOST) {
-        if let Ok(v) = HeaderValue::from_str(&format!("127.0.0.1:{port}")) {
-            headers.insert(header::HOST, v);
-        }
+    if !headers.contains_key(header::HOST)
+        && let Ok(v) = HeaderValue::from_str(&format!("127.0.0.1:{port}"))
+    {
+        headers.insert(header::HOST, v);
     }
-    headers.insert(HeaderName::from_static("x-forwarded-proto"), HeaderValue::from_static("http"));
+    headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
 
     let mut resp = match sender.send_request(out).await {
         Ok(r) => r,
         Err(e) => {
-            return ApiError::new(StatusCode::BAD_GATEWAY, code::BAD_GATEWAY, format!("upstream 127.0.0.1:{port}: {e}")).into_response();
+            return ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                code::BAD_GATEWAY,
+                format!("upstream 127.0.0.1:{port}: {e}"),
+            )
+            .into_response();
         }
     };
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
-            return ApiError::new(StatusCode::BAD_GATEWAY, code::BAD_GATEWAY, "upstream switched protocols unasked").into_response();
+            return ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                code::BAD_GATEWAY,
+                "upstream switched protocols unasked",
+            )
+            .into_response();
         };
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         tokio::spawn(async move {
-            let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) else { return };
+            let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) else {
+                return;
+            };
             let mut c = TokioIo::new(c);
             let mut u = TokioIo::new(u);
             let _ = tokio::io::copy_bidirectional(&mut c, &mut u).await;
@@ -144,7 +172,10 @@ mod tests {
 
     #[test]
     fn targets() {
-        assert_eq!(split_target("/proxy/8080/a/b").unwrap(), (8080, "/a/b".into()));
+        assert_eq!(
+            split_target("/proxy/8080/a/b").unwrap(),
+            (8080, "/a/b".into())
+        );
         assert_eq!(split_target("/proxy/8080").unwrap(), (8080, "/".into()));
         assert_eq!(split_target("/proxy/8080/").unwrap(), (8080, "/".into()));
         assert!(split_target("/proxy/0/x").is_err());

@@ -34,14 +34,21 @@ pub fn parse_json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     if body.is_empty() {
         return Err(ApiError::bad_request("request body is required"));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error parsing request, MAYBE invalid body format: {e}")))
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "error parsing request, MAYBE invalid body format: {e}"
+        ))
+    })
 }
 
 /// All routes, with auth and JSON errors, over `state`.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/ping", get(ping))
-        .route("/command", post(commands::run_command).delete(commands::interrupt))
+        .route(
+            "/command",
+            post(commands::run_command).delete(commands::interrupt),
+        )
         .route("/command/status/{id}", get(commands::status))
         .route("/command/{id}/logs", get(commands::logs))
         .route("/session", post(session::create))
@@ -53,10 +60,16 @@ pub fn router(state: AppState) -> Router {
         .route("/files/permissions", post(files::chmod))
         .route("/files/search", get(files::search))
         .route("/files/replace", post(files::replace))
-        .route("/files/upload", post(files::upload).layer(DefaultBodyLimit::disable()))
+        .route(
+            "/files/upload",
+            post(files::upload).layer(DefaultBodyLimit::disable()),
+        )
         .route("/files/download", get(files::download))
         .route("/directories/list", get(files::list_dir))
-        .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
+        .route(
+            "/directories",
+            post(files::make_dirs).delete(files::remove_dirs),
+        )
         .route("/metrics", get(metrics::get))
         .route("/metrics/watch", get(metrics::watch))
         .route("/code", any(code_not_supported))
@@ -64,8 +77,14 @@ pub fn router(state: AppState) -> Router {
         .route("/pty", any(not_supported))
         .route("/pty/{*rest}", any(not_supported))
         .route("/v1/{*rest}", any(not_supported))
-        .route("/proxy/{port}", any(proxy::handle).layer(DefaultBodyLimit::disable()))
-        .route("/proxy/{port}/{*rest}", any(proxy::handle).layer(DefaultBodyLimit::disable()))
+        .route(
+            "/proxy/{port}",
+            any(proxy::handle).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/proxy/{port}/{*rest}",
+            any(proxy::handle).layer(DefaultBodyLimit::disable()),
+        )
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
         .layer(middleware::from_fn(json_errors))
@@ -82,24 +101,36 @@ async fn code_not_supported() -> Response {
 }
 
 async fn not_supported(req: Request) -> Response {
-    ApiError::not_supported(format!("{} is not supported by this execd", req.uri().path())).into_response()
+    ApiError::not_supported(format!(
+        "{} is not supported by this execd",
+        req.uri().path()
+    ))
+    .into_response()
 }
 
 async fn not_found(req: Request) -> Response {
-    ApiError::not_found(code::NOT_FOUND, format!("no route for {} {}", req.method(), req.uri().path())).into_response()
+    ApiError::not_found(
+        code::NOT_FOUND,
+        format!("no route for {} {}", req.method(), req.uri().path()),
+    )
+    .into_response()
 }
 
 /// Requires the access token (when one is configured) on every route but `/ping`.
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = state.access_token() {
-        if req.uri().path() != "/ping" {
-            let ok = req
-                .headers()
-                .get(ACCESS_TOKEN_HEADER)
-                .is_some_and(|v| crate::util::ct_eq(v.as_bytes(), token.as_bytes()));
-            if !ok {
-                return json_error(StatusCode::UNAUTHORIZED, code::UNAUTHORIZED, "invalid or missing X-EXECD-ACCESS-TOKEN header");
-            }
+    if let Some(token) = state.access_token()
+        && req.uri().path() != "/ping"
+    {
+        let ok = req
+            .headers()
+            .get(ACCESS_TOKEN_HEADER)
+            .is_some_and(|v| crate::util::ct_eq(v.as_bytes(), token.as_bytes()));
+        if !ok {
+            return json_error(
+                StatusCode::UNAUTHORIZED,
+                code::UNAUTHORIZED,
+                "invalid or missing X-EXECD-ACCESS-TOKEN header",
+            );
         }
     }
     next.run(req).await
@@ -110,7 +141,9 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
 async fn json_errors(req: Request, next: Next) -> Response {
     let resp = next.run(req).await;
     let status = resp.status();
-    if !(status.is_client_error() || status.is_server_error()) || resp.extensions().get::<Proxied>().is_some() {
+    if !(status.is_client_error() || status.is_server_error())
+        || resp.extensions().get::<Proxied>().is_some()
+    {
         return resp;
     }
     let is_json = resp
@@ -122,7 +155,9 @@ async fn json_errors(req: Request, next: Next) -> Response {
         return resp;
     }
     let allow = resp.headers().get(header::ALLOW).cloned();
-    let body = axum::body::to_bytes(resp.into_body(), 64 * 1024).await.unwrap_or_default();
+    let body = axum::body::to_bytes(resp.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
     let mut msg = String::from_utf8_lossy(&body).trim().to_string();
     if msg.is_empty() {
         msg = status.canonical_reason().unwrap_or("error").to_string();

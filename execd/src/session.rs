@@ -21,7 +21,9 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use crate::commands::{self, build_env, check_dir, expand_cwd, outcome_code, parse_timeout, stream_process};
+use crate::commands::{
+    self, build_env, check_dir, expand_cwd, outcome_code, parse_timeout, stream_process,
+};
 use crate::error::ApiError;
 use crate::process::{self, SpawnSpec};
 use crate::server::parse_json;
@@ -31,7 +33,16 @@ use crate::state::AppState;
 pub const SESSION_NOT_FOUND: &str = "SESSION_NOT_FOUND";
 
 /// Variables never carried from one run to the next.
-const NOT_PERSISTED: &[&str] = &["PWD", "SHLVL", "_", "PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND"];
+const NOT_PERSISTED: &[&str] = &[
+    "PWD",
+    "SHLVL",
+    "_",
+    "PS1",
+    "PS2",
+    "PS3",
+    "PS4",
+    "PROMPT_COMMAND",
+];
 
 struct SessionState {
     cwd: PathBuf,
@@ -99,7 +110,8 @@ pub async fn create(State(state): State<AppState>, body: Bytes) -> Response {
                 Err(e) => return e.into_response(),
             };
             if let Err(e) = std::fs::create_dir_all(&p) {
-                return ApiError::bad_request(format!("cannot create cwd {}: {e}", p.display())).into_response();
+                return ApiError::bad_request(format!("cannot create cwd {}: {e}", p.display()))
+                    .into_response();
             }
             p
         }
@@ -108,7 +120,11 @@ pub async fn create(State(state): State<AppState>, body: Bytes) -> Response {
     let id = commands::new_id();
     state.insert_session(Arc::new(Session {
         id: id.clone(),
-        state: Arc::new(tokio::sync::Mutex::new(SessionState { cwd, env, closed: false })),
+        state: Arc::new(tokio::sync::Mutex::new(SessionState {
+            cwd,
+            env,
+            closed: false,
+        })),
         pgid: AtomicI32::new(0),
     }));
     axum::Json(CreateResponse { session_id: id }).into_response()
@@ -124,12 +140,17 @@ pub async fn delete(State(state): State<AppState>, UrlPath(id): UrlPath<String>)
             }
             StatusCode::OK.into_response()
         }
-        None => ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} not found")).into_response(),
+        None => ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} not found"))
+            .into_response(),
     }
 }
 
 /// `POST /session/{id}/run`
-pub async fn run(State(state): State<AppState>, UrlPath(id): UrlPath<String>, body: Bytes) -> Response {
+pub async fn run(
+    State(state): State<AppState>,
+    UrlPath(id): UrlPath<String>,
+    body: Bytes,
+) -> Response {
     let req: RunRequest = match parse_json(&body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -145,12 +166,14 @@ pub async fn run(State(state): State<AppState>, UrlPath(id): UrlPath<String>, bo
         Err(e) => return e.into_response(),
     };
     let Some(session) = state.session(&id) else {
-        return ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} not found")).into_response();
+        return ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} not found"))
+            .into_response();
     };
     // Runs of one session are serialized; the stream starts once it is this run's turn.
     let st = session.state.clone().lock_owned().await;
     if st.closed {
-        return ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} was deleted")).into_response();
+        return ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} was deleted"))
+            .into_response();
     }
     let cwd = match req.cwd.as_deref().filter(|c| !c.is_empty()) {
         Some(c) => match expand_cwd(c, &st.env) {
@@ -205,10 +228,7 @@ pub async fn run(State(state): State<AppState>, UrlPath(id): UrlPath<String>, bo
             }
         };
         session2.pgid.store(sp.pid, Ordering::SeqCst);
-        let mut reader = match tokio::net::unix::pipe::Receiver::from_owned_fd(state_r) {
-            Ok(r) => Some(r),
-            Err(_) => None,
-        };
+        let mut reader = tokio::net::unix::pipe::Receiver::from_owned_fd(state_r).ok();
         // Read the state pipe concurrently so a large `export -p` cannot block the shell.
         let collect = tokio::spawn(async move {
             let mut data = Vec::new();
@@ -242,7 +262,8 @@ pub async fn run(State(state): State<AppState>, UrlPath(id): UrlPath<String>, bo
         drop(st);
         let (code, msg) = outcome_code(&outcome, timeout);
         if code == 0 && !outcome.timed_out {
-            tx.send(Event::complete(started.elapsed().as_millis() as i64)).await;
+            tx.send(Event::complete(started.elapsed().as_millis() as i64))
+                .await;
         } else {
             tx.send(Event::error(code, msg.unwrap_or_default())).await;
         }
@@ -367,7 +388,10 @@ fn parse_word(d: &[u8], mut i: usize) -> (Vec<u8>, usize) {
             b'"' => {
                 i += 1;
                 while i < n && d[i] != b'"' {
-                    if d[i] == b'\\' && i + 1 < n && matches!(d[i + 1], b'"' | b'\\' | b'$' | b'`' | b'\n') {
+                    if d[i] == b'\\'
+                        && i + 1 < n
+                        && matches!(d[i + 1], b'"' | b'\\' | b'$' | b'`' | b'\n')
+                    {
                         if d[i + 1] != b'\n' {
                             v.push(d[i + 1]);
                         }
@@ -450,7 +474,9 @@ mod tests {
 
     #[test]
     fn bash_format() {
-        let got = kv("declare -x A=\"1\"\ndeclare -x B=\"a \\\"q\\\" \\$x \\\\ `\"\ndeclare -x UNSET\ndeclare -x M=\"l1\nl2\"\ndeclare -x C=$'tab\\there\\n'\n");
+        let got = kv(
+            "declare -x A=\"1\"\ndeclare -x B=\"a \\\"q\\\" \\$x \\\\ `\"\ndeclare -x UNSET\ndeclare -x M=\"l1\nl2\"\ndeclare -x C=$'tab\\there\\n'\n",
+        );
         assert_eq!(
             got,
             vec![
@@ -464,7 +490,9 @@ mod tests {
 
     #[test]
     fn dash_and_busybox_format() {
-        let got = kv("export A='1'\nexport B='it'\"'\"'s'\nexport C='it'\\''s'\nexport M='l1\nl2'\nexport E=''\n");
+        let got = kv(
+            "export A='1'\nexport B='it'\"'\"'s'\nexport C='it'\\''s'\nexport M='l1\nl2'\nexport E=''\n",
+        );
         assert_eq!(
             got,
             vec![

@@ -114,7 +114,10 @@ pub fn stream() -> (EventTx, Response) {
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     (EventTx(tx), resp)

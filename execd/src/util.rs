@@ -19,7 +19,9 @@ impl Query {
     /// Parses the query of a URI; invalid percent-encoding or UTF-8 is a 400.
     pub fn parse(query: Option<&str>) -> Result<Self, ApiError> {
         let mut pairs = Vec::new();
-        let Some(q) = query else { return Ok(Self(pairs)) };
+        let Some(q) = query else {
+            return Ok(Self(pairs));
+        };
         for part in q.split('&') {
             if part.is_empty() {
                 continue;
@@ -34,7 +36,10 @@ impl Query {
     }
     /// First value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
     /// All values of `key`.
     pub fn all(&self, key: &str) -> Vec<&str> {
@@ -231,7 +236,9 @@ impl UserDb {
                 if f.len() < 7 || line.starts_with('#') {
                     continue;
                 }
-                let (Ok(uid), Ok(gid)) = (f[2].parse(), f[3].parse()) else { continue };
+                let (Ok(uid), Ok(gid)) = (f[2].parse(), f[3].parse()) else {
+                    continue;
+                };
                 db.uid_names.entry(uid).or_insert_with(|| f[0].to_string());
                 db.users.push(User {
                     name: f[0].to_string(),
@@ -408,7 +415,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("passwd");
         let g = dir.path().join("group");
-        std::fs::write(&p, "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\nbad line\n").unwrap();
+        std::fs::write(
+            &p,
+            "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\nbad line\n",
+        )
+        .unwrap();
         std::fs::write(&g, "root:x:0:\nalice:x:1000:\nwheel:x:10:alice,bob\n").unwrap();
         let db = UserDb::load_from(&p, &g);
         assert_eq!(db.user_name(1000), "alice");

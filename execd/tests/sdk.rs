@@ -13,7 +13,9 @@ fn script() -> std::path::PathBuf {
 }
 
 fn python() -> std::path::PathBuf {
-    sandbolt_testbed::python().unwrap_or_else(|e| panic!("the Python venv with the opensandbox SDK is required (scripts/python-env.sh): {e}"))
+    sandbolt_testbed::python().unwrap_or_else(|e| {
+        panic!("the Python venv with the opensandbox SDK is required (scripts/python-env.sh): {e}")
+    })
 }
 
 #[test]
@@ -21,7 +23,10 @@ fn official_python_sdk_against_local_execd() {
     let python = python();
     let root = tempfile::tempdir().unwrap();
     let env_file = root.path().join("envs/.env");
-    let e = Execd::start(&["--access-token", "sdk-token"], &[("EXECD_ENVS", env_file.to_str().unwrap())]);
+    let e = Execd::start(
+        &["--access-token", "sdk-token"],
+        &[("EXECD_ENVS", env_file.to_str().unwrap())],
+    );
     let data = root.path().join("data");
     let out = Command::new(&python)
         .arg(script())

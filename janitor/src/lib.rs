@@ -1,1 +1,40 @@
-//! sandbolt janitor (not built yet).
+//! sandbolt janitor: reaps every orphaned sandbox on its node, never a live
+//! one.
+//!
+//! It runs beside the agent, independent of it (a dead agent still gets
+//! cleaned up after), lists the containers carrying sandbolt's managed
+//! label, asks the ownership source (the controller) who owns them, applies
+//! the [`rules`], re-asks immediately before each delete (fencing), and
+//! removes task, container, snapshot, log file and leftover mounts. It also
+//! finishes sandboxes that were removed half-way (a snapshot or log file
+//! whose container is gone), and its own interrupted cleanups ([`journal`]).
+//! When the ownership source cannot be asked, it reaps nothing.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), sandbolt_janitor::JanitorError> {
+//! use sandbolt_janitor::{Janitor, JanitorConfig};
+//! let cfg = JanitorConfig::new("node-1", "/run/containerd/containerd.sock", "http://127.0.0.1:9090", "agent-token", "/var/lib/sandbolt/janitor");
+//! let handle = Janitor::start(cfg).await?;
+//! let report = handle.janitor().scan_once().await?;
+//! println!("{} reaped", report.reaped.len());
+//! handle.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod error;
+pub mod journal;
+pub mod metrics;
+pub mod node;
+pub mod ownership;
+pub mod rules;
+mod run;
+mod scan;
+
+pub use config::{FAILPOINT_ENV, Failpoint, JanitorConfig};
+pub use error::{JanitorError, Result};
+pub use metrics::Metrics;
+pub use ownership::{ControllerOwnership, OwnershipSource};
+pub use rules::{KeepReason, ReapReason, Verdict};
+pub use run::JanitorHandle;
+pub use scan::{Janitor, Kept, Reaped, ScanReport};

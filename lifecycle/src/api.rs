@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, Request, State};
+use axum::extract::{Path, RawQuery, Request, State as AxState};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -18,7 +18,7 @@ use crate::backend::Backend;
 use crate::error::{ApiError, ApiResult};
 use crate::model::{
     CreateSandboxRequest, Endpoint, ListSandboxesResponse, PaginationInfo,
-    RenewSandboxExpirationRequest, RenewSandboxExpirationResponse, SandboxRecord, rfc3339,
+    RenewSandboxExpirationRequest, RenewSandboxExpirationResponse, SandboxRecord, State, rfc3339,
 };
 use crate::validate::{Policy, check_metadata_entry, plan_create};
 
@@ -33,7 +33,7 @@ pub struct App<B> {
     pub api_key: Option<String>,
 }
 
-type AppState<B> = State<Arc<App<B>>>;
+type AppState<B> = AxState<Arc<App<B>>>;
 
 /// Builds the full router (both mounts, middleware, fallbacks).
 pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
@@ -134,7 +134,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn auth<B: Backend>(State(app): AppState<B>, req: Request, next: Next) -> Response {
+async fn auth<B: Backend>(AxState(app): AppState<B>, req: Request, next: Next) -> Response {
     let Some(key) = app.api_key.as_deref() else {
         return next.run(req).await;
     };
@@ -170,7 +170,7 @@ fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
     (status, axum::Json(v)).into_response()
 }
 
-async fn create<B: Backend>(State(app): AppState<B>, body: Bytes) -> ApiResult<Response> {
+async fn create<B: Backend>(AxState(app): AppState<B>, body: Bytes) -> ApiResult<Response> {
     let req: CreateSandboxRequest = parse_json(&body)?;
     let plan = plan_create(req, &app.policy, Utc::now())?;
     for v in &plan.volumes {
@@ -181,7 +181,7 @@ async fn create<B: Backend>(State(app): AppState<B>, body: Bytes) -> ApiResult<R
 }
 
 async fn get_one<B: Backend>(
-    State(app): AppState<B>,
+    AxState(app): AppState<B>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     let rec = app.backend.get(&id).await?;
@@ -189,31 +189,54 @@ async fn get_one<B: Backend>(
 }
 
 async fn delete<B: Backend>(
-    State(app): AppState<B>,
+    AxState(app): AppState<B>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     app.backend.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Pause and resume answer 409 from the wrong state on every backend (some
+/// engines treat a repeated resume as a no-op; the API does not).
+async fn require_state<B: Backend>(
+    app: &App<B>,
+    id: &str,
+    want: State,
+    verb: &str,
+) -> ApiResult<()> {
+    let rec = app.backend.get(id).await?;
+    if rec.state != want {
+        return Err(ApiError::conflict(
+            "SANDBOX_INVALID_STATE",
+            format!(
+                "Sandbox {id} is {} and cannot be {verb}.",
+                rec.state.as_str()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 async fn pause<B: Backend>(
-    State(app): AppState<B>,
+    AxState(app): AppState<B>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
+    require_state(&app, &id, State::Running, "paused").await?;
     app.backend.pause(&id).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
 async fn resume<B: Backend>(
-    State(app): AppState<B>,
+    AxState(app): AppState<B>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
+    require_state(&app, &id, State::Paused, "resumed").await?;
     app.backend.resume(&id).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
 async fn patch_metadata<B: Backend>(
-    State(app): AppState<B>,
+    AxState(app): AppState<B>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -226,7 +249,7 @@ async fn patch_metadata<B: Backend>(
 }
 
 async fn renew<B: Backend>(
-    State(app): AppState<B>,
+    AxState(app): AppState<B>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -262,7 +285,7 @@ async fn renew<B: Backend>(
 }
 
 async fn endpoint<B: Backend>(
-    State(app): AppState<B>,
+    AxState(app): AppState<B>,
     Path((id, port)): Path<(String, String)>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
@@ -434,7 +457,7 @@ pub fn page_records(mut all: Vec<SandboxRecord>, q: &ListQuery) -> ListSandboxes
     }
 }
 
-async fn list<B: Backend>(State(app): AppState<B>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn list<B: Backend>(AxState(app): AppState<B>, RawQuery(q): RawQuery) -> ApiResult<Response> {
     let q = parse_list_query(q.as_deref().unwrap_or(""))?;
     let all = app.backend.list().await?;
     Ok(json(StatusCode::OK, &page_records(all, &q)))

@@ -31,6 +31,8 @@ pub struct FastPathConfig {
     pub controller: String,
     /// FastPath namespace the sandboxes live in.
     pub namespace: String,
+    /// Bearer token the controller requires on FastPath calls, if any.
+    pub token: Option<String>,
 }
 
 impl FastPathConfig {
@@ -38,6 +40,7 @@ impl FastPathConfig {
         Self {
             controller: controller.into(),
             namespace: "default".into(),
+            token: None,
         }
     }
 }
@@ -55,6 +58,7 @@ pub struct FastPathBackend {
     client: Client,
     namespace: String,
     dir: PathBuf,
+    auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 /// FastPath v2 errors are read by status code only (contracts README).
@@ -126,11 +130,30 @@ impl FastPathBackend {
         let dir = data_dir.join("fastpath");
         std::fs::create_dir_all(&dir)
             .map_err(|e| StartError::Config(format!("data dir {}: {e}", dir.display())))?;
+        let auth = config
+            .token
+            .filter(|t| !t.is_empty())
+            .map(|t| {
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| StartError::Config("fastpath token is not valid ASCII".into()))
+            })
+            .transpose()?;
         Ok(Self {
             client,
             namespace: config.namespace,
             dir,
+            auth,
         })
+    }
+
+    /// Wraps a message with the controller's bearer token.
+    fn req<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(a) = &self.auth {
+            r.metadata_mut().insert("authorization", a.clone());
+        }
+        r
     }
 
     fn reference(&self, id: &str) -> fp::SandboxReference {
@@ -196,10 +219,10 @@ impl FastPathBackend {
         let resp = self
             .client
             .clone()
-            .get_sandbox(fp::GetSandboxRequest {
+            .get_sandbox(self.req(fp::GetSandboxRequest {
                 sandbox: Some(self.reference(id)),
                 expected_generation: 0,
-            })
+            }))
             .await
             .map_err(|s| map_status(id, s))?
             .into_inner();
@@ -233,7 +256,7 @@ impl Backend for FastPathBackend {
         let resp = self
             .client
             .clone()
-            .create_sandbox(req)
+            .create_sandbox(self.req(req))
             .await
             .map_err(|s| map_status(&plan.id, s))?
             .into_inner();
@@ -272,12 +295,12 @@ impl Backend for FastPathBackend {
             let resp = self
                 .client
                 .clone()
-                .list_sandboxes(fp::ListSandboxesRequest {
+                .list_sandboxes(self.req(fp::ListSandboxesRequest {
                     namespace: self.namespace.clone(),
                     metadata: Default::default(),
                     page_size: 500,
                     page_token: token,
-                })
+                }))
                 .await
                 .map_err(|s| map_status("*", s))?
                 .into_inner();
@@ -307,9 +330,9 @@ impl Backend for FastPathBackend {
         let path = self.record_path(id)?;
         self.client
             .clone()
-            .delete_sandbox(fp::DeleteRequest {
+            .delete_sandbox(self.req(fp::DeleteRequest {
                 sandbox: Some(self.reference(id)),
-            })
+            }))
             .await
             .map_err(|s| map_status(id, s))?;
         let _ = std::fs::remove_file(path);
@@ -332,13 +355,13 @@ impl Backend for FastPathBackend {
             .collect();
         self.client
             .clone()
-            .update_sandbox(fp::UpdateSandboxRequest {
+            .update_sandbox(self.req(fp::UpdateSandboxRequest {
                 sandbox: Some(self.reference(id)),
                 expected_generation: 0,
                 update: None,
                 metadata_upsert: upsert,
                 metadata_delete_keys: delete,
-            })
+            }))
             .await
             .map_err(|s| map_status(id, s))?;
         if let Some(mut local) = self.load(id) {
@@ -357,11 +380,11 @@ impl Backend for FastPathBackend {
         self.record_path(id)?;
         self.client
             .clone()
-            .pause_sandbox(fp::PauseSandboxRequest {
+            .pause_sandbox(self.req(fp::PauseSandboxRequest {
                 request_id: uuid::Uuid::new_v4().to_string(),
                 sandbox: Some(self.reference(id)),
                 expected_generation: 0,
-            })
+            }))
             .await
             .map_err(|s| map_status(id, s))?;
         Ok(())
@@ -371,12 +394,12 @@ impl Backend for FastPathBackend {
         self.record_path(id)?;
         self.client
             .clone()
-            .resume_sandbox(fp::ResumeSandboxRequest {
+            .resume_sandbox(self.req(fp::ResumeSandboxRequest {
                 request_id: uuid::Uuid::new_v4().to_string(),
                 sandbox: Some(self.reference(id)),
                 expected_generation: 0,
                 expected_checkpoint_id: String::new(),
-            })
+            }))
             .await
             .map_err(|s| map_status(id, s))?;
         Ok(())
@@ -385,7 +408,7 @@ impl Backend for FastPathBackend {
     async fn set_expiry(&self, id: &str, at: DateTime<Utc>) -> ApiResult<()> {
         self.client
             .clone()
-            .update_sandbox(fp::UpdateSandboxRequest {
+            .update_sandbox(self.req(fp::UpdateSandboxRequest {
                 sandbox: Some(self.reference(id)),
                 expected_generation: 0,
                 update: Some(fp::update_sandbox_request::Update::ExpiresAtUnixSeconds(
@@ -393,7 +416,7 @@ impl Backend for FastPathBackend {
                 )),
                 metadata_upsert: Default::default(),
                 metadata_delete_keys: Vec::new(),
-            })
+            }))
             .await
             .map_err(|s| map_status(id, s))?;
         if let Some(mut local) = self.load(id) {
@@ -408,14 +431,14 @@ impl Backend for FastPathBackend {
         let resp = self
             .client
             .clone()
-            .resolve_endpoint(fp::ResolveEndpointRequest {
+            .resolve_endpoint(self.req(fp::ResolveEndpointRequest {
                 sandbox: Some(self.reference(id)),
                 target: Some(fp::EndpointTarget {
                     target: Some(fp::endpoint_target::Target::Port(port as u32)),
                 }),
                 access_mode: fp::EndpointAccessMode::CentralProxy as i32,
                 expected_generation: 0,
-            })
+            }))
             .await
             .map_err(|s| map_status(id, s))?
             .into_inner();

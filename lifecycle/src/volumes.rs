@@ -122,6 +122,11 @@ pub fn is_dns1123_label(s: &str, max: usize) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
+/// DNS-1123 label of any length up to 63 (for label-key prefixes).
+pub fn is_dns1123_label_any(s: &str) -> bool {
+    is_dns1123_label(s, 63)
+}
+
 /// True when `p` is absolute and has no `.`/`..`/empty components, i.e. it
 /// is already in the form it would be normalized to.
 fn is_normalized_absolute(p: &str) -> bool {
@@ -728,9 +733,4 @@ mod tests {
             "VOLUME::INVALID_BACKEND"
         );
     }
-}
-
-/// DNS-1123 label of any length up to 63 (for label-key prefixes).
-pub fn is_dns1123_label_any(s: &str) -> bool {
-    is_dns1123_label(s, 63)
 }

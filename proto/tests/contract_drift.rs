@@ -29,7 +29,11 @@ fn wire_facts(files: &[FileDescriptorProto], packages: &[&str]) -> BTreeSet<Stri
         }
         facts.insert(format!("package {package} syntax {}", file.syntax()));
         for message in &file.message_type {
-            message_facts(&format!("{package}.{}", message.name()), message, &mut facts);
+            message_facts(
+                &format!("{package}.{}", message.name()),
+                message,
+                &mut facts,
+            );
         }
         for e in &file.enum_type {
             for v in &e.value {
@@ -81,7 +85,11 @@ fn message_facts(full: &str, message: &DescriptorProto, facts: &mut BTreeSet<Str
             field.r#type(),
             field.type_name(),
             oneof,
-            if field.proto3_optional() { " optional" } else { "" },
+            if field.proto3_optional() {
+                " optional"
+            } else {
+                ""
+            },
         ));
     }
     for nested in &message.nested_type {
@@ -89,7 +97,12 @@ fn message_facts(full: &str, message: &DescriptorProto, facts: &mut BTreeSet<Str
     }
     for e in &message.enum_type {
         for v in &e.value {
-            facts.insert(format!("enum {full}.{} {} = {}", e.name(), v.name(), v.number()));
+            facts.insert(format!(
+                "enum {full}.{} {} = {}",
+                e.name(),
+                v.name(),
+                v.number()
+            ));
         }
     }
 }
@@ -101,13 +114,19 @@ fn ours() -> Vec<FileDescriptorProto> {
 }
 
 fn contract() -> Vec<FileDescriptorProto> {
-    protox::compile(["fastpath_v1.proto", "fastpath_v2.proto"], [contracts_dir()])
-        .expect("contract protos parse")
-        .file
+    protox::compile(
+        ["fastpath_v1.proto", "fastpath_v2.proto"],
+        [contracts_dir()],
+    )
+    .expect("contract protos parse")
+    .file
 }
 
 fn diff(a: &BTreeSet<String>, b: &BTreeSet<String>) -> Vec<String> {
-    let mut out: Vec<String> = a.difference(b).map(|l| format!("- contract: {l}")).collect();
+    let mut out: Vec<String> = a
+        .difference(b)
+        .map(|l| format!("- contract: {l}"))
+        .collect();
     out.extend(b.difference(a).map(|l| format!("+ sandbolt: {l}")));
     out
 }
@@ -118,7 +137,11 @@ fn fastpath_descriptors_match_the_contract_files() {
     let theirs = wire_facts(&contract(), &packages);
     let mine = wire_facts(&ours(), &packages);
     // Guard against comparing two empty sets.
-    assert!(theirs.len() > 300, "contract parsed to only {} facts", theirs.len());
+    assert!(
+        theirs.len() > 300,
+        "contract parsed to only {} facts",
+        theirs.len()
+    );
     let drift = diff(&theirs, &mine);
     assert!(drift.is_empty(), "wire drift:\n{}", drift.join("\n"));
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::image::OciImage;
 use crate::packages::{ensure_packages, is_root};
 use crate::teardown;
-use crate::{TestbedError, TESTBED_DIR_PREFIX};
+use crate::{TESTBED_DIR_PREFIX, TestbedError};
 
 /// containerd namespace dockerd keeps its containers in.
 pub const DOCKER_NAMESPACE: &str = "moby";
@@ -121,9 +121,9 @@ impl Testbed {
 
     /// Imports a locally built image into this bed's dockerd.
     pub fn docker_load(&self, image: &OciImage) -> Result<(), TestbedError> {
-        let socket = self
-            .docker_socket()
-            .ok_or_else(|| TestbedError::Setup("this test bed was started without Docker".into()))?;
+        let socket = self.docker_socket().ok_or_else(|| {
+            TestbedError::Setup("this test bed was started without Docker".into())
+        })?;
         let (repo, tag) = image.repo_and_tag();
         let mut query = format!(
             "/images/create?fromSrc=-&repo={}&tag={}",

@@ -7,7 +7,9 @@ pub enum TestbedError {
         "the test bed needs root (it starts containerd and dockerd and mounts filesystems); run the tests as root"
     )]
     NotRoot,
-    #[error("missing {binary}: install the Debian package(s) {packages} (apt-get install -y {packages})")]
+    #[error(
+        "missing {binary}: install the Debian package(s) {packages} (apt-get install -y {packages})"
+    )]
     MissingPackage { binary: String, packages: String },
     #[error("could not run {what}: {source}")]
     Spawn {

@@ -178,7 +178,10 @@ impl OciImage {
             out.push(format!("ENV {e}"));
         }
         if !self.cmd.is_empty() {
-            out.push(format!("CMD {}", serde_json::to_string(&self.cmd).expect("strings")));
+            out.push(format!(
+                "CMD {}",
+                serde_json::to_string(&self.cmd).expect("strings")
+            ));
         }
         if !self.entrypoint.is_empty() {
             out.push(format!(

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::daemon::delete_bridge;
 use crate::Testbed;
+use crate::daemon::delete_bridge;
 
 /// Every test bed lives in `/tmp/<prefix>XXXXXX`.
 pub const TESTBED_DIR_PREFIX: &str = "sandbolt-testbed-";
@@ -37,7 +37,10 @@ pub(crate) fn remove_all_tasks(bed: &Testbed) {
     let namespaces = ctr_lines(bed.ctr("default").args(["namespaces", "ls", "-q"]));
     for ns in namespaces {
         for task in ctr_lines(bed.ctr(&ns).args(["tasks", "ls", "-q"])) {
-            ctr_lines(bed.ctr(&ns).args(["tasks", "kill", "-a", "-s", "SIGKILL", &task]));
+            ctr_lines(
+                bed.ctr(&ns)
+                    .args(["tasks", "kill", "-a", "-s", "SIGKILL", &task]),
+            );
             ctr_lines(bed.ctr(&ns).args(["tasks", "delete", "-f", &task]));
         }
         for container in ctr_lines(bed.ctr(&ns).args(["containers", "ls", "-q"])) {
@@ -94,10 +97,10 @@ pub(crate) fn clean_dir(dir: &Path) {
     if let Ok(bridge) = fs::read_to_string(dir.join("bridge")) {
         delete_bridge(bridge.trim());
     }
-    if let Err(e) = fs::remove_dir_all(dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(dir = %dir.display(), error = %e, "could not remove test bed directory");
-        }
+    if let Err(e) = fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %dir.display(), error = %e, "could not remove test bed directory");
     }
 }
 
@@ -121,7 +124,11 @@ fn testbed_dirs() -> Vec<std::path::PathBuf> {
     };
     entries
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(TESTBED_DIR_PREFIX))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(TESTBED_DIR_PREFIX)
+        })
         .map(|e| e.path())
         .collect()
 }
@@ -200,7 +207,10 @@ fn kill_processes_mentioning(dir: &Path) {
 fn is_zombie(pid: i32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
         .unwrap_or(true)
 }
 
@@ -246,12 +256,13 @@ fn unescape_mount(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
+        if bytes[i] == b'\\'
+            && i + 4 <= bytes.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;

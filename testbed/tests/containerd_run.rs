@@ -231,5 +231,9 @@ fn panicking_test_still_tears_down() {
     });
     assert!(result.is_err());
     let root = root.lock().unwrap().clone().unwrap();
-    assert!(!root.exists(), "{} still exists after a panic", root.display());
+    assert!(
+        !root.exists(),
+        "{} still exists after a panic",
+        root.display()
+    );
 }

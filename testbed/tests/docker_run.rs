@@ -21,18 +21,29 @@ async fn runs_busybox_through_docker_api() {
 
     let body = ContainerCreateBody {
         image: Some("busybox:latest".into()),
-        cmd: Some(vec!["sh".into(), "-c".into(), "echo hello-from-docker".into()]),
+        cmd: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            "echo hello-from-docker".into(),
+        ]),
         ..Default::default()
     };
     let created = docker
         .create_container(
-            Some(CreateContainerOptionsBuilder::new().name("tb-docker-echo").build()),
+            Some(
+                CreateContainerOptionsBuilder::new()
+                    .name("tb-docker-echo")
+                    .build(),
+            ),
             body,
         )
         .await
         .expect("create container");
     docker
-        .start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>)
+        .start_container(
+            &created.id,
+            None::<bollard::query_parameters::StartContainerOptions>,
+        )
         .await
         .expect("start container");
     let waited: Vec<_> = docker

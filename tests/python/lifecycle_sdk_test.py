@@ -235,3 +235,22 @@ def test_endpoints_and_server_proxy():
     finally:
         sbx.kill()
         sbx.close()
+
+
+def test_unsupported_volume_backend_names_backend_and_runtime():
+    # NFS cannot be mounted by either runtime sandbolt's lifecycle drives.
+    with http() as c:
+        r = c.post(
+            "/v1/sandboxes",
+            json={
+                "image": {"uri": IMAGE},
+                "entrypoint": ENTRY,
+                "timeout": 120,
+                "volumes": [{"name": "w", "backendType": "nfs", "backendRef": "10.0.0.1:/exports/a"}],
+                "volumeBindings": [{"volumeName": "w", "mountPath": "/mnt/w", "accessMode": "RW"}],
+            },
+        )
+    assert r.status_code == 400, r.text
+    err = r.json()
+    assert err["code"] == "VOLUME::UNSUPPORTED_BACKEND", err
+    assert "nfs" in err["message"] and BACKEND in err["message"], err

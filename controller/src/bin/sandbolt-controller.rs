@@ -20,14 +20,19 @@ fn env(name: &str) -> Option<String> {
 }
 
 fn ms(name: &str) -> Option<Duration> {
-    env(name).and_then(|v| v.parse().ok()).map(Duration::from_millis)
+    env(name)
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber_init();
-    let listen = env("SANDBOLT_CONTROLLER_LISTEN").unwrap_or_else(|| "127.0.0.1:0".into()).parse()?;
-    let data_dir = env("SANDBOLT_CONTROLLER_DATA_DIR").ok_or("SANDBOLT_CONTROLLER_DATA_DIR is required")?;
+    let listen = env("SANDBOLT_CONTROLLER_LISTEN")
+        .unwrap_or_else(|| "127.0.0.1:0".into())
+        .parse()?;
+    let data_dir =
+        env("SANDBOLT_CONTROLLER_DATA_DIR").ok_or("SANDBOLT_CONTROLLER_DATA_DIR is required")?;
     let token = env("SANDBOLT_AGENT_TOKEN").ok_or("SANDBOLT_AGENT_TOKEN is required")?;
     let mut cfg = ControllerConfig::new(listen, data_dir, token);
     cfg.fastpath_token = env("SANDBOLT_FASTPATH_TOKEN");
@@ -57,7 +62,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 fn tracing_subscriber_init() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
 }

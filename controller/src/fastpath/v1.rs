@@ -28,9 +28,18 @@ impl FastPathV1 {
     }
 
     fn endpoints(&self, r: &SandboxRecord) -> Vec<String> {
-        let Some(a) = self.core.registry().agent(&r.agent_id) else { return vec![] };
-        let host = a.proxy_endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
-        r.exposed_ports.iter().map(|p| format!("{host}/{}/{p}", r.sandbox_id)).collect()
+        let Some(a) = self.core.registry().agent(&r.agent_id) else {
+            return vec![];
+        };
+        let host = a
+            .proxy_endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        r.exposed_ports
+            .iter()
+            .map(|p| format!("{host}/{}/{p}", r.sandbox_id))
+            .collect()
     }
 
     fn info(&self, r: &SandboxRecord) -> pb::SandboxInfo {
@@ -58,22 +67,36 @@ fn phase(p: Phase) -> &'static str {
 }
 
 fn name_of(s: &str) -> Result<&str, Status> {
-    if s.is_empty() { Err(Status::invalid_argument("sandbox_name is required")) } else { Ok(s) }
+    if s.is_empty() {
+        Err(Status::invalid_argument("sandbox_name is required"))
+    } else {
+        Ok(s)
+    }
 }
 
 #[tonic::async_trait]
 impl FastPathService for FastPathV1 {
-    async fn create_sandbox(&self, req: Request<pb::CreateRequest>) -> Result<Response<pb::CreateResponse>, Status> {
+    async fn create_sandbox(
+        &self,
+        req: Request<pb::CreateRequest>,
+    ) -> Result<Response<pb::CreateResponse>, Status> {
         let q = req.into_inner();
         let consistency = match pb::ConsistencyMode::try_from(q.consistency_mode) {
             Ok(pb::ConsistencyMode::Strong) => Some(Consistency::Strong),
             Ok(pb::ConsistencyMode::Fast) => None,
-            Err(_) => return Err(Status::invalid_argument(format!("unknown consistency mode {}", q.consistency_mode))),
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown consistency mode {}",
+                    q.consistency_mode
+                )));
+            }
         };
         let mut ports = Vec::with_capacity(q.exposed_ports.len());
         for p in q.exposed_ports {
             if !(1..=65535).contains(&p) {
-                return Err(Status::invalid_argument(format!("exposed port {p} is out of range")));
+                return Err(Status::invalid_argument(format!(
+                    "exposed port {p} is out of range"
+                )));
             }
             ports.push(p as u32);
         }
@@ -101,28 +124,53 @@ impl FastPathService for FastPathV1 {
         }))
     }
 
-    async fn delete_sandbox(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, Status> {
+    async fn delete_sandbox(
+        &self,
+        req: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
         let q = req.into_inner();
-        self.core.delete(&q.namespace, name_of(&q.sandbox_name)?, "").await?;
+        self.core
+            .delete(&q.namespace, name_of(&q.sandbox_name)?, "")
+            .await?;
         Ok(Response::new(pb::DeleteResponse { success: true }))
     }
 
-    async fn update_sandbox(&self, req: Request<pb::UpdateRequest>) -> Result<Response<pb::UpdateResponse>, Status> {
+    async fn update_sandbox(
+        &self,
+        req: Request<pb::UpdateRequest>,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
         let q = req.into_inner();
         use pb::update_request::Update;
         let op = match q.update {
             None => UpdateOp::None,
             Some(Update::ExpireTimeSeconds(t)) => UpdateOp::ExpiryV1(t),
             Some(Update::ResetRevision(s)) => UpdateOp::ResetRevision(s),
-            Some(Update::FailurePolicy(p)) => UpdateOp::FailurePolicy(match pb::FailurePolicy::try_from(p) {
-                Ok(pb::FailurePolicy::AutoRecreate) => FailurePolicy::AutoRecreate,
-                Ok(pb::FailurePolicy::Manual) => FailurePolicy::Manual,
-                Err(_) => return Err(Status::invalid_argument(format!("unknown failure policy {p}"))),
-            }),
+            Some(Update::FailurePolicy(p)) => {
+                UpdateOp::FailurePolicy(match pb::FailurePolicy::try_from(p) {
+                    Ok(pb::FailurePolicy::AutoRecreate) => FailurePolicy::AutoRecreate,
+                    Ok(pb::FailurePolicy::Manual) => FailurePolicy::Manual,
+                    Err(_) => {
+                        return Err(Status::invalid_argument(format!(
+                            "unknown failure policy {p}"
+                        )));
+                    }
+                })
+            }
             Some(Update::RecoveryTimeoutSeconds(t)) => UpdateOp::RecoveryTimeout(t),
         };
-        let spec = UpdateSpec { metadata_upsert: q.labels.into_iter().collect(), ..Default::default() };
-        let r = self.core.update(or_default(&q.namespace), name_of(&q.sandbox_name)?, op, spec).await?;
+        let spec = UpdateSpec {
+            metadata_upsert: q.labels.into_iter().collect(),
+            ..Default::default()
+        };
+        let r = self
+            .core
+            .update(
+                or_default(&q.namespace),
+                name_of(&q.sandbox_name)?,
+                op,
+                spec,
+            )
+            .await?;
         Ok(Response::new(pb::UpdateResponse {
             success: true,
             message: format!("generation {}", r.generation),
@@ -130,7 +178,10 @@ impl FastPathService for FastPathV1 {
         }))
     }
 
-    async fn list_sandboxes(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+    async fn list_sandboxes(
+        &self,
+        req: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
         let ns = req.into_inner().namespace;
         let mut items = Vec::new();
         let mut token = String::new();
@@ -145,7 +196,10 @@ impl FastPathService for FastPathV1 {
         Ok(Response::new(pb::ListResponse { items }))
     }
 
-    async fn get_sandbox(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::SandboxInfo>, Status> {
+    async fn get_sandbox(
+        &self,
+        req: Request<pb::GetRequest>,
+    ) -> Result<Response<pb::SandboxInfo>, Status> {
         let q = req.into_inner();
         let r = self.core.get(&q.namespace, name_of(&q.sandbox_name)?, "")?;
         Ok(Response::new(self.info(&r)))

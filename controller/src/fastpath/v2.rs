@@ -26,23 +26,36 @@ impl FastPathV2 {
 
 fn reference(r: Option<&pb::SandboxReference>) -> Result<(String, String, String), Status> {
     let r = r.ok_or_else(|| Status::invalid_argument("sandbox reference is required"))?;
-    let nn = r.namespaced_name.as_ref().ok_or_else(|| Status::invalid_argument("sandbox.namespaced_name is required"))?;
+    let nn = r
+        .namespaced_name
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument("sandbox.namespaced_name is required"))?;
     if nn.name.is_empty() {
         return Err(Status::invalid_argument("sandbox name is required"));
     }
-    Ok((or_default(&nn.namespace).to_string(), nn.name.clone(), r.expected_uid.clone()))
+    Ok((
+        or_default(&nn.namespace).to_string(),
+        nn.name.clone(),
+        r.expected_uid.clone(),
+    ))
 }
 
 fn policy(p: i32) -> Result<FailurePolicy, Status> {
     match pb::FailurePolicy::try_from(p) {
         Ok(pb::FailurePolicy::Manual) => Ok(FailurePolicy::Manual),
         Ok(pb::FailurePolicy::AutoRecreate) => Ok(FailurePolicy::AutoRecreate),
-        Err(_) => Err(Status::invalid_argument(format!("unknown failure policy {p}"))),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown failure policy {p}"
+        ))),
     }
 }
 
 pub(crate) fn identity(r: &SandboxRecord) -> pb::SandboxIdentity {
-    pb::SandboxIdentity { uid: r.uid.clone(), name: r.name.clone(), namespace: r.namespace.clone() }
+    pb::SandboxIdentity {
+        uid: r.uid.clone(),
+        name: r.name.clone(),
+        namespace: r.namespace.clone(),
+    }
 }
 
 /// The record plus what its agent last reported, in v2's vocabulary.
@@ -66,12 +79,24 @@ pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
     pb::SandboxInfo {
         identity: Some(identity(r)),
         applied_generation: r.generation,
-        runtime: Some(pb::RuntimeInfo { state: runtime as i32 }),
-        data_plane: Some(pb::DataPlaneInfo { state: data_plane as i32 }),
-        infra_components: vec![pb::InfraComponentInfo { name: "execd".into(), state: execd as i32, message: r.message.clone() }],
+        runtime: Some(pb::RuntimeInfo {
+            state: runtime as i32,
+        }),
+        data_plane: Some(pb::DataPlaneInfo {
+            state: data_plane as i32,
+        }),
+        infra_components: vec![pb::InfraComponentInfo {
+            name: "execd".into(),
+            state: execd as i32,
+            message: r.message.clone(),
+        }],
         action_bindings: vec![],
         ready,
-        state: if r.phase == Phase::Paused { pb::SandboxState::Paused } else { pb::SandboxState::Running } as i32,
+        state: if r.phase == Phase::Paused {
+            pb::SandboxState::Paused
+        } else {
+            pb::SandboxState::Running
+        } as i32,
         checkpoint: None,
     }
 }
@@ -95,27 +120,45 @@ fn pool_info(p: &PoolSummary) -> pb::PoolInfo {
         warm_images: p
             .images
             .iter()
-            .map(|(image, n)| pb::WarmImageInfo { image: image.clone(), cached_fastlets: *n, ..Default::default() })
+            .map(|(image, n)| pb::WarmImageInfo {
+                image: image.clone(),
+                cached_fastlets: *n,
+                ..Default::default()
+            })
             .collect(),
         ..Default::default()
     }
 }
 
 fn unimplemented(what: &str) -> Status {
-    Error::Unimplemented(format!("{what} is not implemented by sandbolt yet (snapshots are planned)")).into()
+    Error::Unimplemented(format!(
+        "{what} is not implemented by sandbolt yet (snapshots are planned)"
+    ))
+    .into()
 }
 
 #[tonic::async_trait]
 impl FastPathService for FastPathV2 {
-    async fn create_sandbox(&self, req: Request<pb::CreateSandboxRequest>) -> Result<Response<pb::CreateSandboxResponse>, Status> {
+    async fn create_sandbox(
+        &self,
+        req: Request<pb::CreateSandboxRequest>,
+    ) -> Result<Response<pb::CreateSandboxResponse>, Status> {
         let q = req.into_inner();
         if !q.action_bindings.is_empty() {
-            return Err(Error::Unimplemented("action bindings (e.g. egress policy) are not supported yet".into()).into());
+            return Err(Error::Unimplemented(
+                "action bindings (e.g. egress policy) are not supported yet".into(),
+            )
+            .into());
         }
         let completion = match pb::CreateCompletion::try_from(q.completion) {
             Ok(pb::CreateCompletion::RuntimeReady) => pb::CreateCompletion::RuntimeReady,
             Ok(_) => pb::CreateCompletion::Ready,
-            Err(_) => return Err(Status::invalid_argument(format!("unknown completion {}", q.completion))),
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown completion {}",
+                    q.completion
+                )));
+            }
         };
         let spec = CreateSpec {
             request_id: q.request_id,
@@ -143,13 +186,19 @@ impl FastPathService for FastPathV2 {
         }))
     }
 
-    async fn delete_sandbox(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, Status> {
+    async fn delete_sandbox(
+        &self,
+        req: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
         let (ns, name, uid) = reference(req.get_ref().sandbox.as_ref())?;
         self.core.delete(&ns, &name, &uid).await?;
         Ok(Response::new(pb::DeleteResponse {}))
     }
 
-    async fn update_sandbox(&self, req: Request<pb::UpdateSandboxRequest>) -> Result<Response<pb::UpdateSandboxResponse>, Status> {
+    async fn update_sandbox(
+        &self,
+        req: Request<pb::UpdateSandboxRequest>,
+    ) -> Result<Response<pb::UpdateSandboxResponse>, Status> {
         let q = req.into_inner();
         let (ns, name, uid) = reference(q.sandbox.as_ref())?;
         use pb::update_sandbox_request::Update;
@@ -160,7 +209,9 @@ impl FastPathService for FastPathV2 {
             Some(Update::FailurePolicy(p)) => UpdateOp::FailurePolicy(policy(p)?),
             Some(Update::RecoveryTimeoutSeconds(t)) => UpdateOp::RecoveryTimeout(t),
             Some(Update::ActionBindings(_)) => {
-                return Err(Error::Unimplemented("action bindings are not supported yet".into()).into());
+                return Err(
+                    Error::Unimplemented("action bindings are not supported yet".into()).into(),
+                );
             }
         };
         let spec = UpdateSpec {
@@ -170,43 +221,73 @@ impl FastPathService for FastPathV2 {
             metadata_delete: q.metadata_delete_keys,
         };
         let r = self.core.update(&ns, &name, op, spec).await?;
-        Ok(Response::new(pb::UpdateSandboxResponse { sandbox: Some(identity(&r)), committed_generation: r.generation }))
+        Ok(Response::new(pb::UpdateSandboxResponse {
+            sandbox: Some(identity(&r)),
+            committed_generation: r.generation,
+        }))
     }
 
-    async fn list_sandboxes(&self, req: Request<pb::ListSandboxesRequest>) -> Result<Response<pb::ListSandboxesResponse>, Status> {
+    async fn list_sandboxes(
+        &self,
+        req: Request<pb::ListSandboxesRequest>,
+    ) -> Result<Response<pb::ListSandboxesResponse>, Status> {
         let q = req.into_inner();
         if q.page_size < 0 {
             return Err(Status::invalid_argument("page_size must not be negative"));
         }
         let filter = q.metadata.into_iter().collect();
-        let (items, next) = self.core.list(&q.namespace, &filter, q.page_size as usize, &q.page_token)?;
+        let (items, next) =
+            self.core
+                .list(&q.namespace, &filter, q.page_size as usize, &q.page_token)?;
         Ok(Response::new(pb::ListSandboxesResponse {
-            items: items.iter().map(|r| pb::SandboxSummary { identity: Some(identity(r)), generation: r.generation }).collect(),
+            items: items
+                .iter()
+                .map(|r| pb::SandboxSummary {
+                    identity: Some(identity(r)),
+                    generation: r.generation,
+                })
+                .collect(),
             next_page_token: next,
         }))
     }
 
-    async fn get_sandbox(&self, req: Request<pb::GetSandboxRequest>) -> Result<Response<pb::GetSandboxResponse>, Status> {
+    async fn get_sandbox(
+        &self,
+        req: Request<pb::GetSandboxRequest>,
+    ) -> Result<Response<pb::GetSandboxResponse>, Status> {
         let q = req.into_inner();
         let (ns, name, uid) = reference(q.sandbox.as_ref())?;
-        let r = self.core.get_checked(&ns, &name, &uid, q.expected_generation)?;
-        Ok(Response::new(pb::GetSandboxResponse { sandbox: Some(info(&self.core, &r)), generation: r.generation }))
+        let r = self
+            .core
+            .get_checked(&ns, &name, &uid, q.expected_generation)?;
+        Ok(Response::new(pb::GetSandboxResponse {
+            sandbox: Some(info(&self.core, &r)),
+            generation: r.generation,
+        }))
     }
 
-    async fn get_sandbox_diagnostics(&self, req: Request<pb::SandboxDiagnosticsRequest>) -> Result<Response<pb::SandboxDiagnosticsResponse>, Status> {
+    async fn get_sandbox_diagnostics(
+        &self,
+        req: Request<pb::SandboxDiagnosticsRequest>,
+    ) -> Result<Response<pb::SandboxDiagnosticsResponse>, Status> {
         let q = req.into_inner();
         if q.sandbox_name.is_empty() {
             return Err(Status::invalid_argument("sandbox_name is required"));
         }
         let d = self.core.diagnostics(&q.namespace, &q.sandbox_name).await?;
         let r = &d.record;
-        let limit = if q.limit <= 0 { usize::MAX } else { q.limit as usize };
+        let limit = if q.limit <= 0 {
+            usize::MAX
+        } else {
+            q.limit as usize
+        };
         let skip = r.events.len().saturating_sub(limit);
         let mut agent_error = d.agent_error.clone();
-        if let Some(o) = &d.observed {
-            if !o.message.is_empty() && agent_error.is_empty() {
-                agent_error = o.message.clone();
-            }
+        if let Some(o) = &d.observed
+            && !o.message.is_empty()
+            && agent_error.is_empty()
+        {
+            agent_error = o.message.clone();
         }
         Ok(Response::new(pb::SandboxDiagnosticsResponse {
             sandbox: Some(info(&self.core, r)),
@@ -234,7 +315,10 @@ impl FastPathService for FastPathV2 {
         }))
     }
 
-    async fn resolve_endpoint(&self, req: Request<pb::ResolveEndpointRequest>) -> Result<Response<pb::ResolveEndpointResponse>, Status> {
+    async fn resolve_endpoint(
+        &self,
+        req: Request<pb::ResolveEndpointRequest>,
+    ) -> Result<Response<pb::ResolveEndpointResponse>, Status> {
         let q = req.into_inner();
         let (ns, name, uid) = reference(q.sandbox.as_ref())?;
         use pb::endpoint_target::Target;
@@ -243,10 +327,16 @@ impl FastPathService for FastPathV2 {
             Some(Target::ComponentName(c)) => (None, c),
             None => (None, String::new()),
         };
-        let route = self.core.resolve(&ns, &name, &uid, q.expected_generation, port, &component)?;
+        let route = self
+            .core
+            .resolve(&ns, &name, &uid, q.expected_generation, port, &component)?;
         Ok(Response::new(pb::ResolveEndpointResponse {
             sandbox_uid: route.record.uid.clone(),
-            endpoint: Some(pb::ResolvedEndpoint { component_name: route.component, protocol: "http".into(), port: route.port }),
+            endpoint: Some(pb::ResolvedEndpoint {
+                component_name: route.component,
+                protocol: "http".into(),
+                port: route.port,
+            }),
             proxy_endpoint: route.proxy_endpoint,
             required_headers: route.headers.into_iter().collect(),
             route_generation: route.record.generation,
@@ -254,50 +344,100 @@ impl FastPathService for FastPathV2 {
         }))
     }
 
-    async fn get_pool(&self, req: Request<pb::GetPoolRequest>) -> Result<Response<pb::PoolInfo>, Status> {
+    async fn get_pool(
+        &self,
+        req: Request<pb::GetPoolRequest>,
+    ) -> Result<Response<pb::PoolInfo>, Status> {
         let q = req.into_inner();
-        let (ns, name) = (or_default(&q.namespace), or_default(&q.pool_name));
+        let key = self.core.registry().pool_key(&q.namespace, &q.pool_name);
         self.core
             .registry()
             .pools()
             .iter()
-            .find(|p| p.pool.namespace == ns && p.pool.pool == name)
+            .find(|p| p.pool == key)
             .map(|p| Response::new(pool_info(p)))
-            .ok_or_else(|| Error::NotFoundOther(format!("pool {ns}/{name} has no agents")).into())
+            .ok_or_else(|| {
+                Error::NotFoundOther(format!("pool {}/{} has no agents", key.namespace, key.pool))
+                    .into()
+            })
     }
 
-    async fn list_pools(&self, req: Request<pb::ListPoolsRequest>) -> Result<Response<pb::ListPoolsResponse>, Status> {
-        let ns = or_default(&req.get_ref().namespace).to_string();
-        let items = self.core.registry().pools().iter().filter(|p| p.pool.namespace == ns).map(pool_info).collect();
+    async fn list_pools(
+        &self,
+        req: Request<pb::ListPoolsRequest>,
+    ) -> Result<Response<pb::ListPoolsResponse>, Status> {
+        let ns = self
+            .core
+            .registry()
+            .pool_key(&req.get_ref().namespace, "")
+            .namespace;
+        let items = self
+            .core
+            .registry()
+            .pools()
+            .iter()
+            .filter(|p| p.pool.namespace == ns)
+            .map(pool_info)
+            .collect();
         Ok(Response::new(pb::ListPoolsResponse { items }))
     }
 
-    async fn create_sandbox_snapshot(&self, _: Request<pb::CreateSandboxSnapshotRequest>) -> Result<Response<pb::CreateSandboxSnapshotResponse>, Status> {
+    async fn create_sandbox_snapshot(
+        &self,
+        _: Request<pb::CreateSandboxSnapshotRequest>,
+    ) -> Result<Response<pb::CreateSandboxSnapshotResponse>, Status> {
         Err(unimplemented("CreateSandboxSnapshot"))
     }
 
-    async fn get_sandbox_snapshot(&self, _: Request<pb::GetSandboxSnapshotRequest>) -> Result<Response<pb::GetSandboxSnapshotResponse>, Status> {
+    async fn get_sandbox_snapshot(
+        &self,
+        _: Request<pb::GetSandboxSnapshotRequest>,
+    ) -> Result<Response<pb::GetSandboxSnapshotResponse>, Status> {
         Err(unimplemented("GetSandboxSnapshot"))
     }
 
-    async fn delete_sandbox_snapshot(&self, _: Request<pb::DeleteSandboxSnapshotRequest>) -> Result<Response<pb::DeleteSandboxSnapshotResponse>, Status> {
+    async fn delete_sandbox_snapshot(
+        &self,
+        _: Request<pb::DeleteSandboxSnapshotRequest>,
+    ) -> Result<Response<pb::DeleteSandboxSnapshotResponse>, Status> {
         Err(unimplemented("DeleteSandboxSnapshot"))
     }
 
-    async fn pause_sandbox(&self, req: Request<pb::PauseSandboxRequest>) -> Result<Response<pb::PauseSandboxResponse>, Status> {
+    async fn pause_sandbox(
+        &self,
+        req: Request<pb::PauseSandboxRequest>,
+    ) -> Result<Response<pb::PauseSandboxResponse>, Status> {
         let q = req.into_inner();
         let (ns, name, uid) = reference(q.sandbox.as_ref())?;
-        let r = self.core.pause(&ns, &name, &uid, q.expected_generation, true).await?;
-        Ok(Response::new(pb::PauseSandboxResponse { sandbox: Some(info(&self.core, &r)), generation: r.generation }))
+        let r = self
+            .core
+            .pause(&ns, &name, &uid, q.expected_generation, true)
+            .await?;
+        Ok(Response::new(pb::PauseSandboxResponse {
+            sandbox: Some(info(&self.core, &r)),
+            generation: r.generation,
+        }))
     }
 
-    async fn resume_sandbox(&self, req: Request<pb::ResumeSandboxRequest>) -> Result<Response<pb::ResumeSandboxResponse>, Status> {
+    async fn resume_sandbox(
+        &self,
+        req: Request<pb::ResumeSandboxRequest>,
+    ) -> Result<Response<pb::ResumeSandboxResponse>, Status> {
         let q = req.into_inner();
         let (ns, name, uid) = reference(q.sandbox.as_ref())?;
         if !q.expected_checkpoint_id.is_empty() {
-            return Err(Error::Unimplemented("resume from a checkpoint is not supported yet (pause freezes in place)".into()).into());
+            return Err(Error::Unimplemented(
+                "resume from a checkpoint is not supported yet (pause freezes in place)".into(),
+            )
+            .into());
         }
-        let r = self.core.pause(&ns, &name, &uid, q.expected_generation, false).await?;
-        Ok(Response::new(pb::ResumeSandboxResponse { sandbox: Some(info(&self.core, &r)), generation: r.generation }))
+        let r = self
+            .core
+            .pause(&ns, &name, &uid, q.expected_generation, false)
+            .await?;
+        Ok(Response::new(pb::ResumeSandboxResponse {
+            sandbox: Some(info(&self.core, &r)),
+            generation: r.generation,
+        }))
     }
 }

@@ -62,21 +62,31 @@ impl Store for RedbStore {
             let mut sandboxes = tx.open_table(SANDBOXES).map_err(backend)?;
             let mut rids = tx.open_table(REQUEST_IDS).map_err(backend)?;
             if !record.request_id.is_empty() {
-                let holder = rids.get(record.request_id.as_str()).map_err(backend)?.map(|g| g.value().to_string());
-                if let Some(k) = holder {
-                    if let Some(existing) = sandboxes.get(k.as_str()).map_err(backend)? {
-                        return Err(StoreError::AlreadyExists(Box::new(decode(existing.value())?)));
-                    }
+                let holder = rids
+                    .get(record.request_id.as_str())
+                    .map_err(backend)?
+                    .map(|g| g.value().to_string());
+                if let Some(k) = holder
+                    && let Some(existing) = sandboxes.get(k.as_str()).map_err(backend)?
+                {
+                    return Err(StoreError::AlreadyExists(Box::new(decode(
+                        existing.value(),
+                    )?)));
                 }
             }
             let k = key(&record.namespace, &record.name);
             if let Some(existing) = sandboxes.get(k.as_str()).map_err(backend)? {
-                return Err(StoreError::AlreadyExists(Box::new(decode(existing.value())?)));
+                return Err(StoreError::AlreadyExists(Box::new(decode(
+                    existing.value(),
+                )?)));
             }
             out.revision = 1;
-            sandboxes.insert(k.as_str(), encode(&out)?.as_slice()).map_err(backend)?;
+            sandboxes
+                .insert(k.as_str(), encode(&out)?.as_slice())
+                .map_err(backend)?;
             if !record.request_id.is_empty() {
-                rids.insert(record.request_id.as_str(), k.as_str()).map_err(backend)?;
+                rids.insert(record.request_id.as_str(), k.as_str())
+                    .map_err(backend)?;
             }
         }
         tx.commit().map_err(backend)?;
@@ -86,17 +96,27 @@ impl Store for RedbStore {
     fn get(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>> {
         let tx = self.db.begin_read().map_err(backend)?;
         let t = tx.open_table(SANDBOXES).map_err(backend)?;
-        t.get(key(namespace, name).as_str()).map_err(backend)?.map(|g| decode(g.value())).transpose()
+        t.get(key(namespace, name).as_str())
+            .map_err(backend)?
+            .map(|g| decode(g.value()))
+            .transpose()
     }
 
     fn get_by_request_id(&self, request_id: &str) -> StoreResult<Option<SandboxRecord>> {
         let tx = self.db.begin_read().map_err(backend)?;
         let rids = tx.open_table(REQUEST_IDS).map_err(backend)?;
-        let Some(k) = rids.get(request_id).map_err(backend)?.map(|g| g.value().to_string()) else {
+        let Some(k) = rids
+            .get(request_id)
+            .map_err(backend)?
+            .map(|g| g.value().to_string())
+        else {
             return Ok(None);
         };
         let t = tx.open_table(SANDBOXES).map_err(backend)?;
-        t.get(k.as_str()).map_err(backend)?.map(|g| decode(g.value())).transpose()
+        t.get(k.as_str())
+            .map_err(backend)?
+            .map(|g| decode(g.value()))
+            .transpose()
     }
 
     fn replace(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
@@ -107,13 +127,22 @@ impl Store for RedbStore {
             let k = key(&record.namespace, &record.name);
             let current = match t.get(k.as_str()).map_err(backend)? {
                 Some(g) => decode(g.value())?,
-                None => return Err(StoreError::NotFound(record.namespace.clone(), record.name.clone())),
+                None => {
+                    return Err(StoreError::NotFound(
+                        record.namespace.clone(),
+                        record.name.clone(),
+                    ));
+                }
             };
             if current.revision != record.revision || current.uid != record.uid {
-                return Err(StoreError::Conflict(record.namespace.clone(), record.name.clone()));
+                return Err(StoreError::Conflict(
+                    record.namespace.clone(),
+                    record.name.clone(),
+                ));
             }
             out.revision = current.revision + 1;
-            t.insert(k.as_str(), encode(&out)?.as_slice()).map_err(backend)?;
+            t.insert(k.as_str(), encode(&out)?.as_slice())
+                .map_err(backend)?;
         }
         tx.commit().map_err(backend)?;
         Ok(out)
@@ -123,13 +152,16 @@ impl Store for RedbStore {
         let tx = self.db.begin_write().map_err(backend)?;
         let removed = {
             let mut t = tx.open_table(SANDBOXES).map_err(backend)?;
-            let removed = t.remove(key(namespace, name).as_str()).map_err(backend)?.map(|g| decode(g.value()));
+            let removed = t
+                .remove(key(namespace, name).as_str())
+                .map_err(backend)?
+                .map(|g| decode(g.value()));
             let removed = removed.transpose()?;
-            if let Some(r) = &removed {
-                if !r.request_id.is_empty() {
-                    let mut rids = tx.open_table(REQUEST_IDS).map_err(backend)?;
-                    rids.remove(r.request_id.as_str()).map_err(backend)?;
-                }
+            if let Some(r) = &removed
+                && !r.request_id.is_empty()
+            {
+                let mut rids = tx.open_table(REQUEST_IDS).map_err(backend)?;
+                rids.remove(r.request_id.as_str()).map_err(backend)?;
             }
             removed
         };
@@ -137,7 +169,12 @@ impl Store for RedbStore {
         Ok(removed)
     }
 
-    fn list(&self, namespace: Option<&str>, after: Option<&str>, limit: usize) -> StoreResult<Vec<SandboxRecord>> {
+    fn list(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<SandboxRecord>> {
         let tx = self.db.begin_read().map_err(backend)?;
         let t = tx.open_table(SANDBOXES).map_err(backend)?;
         let mut out = Vec::new();
@@ -152,7 +189,10 @@ impl Store for RedbStore {
             None => (Bound::Unbounded, Bound::Unbounded),
         };
         let range = t
-            .range::<&str>((lo.as_ref().map(|s| s.as_str()), hi.as_ref().map(|s| s.as_str())))
+            .range::<&str>((
+                lo.as_ref().map(|s| s.as_str()),
+                hi.as_ref().map(|s| s.as_str()),
+            ))
             .map_err(backend)?;
         for item in range {
             let (_, v) = item.map_err(backend)?;
@@ -168,7 +208,8 @@ impl Store for RedbStore {
         let tx = self.db.begin_write().map_err(backend)?;
         {
             let mut t = tx.open_table(AGENTS).map_err(backend)?;
-            t.insert(agent.agent_id.as_str(), encode(agent)?.as_slice()).map_err(backend)?;
+            t.insert(agent.agent_id.as_str(), encode(agent)?.as_slice())
+                .map_err(backend)?;
         }
         tx.commit().map_err(backend)
     }
@@ -179,7 +220,10 @@ impl Store for RedbStore {
         let mut out = Vec::new();
         for item in t.iter().map_err(backend)? {
             let (_, v) = item.map_err(backend)?;
-            out.push(serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt(e.to_string()))?);
+            out.push(
+                serde_json::from_slice(v.value())
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            );
         }
         Ok(out)
     }

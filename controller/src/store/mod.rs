@@ -134,7 +134,8 @@ impl SandboxRecord {
 
     /// Whether the record holds a slot on its agent.
     pub fn holds_slot(&self) -> bool {
-        !self.agent_id.is_empty() && matches!(self.phase, Phase::Pending | Phase::Running | Phase::Paused)
+        !self.agent_id.is_empty()
+            && matches!(self.phase, Phase::Pending | Phase::Running | Phase::Paused)
     }
 }
 
@@ -164,7 +165,12 @@ pub trait Store: Send + Sync + 'static {
     fn delete(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>>;
     /// Records of one namespace (all when `None`), in name order, starting
     /// after `after`, at most `limit` (0 = all).
-    fn list(&self, namespace: Option<&str>, after: Option<&str>, limit: usize) -> StoreResult<Vec<SandboxRecord>>;
+    fn list(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<SandboxRecord>>;
 
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()>;
     fn list_agents(&self) -> StoreResult<Vec<AgentRecord>>;

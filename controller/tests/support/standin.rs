@@ -48,7 +48,11 @@ struct Svc {
 }
 
 fn check_token<T>(req: &Request<T>) -> Result<(), Status> {
-    match req.metadata().get("authorization").and_then(|v| v.to_str().ok()) {
+    match req
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+    {
         Some(v) if v == format!("Bearer {AGENT_TOKEN}") => Ok(()),
         _ => Err(Status::unauthenticated("stand-in: bad token")),
     }
@@ -56,15 +60,24 @@ fn check_token<T>(req: &Request<T>) -> Result<(), Status> {
 
 #[tonic::async_trait]
 impl AgentService for Svc {
-    async fn create_sandbox(&self, req: Request<pb::CreateSandboxRequest>) -> Result<Response<pb::CreateSandboxResponse>, Status> {
+    async fn create_sandbox(
+        &self,
+        req: Request<pb::CreateSandboxRequest>,
+    ) -> Result<Response<pb::CreateSandboxResponse>, Status> {
         check_token(&req)?;
-        let spec = req.into_inner().spec.ok_or_else(|| Status::invalid_argument("spec"))?;
+        let spec = req
+            .into_inner()
+            .spec
+            .ok_or_else(|| Status::invalid_argument("spec"))?;
         if self.state.fail_creates.load(Ordering::SeqCst) {
             return Err(Status::unavailable("stand-in: creates disabled"));
         }
         let mut g = self.state.sandboxes.lock();
         if let Some(s) = g.get(&spec.sandbox_id) {
-            return Ok(Response::new(pb::CreateSandboxResponse { status: Some(s.clone()), timings: None }));
+            return Ok(Response::new(pb::CreateSandboxResponse {
+                status: Some(s.clone()),
+                timings: None,
+            }));
         }
         if g.len() >= self.capacity {
             self.state.overcommits.fetch_add(1, Ordering::SeqCst);
@@ -84,26 +97,46 @@ impl AgentService for Svc {
         };
         g.insert(spec.sandbox_id, st.clone());
         self.state.creates.fetch_add(1, Ordering::SeqCst);
-        Ok(Response::new(pb::CreateSandboxResponse { status: Some(st), timings: Some(Default::default()) }))
+        Ok(Response::new(pb::CreateSandboxResponse {
+            status: Some(st),
+            timings: Some(Default::default()),
+        }))
     }
 
-    async fn delete_sandbox(&self, req: Request<pb::DeleteSandboxRequest>) -> Result<Response<pb::DeleteSandboxResponse>, Status> {
+    async fn delete_sandbox(
+        &self,
+        req: Request<pb::DeleteSandboxRequest>,
+    ) -> Result<Response<pb::DeleteSandboxResponse>, Status> {
         check_token(&req)?;
-        let existed = self.state.sandboxes.lock().remove(&req.get_ref().sandbox_id).is_some();
+        let existed = self
+            .state
+            .sandboxes
+            .lock()
+            .remove(&req.get_ref().sandbox_id)
+            .is_some();
         Ok(Response::new(pb::DeleteSandboxResponse { existed }))
     }
 
-    async fn pause_sandbox(&self, req: Request<pb::SandboxRef>) -> Result<Response<pb::SandboxStatus>, Status> {
+    async fn pause_sandbox(
+        &self,
+        req: Request<pb::SandboxRef>,
+    ) -> Result<Response<pb::SandboxStatus>, Status> {
         check_token(&req)?;
         self.set_phase(&req.get_ref().sandbox_id, pb::SandboxPhase::Paused)
     }
 
-    async fn resume_sandbox(&self, req: Request<pb::SandboxRef>) -> Result<Response<pb::SandboxStatus>, Status> {
+    async fn resume_sandbox(
+        &self,
+        req: Request<pb::SandboxRef>,
+    ) -> Result<Response<pb::SandboxStatus>, Status> {
         check_token(&req)?;
         self.set_phase(&req.get_ref().sandbox_id, pb::SandboxPhase::Running)
     }
 
-    async fn get_sandbox(&self, req: Request<pb::SandboxRef>) -> Result<Response<pb::SandboxStatus>, Status> {
+    async fn get_sandbox(
+        &self,
+        req: Request<pb::SandboxRef>,
+    ) -> Result<Response<pb::SandboxStatus>, Status> {
         check_token(&req)?;
         self.state
             .sandboxes
@@ -114,15 +147,26 @@ impl AgentService for Svc {
             .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))
     }
 
-    async fn get_inventory(&self, _: Request<pb::GetInventoryRequest>) -> Result<Response<pb::Inventory>, Status> {
-        Err(Status::unimplemented("stand-in: heartbeats carry the inventory"))
+    async fn get_inventory(
+        &self,
+        _: Request<pb::GetInventoryRequest>,
+    ) -> Result<Response<pb::Inventory>, Status> {
+        Err(Status::unimplemented(
+            "stand-in: heartbeats carry the inventory",
+        ))
     }
 }
 
 impl Svc {
-    fn set_phase(&self, id: &str, phase: pb::SandboxPhase) -> Result<Response<pb::SandboxStatus>, Status> {
+    fn set_phase(
+        &self,
+        id: &str,
+        phase: pb::SandboxPhase,
+    ) -> Result<Response<pb::SandboxStatus>, Status> {
         let mut g = self.state.sandboxes.lock();
-        let s = g.get_mut(id).ok_or_else(|| Status::not_found("stand-in: no such sandbox"))?;
+        let s = g
+            .get_mut(id)
+            .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))?;
         s.phase = phase as i32;
         Ok(Response::new(s.clone()))
     }
@@ -131,11 +175,22 @@ impl Svc {
 impl StandInAgent {
     /// Serves AgentService on a free port and heartbeats to `controller`
     /// every `interval`.
-    pub async fn start(id: &str, pool: &str, capacity: i32, images: &[&str], controller: SocketAddr, interval: Duration) -> Self {
+    pub async fn start(
+        id: &str,
+        pool: &str,
+        capacity: i32,
+        images: &[&str],
+        controller: SocketAddr,
+        interval: Duration,
+    ) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(StandInState::default());
-        let svc = Svc { id: id.into(), capacity: capacity as usize, state: state.clone() };
+        let svc = Svc {
+            id: id.into(),
+            capacity: capacity as usize,
+            state: state.clone(),
+        };
         tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(AgentServiceServer::new(svc))
@@ -168,15 +223,27 @@ impl StandInAgent {
     }
 
     fn inventory_fn(&self) -> impl Fn() -> pb::Inventory + Send + 'static {
-        let (id, pool, cap, images, state, addr) =
-            (self.id.clone(), self.pool.clone(), self.capacity, self.images.clone(), self.state.clone(), self.addr);
+        let (id, pool, cap, images, state, addr) = (
+            self.id.clone(),
+            self.pool.clone(),
+            self.capacity,
+            self.images.clone(),
+            self.state.clone(),
+            self.addr,
+        );
         move || pb::Inventory {
             agent_id: id.clone(),
             instance_id: "stand-in".into(),
             node_name: "stand-in-node".into(),
             pool: pool.clone(),
             max_sandboxes: cap,
-            images: images.iter().map(|r| pb::ImageInfo { references: vec![r.clone()], ..Default::default() }).collect(),
+            images: images
+                .iter()
+                .map(|r| pb::ImageInfo {
+                    references: vec![r.clone()],
+                    ..Default::default()
+                })
+                .collect(),
             sandboxes: state.sandboxes.lock().values().cloned().collect(),
             api_endpoint: addr.to_string(),
             proxy_endpoint: format!("127.0.0.1:{}", addr.port() + 10000),
@@ -186,7 +253,9 @@ impl StandInAgent {
 
     pub async fn heartbeat_once(&self) {
         let target = self.controller.lock().clone();
-        send(&target, self.inventory_fn()()).await.expect("stand-in heartbeat");
+        send(&target, self.inventory_fn()())
+            .await
+            .expect("stand-in heartbeat");
     }
 
     /// Heartbeats go to another controller address from now on.
@@ -205,8 +274,15 @@ impl StandInAgent {
 }
 
 async fn send(controller: &str, inv: pb::Inventory) -> Result<(), Status> {
-    let mut c = RegistryServiceClient::connect(controller.to_string()).await.map_err(|e| Status::unavailable(e.to_string()))?;
-    let mut req = Request::new(pb::HeartbeatRequest { inventory: Some(inv) });
-    req.metadata_mut().insert("authorization", format!("Bearer {AGENT_TOKEN}").parse().unwrap());
+    let mut c = RegistryServiceClient::connect(controller.to_string())
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let mut req = Request::new(pb::HeartbeatRequest {
+        inventory: Some(inv),
+    });
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {AGENT_TOKEN}").parse().unwrap(),
+    );
     c.heartbeat(req).await.map(|_| ())
 }

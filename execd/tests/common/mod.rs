@@ -23,19 +23,26 @@ impl Execd {
         cmd.arg("--listen").arg("127.0.0.1:0");
         // Flags go before `--`; an entrypoint after it.
         cmd.args(args);
-        cmd.env_remove("EXECD_ACCESS_TOKEN").env_remove("EXECD_LISTEN").env_remove("EXECD_ENVS");
+        cmd.env_remove("EXECD_ACCESS_TOKEN")
+            .env_remove("EXECD_LISTEN")
+            .env_remove("EXECD_ENVS");
         for (k, v) in envs {
             cmd.env(k, v);
         }
         if let Some(d) = cwd {
             cmd.current_dir(d);
         }
-        cmd.stdin(Stdio::null()).stdout(Stdio::inherit()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start execd");
         let stderr = child.stderr.take().expect("stderr");
         let mut lines = BufReader::new(stderr).lines();
         let addr = loop {
-            let line = lines.next().expect("execd exited before listening").expect("read stderr");
+            let line = lines
+                .next()
+                .expect("execd exited before listening")
+                .expect("read stderr");
             if let Some(a) = line.strip_prefix("execd: listening on ") {
                 break a.trim().to_string();
             }

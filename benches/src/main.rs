@@ -1,0 +1,57 @@
+//! `sandbolt-bench`: runs the latency harness and writes its results.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use sandbolt_benches::{Options, report, scenarios};
+
+/// sandbolt's latency harness: sandbolt and its baselines (containerd API,
+/// `ctr run -d`, Docker) on a private test bed, interleaved in one run.
+/// Writes results.md, samples.csv, samples.json and latency.png.
+#[derive(Debug, Parser)]
+#[command(name = "sandbolt-bench", version)]
+struct Args {
+    /// Small run (about a minute) that proves the harness works; it says
+    /// nothing about speed.
+    #[arg(long)]
+    quick: bool,
+    /// Sequential creates per system (overrides the mode's default).
+    #[arg(long)]
+    iterations: Option<u32>,
+    /// Concurrency of the burst scenario.
+    #[arg(long)]
+    burst: Option<u32>,
+    /// Create → command → delete rounds.
+    #[arg(long)]
+    churn: Option<u32>,
+    /// Where to write the results.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let mut opts = if args.quick {
+        Options::quick(args.out.clone())
+    } else {
+        Options::full(args.out.clone())
+    };
+    opts.iterations = args.iterations.unwrap_or(opts.iterations);
+    opts.burst = args.burst.unwrap_or(opts.burst);
+    opts.churn = args.churn.unwrap_or(opts.churn);
+    opts.progress = std::io::IsTerminal::is_terminal(&std::io::stderr()) || !args.quick;
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let out = scenarios::run(&opts).await.context("benchmark run")?;
+    report::write_all(&out, &opts.out_dir, &command).context("writing results")?;
+    print!("{}", report::markdown(&out, &command));
+    eprintln!("results in {}", opts.out_dir.display());
+    Ok(())
+}

@@ -1,0 +1,767 @@
+//! The systems a run measures, all on one test bed.
+//!
+//! Baselines: containerd's API called directly through the same Rust client
+//! (the floor any containerd-based system pays), `ctr run -d` (what an
+//! operator would script), and the Docker engine. sandbolt: the agent's gRPC
+//! API (task started; execd ready), and the controller's FastPath v2 in fast
+//! and strong consistency (each with its own agent), READY = execd answers.
+
+use std::time::{Duration, Instant};
+
+use containerd_client::services::v1::container::Runtime;
+use containerd_client::services::v1::snapshots::{PrepareSnapshotRequest, RemoveSnapshotRequest};
+use containerd_client::services::v1::{
+    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
+    DeleteTaskRequest, GetImageRequest, KillRequest, StartRequest, WaitRequest,
+};
+use containerd_client::tonic::Request;
+use containerd_client::with_namespace;
+use sandbolt_agent::server::BearerToken;
+use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
+use sandbolt_controller::{Consistency, Controller, ControllerConfig, ControllerHandle};
+use sandbolt_proto::agent::v1 as agentpb;
+use sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient;
+use sandbolt_proto::fastpath::v2;
+use sandbolt_proto::fastpath::v2::fast_path_service_client::FastPathServiceClient;
+use sandbolt_testbed::{BUSYBOX_REF, Testbed, busybox_image, execd_binary};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::{BenchError, Result};
+
+/// The namespace sandbolt's agents default to, shared with the kubelet.
+pub const NAMESPACE: &str = "k8s.io";
+const TOKEN: &str = "bench-agent-token";
+const SLEEP: [&str; 2] = ["sleep", "3600"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum System {
+    ContainerdRaw,
+    CtrRun,
+    Docker,
+    Agent,
+    AgentExecd,
+    FastPathFast,
+    FastPathStrong,
+}
+
+impl System {
+    pub const ALL: [System; 7] = [
+        System::ContainerdRaw,
+        System::CtrRun,
+        System::Docker,
+        System::Agent,
+        System::AgentExecd,
+        System::FastPathFast,
+        System::FastPathStrong,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            System::ContainerdRaw => "containerd API (raw floor)",
+            System::CtrRun => "ctr run -d",
+            System::Docker => "Docker engine",
+            System::Agent => "sandbolt agent (task started)",
+            System::AgentExecd => "sandbolt agent (execd ready)",
+            System::FastPathFast => "sandbolt FastPath v2, fast",
+            System::FastPathStrong => "sandbolt FastPath v2, strong",
+        }
+    }
+
+    /// Whether the system's "ready" includes execd answering inside.
+    pub fn waits_for_execd(self) -> bool {
+        matches!(
+            self,
+            System::AgentExecd | System::FastPathFast | System::FastPathStrong
+        )
+    }
+}
+
+/// One create: client-side total and the stages the system reported.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub total_us: u64,
+    pub stages: Vec<(String, u64)>,
+}
+
+type AgentClient = AgentServiceClient<InterceptedService<Channel, BearerToken>>;
+
+struct ControllerPath {
+    controller: ControllerHandle,
+    agent: AgentHandle,
+    client: FastPathServiceClient<Channel>,
+    _dir: tempfile::TempDir,
+}
+
+/// Everything a run needs, started once.
+pub struct Bench {
+    agent: AgentHandle,
+    agent_client: AgentClient,
+    fast: ControllerPath,
+    strong: ControllerPath,
+    containerd: containerd_client::Client,
+    docker: bollard::Docker,
+    chain_id: String,
+    http: reqwest::Client,
+    /// FastPath sandboxes are named by the controller: bench id → name.
+    names: std::collections::HashMap<String, String>,
+    _state: tempfile::TempDir,
+    // Last: the daemons go after everything that talks to them.
+    bed: Testbed,
+}
+
+impl Bench {
+    pub async fn start() -> Result<Bench> {
+        let bed = tokio::task::spawn_blocking(|| -> Result<Testbed> {
+            let bed = Testbed::start_with_docker()?;
+            let image = busybox_image()?;
+            bed.import_image(&image, NAMESPACE)?;
+            bed.docker_load(&image)?;
+            Ok(bed)
+        })
+        .await
+        .map_err(|e| BenchError::system("test bed", e))??;
+        let execd = tokio::task::spawn_blocking(execd_binary)
+            .await
+            .map_err(|e| BenchError::system("execd", e))??;
+        let state = tempfile::tempdir().map_err(|e| BenchError::Io {
+            path: "tempdir".into(),
+            source: e,
+        })?;
+
+        let agent_config = |id: &str, controller: Option<String>| {
+            let mut c = AgentConfig::new(
+                id,
+                bed.containerd_socket(),
+                &execd,
+                state.path().join(id),
+                TOKEN,
+            );
+            c.controller_endpoint = controller;
+            c.controller_token = Some(TOKEN.into());
+            c.heartbeat_interval = Duration::from_millis(500);
+            c.stop_grace_period = Duration::from_secs(1);
+            c
+        };
+        let agent = Agent::start(agent_config("bench-agent", None))
+            .await
+            .map_err(|e| BenchError::system("agent", e))?;
+        let channel = Channel::from_shared(format!("http://{}", agent.grpc_addr()))
+            .expect("valid uri")
+            .connect()
+            .await
+            .map_err(|e| BenchError::system("agent", e))?;
+        let agent_client = AgentServiceClient::with_interceptor(
+            channel,
+            BearerToken::new(TOKEN).expect("ascii token"),
+        );
+
+        let mut paths = Vec::new();
+        for (name, consistency) in [("fast", Consistency::Fast), ("strong", Consistency::Strong)] {
+            let dir = tempfile::tempdir().map_err(|e| BenchError::Io {
+                path: "tempdir".into(),
+                source: e,
+            })?;
+            let mut config =
+                ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir.path(), TOKEN);
+            config.default_consistency = consistency;
+            config.heartbeat_interval = Duration::from_millis(500);
+            let controller = Controller::start(config)
+                .await
+                .map_err(|e| BenchError::system("controller", e))?;
+            let agent = Agent::start(agent_config(
+                &format!("bench-agent-{name}"),
+                Some(format!("http://{}", controller.local_addr())),
+            ))
+            .await
+            .map_err(|e| BenchError::system("agent", e))?;
+            if !controller.wait_ready(Duration::from_secs(30)).await {
+                return Err(BenchError::system(
+                    "controller",
+                    "no agent registered within 30 s",
+                ));
+            }
+            let mut client =
+                FastPathServiceClient::connect(format!("http://{}", controller.local_addr()))
+                    .await
+                    .map_err(|e| BenchError::system("controller", e))?;
+            // The agent's first heartbeat registers it; until then the pool
+            // has no live agent to place on.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let pool = client
+                    .get_pool(v2::GetPoolRequest {
+                        namespace: "default".into(),
+                        pool_name: "default".into(),
+                    })
+                    .await
+                    .map(|r| r.into_inner().ready_fastlets)
+                    .unwrap_or(0);
+                if pool > 0 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(BenchError::system(
+                        "controller",
+                        "the agent did not register within 30 s",
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            paths.push(ControllerPath {
+                controller,
+                agent,
+                client,
+                _dir: dir,
+            });
+        }
+        let strong = paths.pop().expect("two paths");
+        let fast = paths.pop().expect("two paths");
+
+        let containerd = containerd_client::Client::from_path(bed.containerd_socket())
+            .await
+            .map_err(|e| BenchError::system("containerd", e))?;
+        let docker = bollard::Docker::connect_with_unix(
+            bed.docker_socket()
+                .expect("bed has docker")
+                .to_str()
+                .expect("utf-8 path"),
+            120,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .map_err(|e| BenchError::system("docker", e))?;
+        // The test image has one layer, so its chain id is that layer's diff
+        // id; a real client caches this per image the same way.
+        let chain_id = busybox_image()?.diff_id();
+        Ok(Bench {
+            agent,
+            agent_client,
+            fast,
+            strong,
+            containerd,
+            docker,
+            chain_id,
+            http: reqwest::Client::new(),
+            names: Default::default(),
+            _state: state,
+            bed,
+        })
+    }
+
+    /// Creates one sandbox/container named `id` on `system`, ready to use.
+    pub async fn create(&mut self, system: System, id: &str) -> Result<Measured> {
+        let started = Instant::now();
+        let err = |e: &dyn std::fmt::Display| BenchError::system(system.name(), e.to_string());
+        let stages = match system {
+            System::ContainerdRaw => self.raw_create(id).await.map_err(|e| err(&e))?,
+            System::CtrRun => {
+                let out = tokio::process::Command::new("ctr")
+                    .arg("--address")
+                    .arg(self.bed.containerd_socket())
+                    .args(["-n", NAMESPACE, "run", "-d", "--null-io", BUSYBOX_REF, id])
+                    .args(SLEEP)
+                    .output()
+                    .await
+                    .map_err(|e| err(&e))?;
+                if !out.status.success() {
+                    return Err(err(&String::from_utf8_lossy(&out.stderr)));
+                }
+                Vec::new()
+            }
+            System::Docker => {
+                use bollard::models::ContainerCreateBody;
+                use bollard::query_parameters::CreateContainerOptionsBuilder;
+                let body = ContainerCreateBody {
+                    image: Some("busybox:latest".into()),
+                    cmd: Some(SLEEP.iter().map(|s| s.to_string()).collect()),
+                    ..Default::default()
+                };
+                let created = self
+                    .docker
+                    .create_container(
+                        Some(CreateContainerOptionsBuilder::new().name(id).build()),
+                        body,
+                    )
+                    .await
+                    .map_err(|e| err(&e))?;
+                let container_created = started.elapsed().as_micros() as u64;
+                self.docker
+                    .start_container(
+                        &created.id,
+                        None::<bollard::query_parameters::StartContainerOptions>,
+                    )
+                    .await
+                    .map_err(|e| err(&e))?;
+                vec![("container_created".into(), container_created)]
+            }
+            System::Agent | System::AgentExecd => {
+                let spec = agentpb::SandboxSpec {
+                    sandbox_id: id.into(),
+                    name: id.into(),
+                    namespace: "bench".into(),
+                    image: BUSYBOX_REF.into(),
+                    command: SLEEP.iter().map(|s| s.to_string()).collect(),
+                    access_token: format!("token-{id}"),
+                    wait_for_execd: system == System::AgentExecd,
+                    ..Default::default()
+                };
+                let resp = self
+                    .agent_client
+                    .create_sandbox(agentpb::CreateSandboxRequest { spec: Some(spec) })
+                    .await
+                    .map_err(|e| err(&e))?
+                    .into_inner();
+                let t = resp.timings.unwrap_or_default();
+                let mut stages = vec![
+                    ("image_resolved".to_string(), t.image_resolved_us as u64),
+                    (
+                        "container_created".to_string(),
+                        t.container_created_us as u64,
+                    ),
+                    ("task_started".to_string(), t.task_started_us as u64),
+                ];
+                if t.execd_ready_us > 0 {
+                    stages.push(("execd_ready".into(), t.execd_ready_us as u64));
+                }
+                stages
+            }
+            System::FastPathFast | System::FastPathStrong => {
+                let path = self.path(system);
+                let resp = path
+                    .client
+                    .create_sandbox(v2_create(id))
+                    .await
+                    .map_err(|e| err(&e))?
+                    .into_inner();
+                let name = resp
+                    .sandbox
+                    .and_then(|s| s.identity)
+                    .map(|i| i.name)
+                    .ok_or_else(|| err(&"create answered without an identity"))?;
+                self.names.insert(id.to_string(), name);
+                Vec::new()
+            }
+        };
+        Ok(Measured {
+            total_us: started.elapsed().as_micros() as u64,
+            stages,
+        })
+    }
+
+    /// Removes what [`Bench::create`] made (not timed).
+    pub async fn remove(&mut self, system: System, id: &str) -> Result<()> {
+        let err = |e: &dyn std::fmt::Display| BenchError::system(system.name(), e.to_string());
+        match system {
+            System::ContainerdRaw => self.raw_remove(id).await.map_err(|e| err(&e)),
+            System::CtrRun => {
+                for args in [
+                    vec!["tasks", "delete", "-f", id],
+                    vec!["containers", "delete", id],
+                ] {
+                    let out = tokio::process::Command::new("ctr")
+                        .arg("--address")
+                        .arg(self.bed.containerd_socket())
+                        .args(["-n", NAMESPACE])
+                        .args(&args)
+                        .output()
+                        .await
+                        .map_err(|e| err(&e))?;
+                    if !out.status.success() {
+                        return Err(err(&String::from_utf8_lossy(&out.stderr)));
+                    }
+                }
+                Ok(())
+            }
+            System::Docker => {
+                use bollard::query_parameters::RemoveContainerOptionsBuilder;
+                self.docker
+                    .remove_container(
+                        id,
+                        Some(RemoveContainerOptionsBuilder::new().force(true).build()),
+                    )
+                    .await
+                    .map_err(|e| err(&e))
+            }
+            System::Agent | System::AgentExecd => self
+                .agent_client
+                .delete_sandbox(agentpb::DeleteSandboxRequest {
+                    sandbox_id: id.into(),
+                    grace_period_ms: 1000,
+                })
+                .await
+                .map(|_| ())
+                .map_err(|e| err(&e)),
+            System::FastPathFast | System::FastPathStrong => {
+                let name = self.names.remove(id).unwrap_or_else(|| id.to_string());
+                self.path(system)
+                    .client
+                    .delete_sandbox(v2::DeleteRequest {
+                        sandbox: Some(reference(&name)),
+                    })
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| err(&e))
+            }
+        }
+    }
+
+    /// Runs `echo hi` through execd in a FastPath sandbox, via the endpoint
+    /// the controller resolves (the agent's proxy), and returns when the
+    /// command has completed.
+    pub async fn run_command(&mut self, system: System, id: &str) -> Result<()> {
+        let err = |e: &dyn std::fmt::Display| BenchError::system(system.name(), e.to_string());
+        let name = self
+            .names
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| id.to_string());
+        let resolved = self
+            .path(system)
+            .client
+            .resolve_endpoint(v2::ResolveEndpointRequest {
+                sandbox: Some(reference(&name)),
+                target: Some(v2::EndpointTarget {
+                    target: Some(v2::endpoint_target::Target::Port(44772)),
+                }),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| err(&e))?
+            .into_inner();
+        let mut req = self
+            .http
+            .post(format!("http://{}/command", resolved.proxy_endpoint))
+            .json(&serde_json::json!({"command": "echo hi"}));
+        for (k, v) in &resolved.required_headers {
+            req = req.header(k, v);
+        }
+        let body = req
+            .send()
+            .await
+            .map_err(|e| err(&e))?
+            .error_for_status()
+            .map_err(|e| err(&e))?
+            .text()
+            .await
+            .map_err(|e| err(&e))?;
+        if !body.contains("execution_complete") || !body.contains("hi") {
+            return Err(err(&format!("unexpected command stream: {body}")));
+        }
+        Ok(())
+    }
+
+    /// `n` creates at once on a sandbolt system; returns each create's
+    /// latency and the wall time of the whole burst. Removes them after.
+    pub async fn burst(
+        &mut self,
+        system: System,
+        n: u32,
+        tag: &str,
+    ) -> Result<(Vec<Measured>, u64)> {
+        let ids: Vec<String> = (0..n).map(|k| format!("burst-{tag}-{k}")).collect();
+        let started = Instant::now();
+        let results: Vec<std::result::Result<(String, Measured), String>> = match system {
+            System::FastPathFast | System::FastPathStrong => {
+                let client = self.path(system).client.clone();
+                futures::future::join_all(ids.iter().map(|id| {
+                    let mut client = client.clone();
+                    async move {
+                        let t = Instant::now();
+                        let resp = client
+                            .create_sandbox(v2_create(id))
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let name = resp
+                            .into_inner()
+                            .sandbox
+                            .and_then(|s| s.identity)
+                            .map(|i| i.name)
+                            .unwrap_or_default();
+                        Ok((
+                            name,
+                            Measured {
+                                total_us: t.elapsed().as_micros() as u64,
+                                stages: Vec::new(),
+                            },
+                        ))
+                    }
+                }))
+                .await
+            }
+            System::Agent | System::AgentExecd => {
+                let client = self.agent_client.clone();
+                futures::future::join_all(ids.iter().map(|id| {
+                    let mut client = client.clone();
+                    let spec = agentpb::SandboxSpec {
+                        sandbox_id: id.clone(),
+                        name: id.clone(),
+                        namespace: "bench".into(),
+                        image: BUSYBOX_REF.into(),
+                        command: SLEEP.iter().map(|s| s.to_string()).collect(),
+                        access_token: format!("token-{id}"),
+                        wait_for_execd: system == System::AgentExecd,
+                        ..Default::default()
+                    };
+                    async move {
+                        let t = Instant::now();
+                        client
+                            .create_sandbox(agentpb::CreateSandboxRequest {
+                                spec: Some(spec.clone()),
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok((
+                            spec.sandbox_id,
+                            Measured {
+                                total_us: t.elapsed().as_micros() as u64,
+                                stages: Vec::new(),
+                            },
+                        ))
+                    }
+                }))
+                .await
+            }
+            other => {
+                return Err(BenchError::system(
+                    other.name(),
+                    "no burst scenario for this system",
+                ));
+            }
+        };
+        let wall_us = started.elapsed().as_micros() as u64;
+        let mut measured = Vec::new();
+        let mut failures = Vec::new();
+        for (id, r) in ids.iter().zip(results) {
+            match r {
+                Ok((name, m)) => {
+                    if system == System::FastPathFast || system == System::FastPathStrong {
+                        self.names.insert(id.clone(), name);
+                    }
+                    measured.push(m);
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+        for id in &ids {
+            if let Err(e) = self.remove(system, id).await {
+                tracing::debug!(%id, error = %e, "burst cleanup");
+            }
+        }
+        if let Some(e) = failures.first() {
+            return Err(BenchError::system(
+                system.name(),
+                format!("{} of {n} burst creates failed, first: {e}", failures.len()),
+            ));
+        }
+        Ok((measured, wall_us))
+    }
+
+    fn path(&mut self, system: System) -> &mut ControllerPath {
+        match system {
+            System::FastPathStrong => &mut self.strong,
+            _ => &mut self.fast,
+        }
+    }
+
+    async fn raw_create(&mut self, id: &str) -> std::result::Result<Vec<(String, u64)>, String> {
+        let started = Instant::now();
+        let e = |e: tonic::Status| e.to_string();
+        self.containerd
+            .images()
+            .get(with_namespace!(
+                GetImageRequest {
+                    name: BUSYBOX_REF.into()
+                },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?;
+        let mounts = self
+            .containerd
+            .snapshots()
+            .prepare(with_namespace!(
+                PrepareSnapshotRequest {
+                    snapshotter: "overlayfs".into(),
+                    key: id.into(),
+                    parent: self.chain_id.clone(),
+                    labels: Default::default(),
+                },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?
+            .into_inner()
+            .mounts;
+        let container = Container {
+            id: id.into(),
+            image: BUSYBOX_REF.into(),
+            runtime: Some(Runtime {
+                name: "io.containerd.runc.v2".into(),
+                options: None,
+            }),
+            spec: Some(prost_types::Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/Spec".into(),
+                value: serde_json::to_vec(&minimal_spec()).expect("static JSON"),
+            }),
+            snapshotter: "overlayfs".into(),
+            snapshot_key: id.into(),
+            ..Default::default()
+        };
+        self.containerd
+            .containers()
+            .create(with_namespace!(
+                CreateContainerRequest {
+                    container: Some(container)
+                },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?;
+        let container_created = started.elapsed().as_micros() as u64;
+        self.containerd
+            .tasks()
+            .create(with_namespace!(
+                CreateTaskRequest {
+                    container_id: id.into(),
+                    rootfs: mounts,
+                    ..Default::default()
+                },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?;
+        self.containerd
+            .tasks()
+            .start(with_namespace!(
+                StartRequest {
+                    container_id: id.into(),
+                    exec_id: String::new()
+                },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?;
+        Ok(vec![("container_created".into(), container_created)])
+    }
+
+    async fn raw_remove(&mut self, id: &str) -> std::result::Result<(), String> {
+        let e = |e: tonic::Status| e.to_string();
+        let mut tasks = self.containerd.tasks();
+        let waiter = {
+            let mut tasks = tasks.clone();
+            let id = id.to_string();
+            tokio::spawn(async move {
+                tasks
+                    .wait(with_namespace!(
+                        WaitRequest {
+                            container_id: id,
+                            exec_id: String::new()
+                        },
+                        NAMESPACE
+                    ))
+                    .await
+            })
+        };
+        tasks
+            .kill(with_namespace!(
+                KillRequest {
+                    container_id: id.into(),
+                    exec_id: String::new(),
+                    signal: 9,
+                    all: true
+                },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?;
+        let _ = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+        tasks
+            .delete(with_namespace!(
+                DeleteTaskRequest {
+                    container_id: id.into()
+                },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?;
+        self.containerd
+            .containers()
+            .delete(with_namespace!(
+                DeleteContainerRequest { id: id.into() },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?;
+        self.containerd
+            .snapshots()
+            .remove(with_namespace!(
+                RemoveSnapshotRequest {
+                    snapshotter: "overlayfs".into(),
+                    key: id.into()
+                },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?;
+        Ok(())
+    }
+
+    pub async fn shutdown(self) {
+        self.agent.shutdown().await;
+        for path in [self.fast, self.strong] {
+            path.agent.shutdown().await;
+            path.controller.shutdown().await;
+        }
+        drop(self.bed);
+    }
+}
+
+fn reference(name: &str) -> v2::SandboxReference {
+    v2::SandboxReference {
+        namespaced_name: Some(v2::NamespacedName {
+            namespace: "default".into(),
+            name: name.into(),
+        }),
+        expected_uid: String::new(),
+    }
+}
+
+/// A READY create; `id` only makes the request id unique.
+pub(crate) fn v2_create(id: &str) -> v2::CreateSandboxRequest {
+    v2::CreateSandboxRequest {
+        request_id: format!("bench-{id}"),
+        // Pools are namespaced; `sandbolt up`'s agents serve `default`.
+        namespace: "default".into(),
+        // Short form on purpose: the controller normalizes references.
+        image: "busybox".into(),
+        command: SLEEP.iter().map(|s| s.to_string()).collect(),
+        completion: v2::CreateCompletion::Ready as i32,
+        ..Default::default()
+    }
+}
+
+/// A spec close to what `ctr run` generates by default: the floor.
+fn minimal_spec() -> serde_json::Value {
+    serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "args": SLEEP,
+            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+            "cwd": "/",
+            "user": {"uid": 0, "gid": 0},
+            "noNewPrivileges": true,
+        },
+        "root": {"path": "rootfs"},
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        ],
+        "linux": {
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
+                {"type": "mount"}, {"type": "network"}
+            ],
+        },
+    })
+}

@@ -1,0 +1,45 @@
+//! The harness's quick mode as a smoke test: every system and scenario
+//! produces samples, and the table, raw samples and chart are written. It
+//! asserts that the harness works — never a speed.
+
+use sandbolt_benches::systems::System;
+use sandbolt_benches::{Options, report, scenarios};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_run_measures_every_system_and_writes_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = Options::quick(dir.path().to_path_buf());
+    opts.iterations = 2;
+    opts.burst = 2;
+    opts.churn = 1;
+    let out = scenarios::run(&opts).await.expect("harness runs");
+    assert!(
+        out.skipped.is_empty(),
+        "systems that could not run: {:?}",
+        out.skipped
+    );
+    for system in System::ALL {
+        let n = out
+            .samples
+            .iter()
+            .filter(|s| s.scenario == "sequential" && s.system == system.name())
+            .count();
+        assert_eq!(n, 2, "{} sequential samples", system.name());
+    }
+    assert!(
+        out.samples
+            .iter()
+            .any(|s| s.scenario == "churn"
+                && s.stages.iter().any(|(k, _)| k == "first_command_done"))
+    );
+    assert_eq!(out.bursts.len(), 3);
+
+    report::write_all(&out, dir.path(), "test").expect("results written");
+    let md = std::fs::read_to_string(dir.path().join("results.md")).unwrap();
+    assert!(md.contains("| sequential | ctr run -d |"), "{md}");
+    assert!(md.contains("Ratios of p50"), "{md}");
+    let csv = std::fs::read_to_string(dir.path().join("samples.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + out.samples.len());
+    let png = std::fs::read(dir.path().join("latency.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}

@@ -1,0 +1,965 @@
+//! Janitor fault injection on the real test-bed containerd, with real
+//! `sandbolt controller`, `sandbolt agent` and `sandbolt janitor` processes
+//! killed with SIGKILL. Leftovers are counted through containerd's API
+//! (containers, tasks, snapshots) and the filesystem (log files, bundle
+//! mounts and dirs, processes in the sandboxes' cgroups).
+//!
+//! Where a test kills the agent as well as the controller, that is on
+//! purpose: a live agent's heartbeat lets the restarted controller's own
+//! orphan check remove the container through the agent, and the test must
+//! show that the janitor alone finds and removes it.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use containerd_client::services::v1::snapshots::{Kind, ListSnapshotsRequest};
+use containerd_client::services::v1::{ListContainersRequest, ListTasksRequest};
+use futures::StreamExt;
+use sandbolt_agent::containerd::Containerd;
+use sandbolt_agent::labels;
+use sandbolt_controller::Store;
+use sandbolt_janitor::{
+    ControllerOwnership, Janitor, JanitorConfig, KeepReason, OwnershipSource, ReapReason,
+};
+use sandbolt_proto::fastpath::v2 as fp;
+use sandbolt_proto::fastpath::v2::fast_path_service_client::FastPathServiceClient;
+use sandbolt_testbed::Testbed;
+
+const NS: &str = "k8s.io";
+const TOKEN: &str = "janitor-test-agent-token";
+const NODE: &str = "node-j";
+
+/// The fault tests share two cores: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process that is SIGKILLed (never asked) when dropped.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+    what: String,
+}
+
+impl Proc {
+    fn spawn(what: &str, cmd: &mut Command, log: PathBuf) -> Proc {
+        let f = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdout(Stdio::from(f.try_clone().unwrap()))
+            .stderr(Stdio::from(f))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {what}: {e}"));
+        Proc {
+            child,
+            log,
+            what: what.to_string(),
+        }
+    }
+
+    fn kill9(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.child.wait();
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn wait_for_line(&mut self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.output().contains(needle) {
+                return;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!(
+                    "{} exited ({st}) before printing {needle:?}:\n{}",
+                    self.what,
+                    self.output()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not print {needle:?} within {timeout:?}:\n{}",
+                self.what,
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn sandbolt() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sandbolt"));
+    c.env("SANDBOLT_LOG", "info,sandbolt_controller=debug")
+        .env_remove("SANDBOLT_CONTROLLER_FAILPOINT")
+        .env_remove(sandbolt_janitor::FAILPOINT_ENV);
+    c
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Leftovers {
+    containers: Vec<String>,
+    tasks: Vec<String>,
+    snapshots: Vec<String>,
+    logs: Vec<String>,
+    mounts: Vec<String>,
+    bundles: Vec<String>,
+    processes: Vec<String>,
+}
+
+impl Leftovers {
+    fn total(&self) -> usize {
+        self.containers.len()
+            + self.tasks.len()
+            + self.snapshots.len()
+            + self.logs.len()
+            + self.mounts.len()
+            + self.bundles.len()
+            + self.processes.len()
+    }
+}
+
+struct Env {
+    // Field order: processes die before the bed goes.
+    agents: Vec<Proc>,
+    /// Data-plane proxy address of each agent, by index.
+    proxies: Vec<String>,
+    controller: Option<Proc>,
+    controller_port: u16,
+    dir: tempfile::TempDir,
+    ctrd: Containerd,
+    /// Every sandbox id this test saw in containerd.
+    seen: BTreeSet<String>,
+    bed: Testbed,
+}
+
+impl Env {
+    async fn start() -> Env {
+        let bed = Testbed::start().expect("test bed (private containerd) must start");
+        bed.import_image(
+            &sandbolt_testbed::busybox_image().expect("busybox image"),
+            NS,
+        )
+        .expect("import busybox");
+        let ctrd = Containerd::connect(bed.containerd_socket(), NS, Duration::from_secs(30))
+            .await
+            .expect("containerd answers");
+        Env {
+            agents: vec![],
+            proxies: vec![],
+            controller: None,
+            controller_port: free_port(),
+            dir: tempfile::tempdir().unwrap(),
+            ctrd,
+            seen: BTreeSet::new(),
+            bed,
+        }
+    }
+
+    fn agent_state(&self) -> PathBuf {
+        self.dir.path().join("agent")
+    }
+
+    fn controller_data(&self) -> PathBuf {
+        self.dir.path().join("controller")
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.controller_port)
+    }
+
+    async fn start_controller(&mut self, failpoint: Option<&str>) {
+        let mut cmd = sandbolt();
+        cmd.args([
+            "controller",
+            "--listen",
+            &format!("127.0.0.1:{}", self.controller_port),
+            "--agent-token",
+            TOKEN,
+            "--consistency",
+            "fast",
+            "--data-dir",
+        ])
+        .arg(self.controller_data());
+        if let Some(f) = failpoint {
+            cmd.env("SANDBOLT_CONTROLLER_FAILPOINT", f);
+        }
+        let n = std::fs::read_dir(self.dir.path()).unwrap().count();
+        let p = Proc::spawn(
+            "controller",
+            &mut cmd,
+            self.dir.path().join(format!("controller-{n}.log")),
+        );
+        self.controller = Some(p);
+        let owner = self.owner();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while owner.ownership(NODE, &[]).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "controller did not answer:\n{}",
+                self.controller.as_ref().unwrap().output()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn kill_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.kill9();
+        }
+    }
+
+    /// Starts an agent (its own pool, so placement cannot pick another one)
+    /// and waits until the controller has it heartbeating.
+    async fn start_agent(&mut self, id: &str) -> usize {
+        let proxy = format!("127.0.0.1:{}", free_port());
+        let mut cmd = sandbolt();
+        cmd.args([
+            "agent",
+            "--agent-id",
+            id,
+            "--node-name",
+            NODE,
+            "--pool",
+            id,
+            "--containerd-namespace",
+            NS,
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--proxy-listen",
+            &proxy,
+            "--token",
+            TOKEN,
+            "--controller",
+            &self.endpoint(),
+            "--containerd-socket",
+        ])
+        .arg(self.bed.containerd_socket())
+        .arg("--execd-bin")
+        .arg(sandbolt_testbed::execd_binary().expect("static execd"))
+        .arg("--state-dir")
+        .arg(self.agent_state());
+        let p = Proc::spawn(
+            &format!("agent {id}"),
+            &mut cmd,
+            self.dir.path().join(format!("agent-{id}.log")),
+        );
+        self.agents.push(p);
+        self.proxies.push(proxy);
+        let idx = self.agents.len() - 1;
+        let owner = self.owner();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = owner.ownership(NODE, &[]).await
+                && r.agents.iter().any(|a| a.agent_id == id && a.alive())
+            {
+                return idx;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent {id} never heartbeated:\n{}",
+                self.agents[idx].output()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn owner(&self) -> ControllerOwnership {
+        ControllerOwnership::new(&self.endpoint(), TOKEN, Duration::from_secs(5)).unwrap()
+    }
+
+    async fn fastpath(&self) -> FastPathServiceClient<tonic::transport::Channel> {
+        FastPathServiceClient::connect(self.endpoint())
+            .await
+            .expect("fastpath connects")
+    }
+
+    fn janitor_config(&self, grace: Duration) -> JanitorConfig {
+        let mut cfg = JanitorConfig::new(
+            NODE,
+            self.bed.containerd_socket(),
+            self.endpoint(),
+            TOKEN,
+            self.dir.path().join("janitor"),
+        );
+        cfg.containerd_namespace = NS.into();
+        cfg.grace_period = grace;
+        cfg.interval = Duration::from_secs(3600);
+        cfg.agent_state_dir = Some(self.agent_state());
+        cfg.failpoint = None;
+        cfg
+    }
+
+    async fn janitor(&self, grace: Duration) -> Janitor {
+        Janitor::new(self.janitor_config(grace))
+            .await
+            .expect("janitor starts")
+    }
+
+    /// Managed containers now: (sandbox id, name label).
+    async fn managed(&mut self) -> Vec<(String, String)> {
+        let cs = self
+            .ctrd
+            .containers()
+            .list(self.ctrd.req(ListContainersRequest {
+                filters: vec![format!("labels.\"{}\"==true", labels::MANAGED)],
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+        let v: Vec<(String, String)> = cs
+            .into_iter()
+            .map(|c| {
+                (
+                    c.id.clone(),
+                    c.labels.get(labels::NAME).cloned().unwrap_or_default(),
+                )
+            })
+            .collect();
+        self.seen.extend(v.iter().map(|(id, _)| id.clone()));
+        v
+    }
+
+    async fn sandbox_id_of(&mut self, name: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some((id, _)) = self.managed().await.into_iter().find(|(_, n)| n == name) {
+                return id;
+            }
+            assert!(Instant::now() < deadline, "no container for sandbox {name}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// What is left of the sandboxes this test saw.
+    async fn leftovers(&self) -> Leftovers {
+        let mut l = Leftovers::default();
+        let seen = |id: &str| self.seen.contains(id);
+        let cs = self
+            .ctrd
+            .containers()
+            .list(self.ctrd.req(ListContainersRequest { filters: vec![] }))
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+        l.containers = cs.into_iter().map(|c| c.id).filter(|id| seen(id)).collect();
+        let ts = self
+            .ctrd
+            .tasks()
+            .list(self.ctrd.req(ListTasksRequest {
+                filter: String::new(),
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .tasks;
+        l.tasks = ts
+            .into_iter()
+            .map(|t| t.container_id)
+            .filter(|id| seen(id))
+            .collect();
+        let mut stream = self
+            .ctrd
+            .snapshots()
+            .list(self.ctrd.req(ListSnapshotsRequest {
+                snapshotter: "overlayfs".into(),
+                filters: vec![],
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        while let Some(chunk) = stream.next().await {
+            for i in chunk.unwrap().info {
+                if i.kind == Kind::Active as i32 && seen(&i.name) {
+                    l.snapshots.push(i.name);
+                }
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(self.agent_state().join("logs")) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.strip_suffix(".log").is_some_and(seen) {
+                    l.logs.push(n);
+                }
+            }
+        }
+        let root = self.bed.root().display().to_string();
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        for line in info.lines() {
+            let mp = line.split(' ').nth(4).unwrap_or("");
+            if mp.starts_with(&root) && self.seen.iter().any(|id| mp.contains(&format!("/{id}/"))) {
+                l.mounts.push(mp.to_string());
+            }
+        }
+        for id in &self.seen {
+            let bundle = self.bed.root().join(format!(
+                "containerd/state/io.containerd.runtime.v2.task/{NS}/{id}"
+            ));
+            if bundle.exists() {
+                l.bundles.push(bundle.display().to_string());
+            }
+        }
+        // A sandbox's network namespace lives as long as a process in it:
+        // count processes still in a sandbox's cgroup.
+        for p in std::fs::read_dir("/proc").unwrap().flatten() {
+            if !p
+                .file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+            {
+                continue;
+            }
+            let cg = std::fs::read_to_string(p.path().join("cgroup")).unwrap_or_default();
+            if let Some(id) = self
+                .seen
+                .iter()
+                .find(|id| cg.contains(&format!("/sandbolt/{id}")))
+            {
+                l.processes
+                    .push(format!("pid {} in {id}", p.file_name().to_string_lossy()));
+            }
+        }
+        l
+    }
+}
+
+fn create_req(request_id: &str, pool: &str) -> fp::CreateSandboxRequest {
+    fp::CreateSandboxRequest {
+        request_id: request_id.into(),
+        image: "busybox".into(),
+        pool_ref: pool.into(),
+        command: vec!["sleep".into(), "100000".into()],
+        completion: fp::CreateCompletion::Ready as i32,
+        ..Default::default()
+    }
+}
+
+fn reference(name: &str) -> fp::SandboxReference {
+    fp::SandboxReference {
+        namespaced_name: Some(fp::NamespacedName {
+            namespace: "default".into(),
+            name: name.into(),
+        }),
+        expected_uid: String::new(),
+    }
+}
+
+/// GET execd's /ping through the agent's data-plane proxy, as a client
+/// would (ResolveEndpoint gives the route and the headers).
+async fn ping_via_proxy(env: &Env, name: &str) -> u16 {
+    let r = env
+        .fastpath()
+        .await
+        .resolve_endpoint(fp::ResolveEndpointRequest {
+            sandbox: Some(reference(name)),
+            target: Some(fp::EndpointTarget {
+                target: Some(fp::endpoint_target::Target::ComponentName("execd".into())),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("resolve endpoint")
+        .into_inner();
+    http_get(
+        &r.proxy_endpoint,
+        "/ping",
+        &r.required_headers.into_iter().collect::<Vec<_>>(),
+    )
+    .await
+}
+
+/// Minimal HTTP/1.1 GET; returns the status code.
+async fn http_get(host_and_prefix: &str, path: &str, headers: &[(String, String)]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (host, prefix) = host_and_prefix
+        .split_once('/')
+        .unwrap_or((host_and_prefix, ""));
+    let mut s = tokio::net::TcpStream::connect(host)
+        .await
+        .expect("proxy connects");
+    let mut req = format!("GET /{prefix}{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad HTTP answer {text:?}"))
+}
+
+/// The sandbox's execd token, read from the container's OCI spec env (the
+/// test has no record to ask when the record was never written).
+async fn execd_token(env: &Env, id: &str) -> String {
+    let c = env
+        .ctrd
+        .containers()
+        .get(
+            env.ctrd
+                .req(containerd_client::services::v1::GetContainerRequest { id: id.into() }),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+        .container
+        .unwrap();
+    let spec: serde_json::Value = serde_json::from_slice(&c.spec.unwrap().value).unwrap();
+    spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .find_map(|e| e.strip_prefix("EXECD_ACCESS_TOKEN="))
+        .expect("execd token in the spec")
+        .to_string()
+}
+
+/// Waits until every managed container is older than `grace` (so only the
+/// rules, not the age, decide) — the janitor's own verdicts say so.
+async fn wait_past_grace(grace: Duration) {
+    tokio::time::sleep(grace + Duration::from_millis(200)).await;
+}
+
+/// A fast-mode container whose controller died before the record: the
+/// controller freezes at `fast-after-create` and is SIGKILLed there; the
+/// agent is SIGKILLed too (see the module comment); the controller restarts.
+async fn orphan_of_dead_controller(env: &mut Env, agent: &str, name: &str) -> String {
+    env.start_controller(Some("fast-after-create")).await;
+    let idx = env.start_agent(agent).await;
+    let mut fp = env.fastpath().await;
+    let req = create_req(name, agent);
+    let pending = tokio::spawn(async move { fp.create_sandbox(req).await });
+    env.controller
+        .as_mut()
+        .unwrap()
+        .wait_for_line(
+            "SANDBOLT_FAILPOINT_REACHED fast-after-create",
+            Duration::from_secs(60),
+        )
+        .await;
+    let sid = env.sandbox_id_of(name).await;
+    env.kill_controller();
+    env.agents[idx].kill9();
+    assert!(
+        pending.await.unwrap().is_err(),
+        "the create must fail with its controller"
+    );
+    env.start_controller(None).await;
+    sid
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("sandbolt_janitor=info")
+        .with_test_writer()
+        .try_init();
+}
+
+// ------------------------------------------------------------------ tests --
+
+/// Done-when 6: a live, recorded sandbox survives 100 scans untouched —
+/// with a zero grace period, so its age protects nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_sandbox_survives_100_scans() {
+    let _s = SERIAL.lock().await;
+    init_tracing();
+    let mut env = Env::start().await;
+    env.start_controller(None).await;
+    env.start_agent("a6").await;
+    env.fastpath()
+        .await
+        .create_sandbox(create_req("live6", "a6"))
+        .await
+        .expect("create");
+    let sid = env.sandbox_id_of("live6").await;
+    let pid_before = env
+        .ctrd
+        .tasks()
+        .get(env.ctrd.req(containerd_client::services::v1::GetRequest {
+            container_id: sid.clone(),
+            exec_id: String::new(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .process
+        .unwrap()
+        .pid;
+    assert_eq!(ping_via_proxy(&env, "live6").await, 200);
+
+    let janitor = env.janitor(Duration::ZERO).await;
+    for i in 0..100 {
+        let r = janitor.scan_once().await.expect("scan");
+        assert!(r.reaped.is_empty(), "scan {i} reaped {:?}", r.reaped);
+        assert!(r.errors.is_empty(), "scan {i}: {:?}", r.errors);
+        assert_eq!(
+            r.kept_reason(&sid),
+            Some(KeepReason::Owned),
+            "scan {i}: {r:?}"
+        );
+    }
+    let task = env
+        .ctrd
+        .tasks()
+        .get(env.ctrd.req(containerd_client::services::v1::GetRequest {
+            container_id: sid.clone(),
+            exec_id: String::new(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .process
+        .unwrap();
+    assert_eq!(task.pid, pid_before, "the sandbox's process was replaced");
+    assert_eq!(
+        task.status,
+        containerd_client::types::v1::Status::Running as i32
+    );
+    assert_eq!(
+        ping_via_proxy(&env, "live6").await,
+        200,
+        "execd must still answer through the proxy"
+    );
+    assert_eq!(
+        janitor
+            .metrics()
+            .encode()
+            .matches("sandbolt_janitor_reaped_total{")
+            .count(),
+        0
+    );
+}
+
+/// Done-when 3: the record is deleted directly in the store (controller
+/// stopped, record removed through the controller crate's store API,
+/// controller restarted) → the janitor reaps the container, reason no-record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_deleted_in_store_is_reaped() {
+    let _s = SERIAL.lock().await;
+    init_tracing();
+    let mut env = Env::start().await;
+    env.start_controller(None).await;
+    let a = env.start_agent("a3").await;
+    env.fastpath()
+        .await
+        .create_sandbox(create_req("gone3", "a3"))
+        .await
+        .expect("create");
+    let sid = env.sandbox_id_of("gone3").await;
+    env.agents[a].kill9();
+    env.kill_controller();
+    {
+        let store = sandbolt_controller::store::embedded::RedbStore::open(&env.controller_data())
+            .expect("open the store");
+        assert!(
+            store.delete("default", "gone3").expect("delete").is_some(),
+            "the record existed"
+        );
+    }
+    env.start_controller(None).await;
+
+    let grace = Duration::from_millis(500);
+    wait_past_grace(grace).await;
+    let janitor = env.janitor(grace).await;
+    let r = janitor.scan_once().await.expect("scan");
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let reaped: Vec<_> = r
+        .reaped
+        .iter()
+        .map(|x| (x.sandbox_id.as_str(), x.reason))
+        .collect();
+    assert_eq!(reaped, vec![(sid.as_str(), ReapReason::NoRecord)], "{r:?}");
+    let left = env.leftovers().await;
+    assert_eq!(left.total(), 0, "{left:?}");
+    assert_eq!(janitor.metrics().reaped_count(ReapReason::NoRecord), 1);
+}
+
+/// Done-when 2: the controller is killed after the container exists but
+/// before the fast-mode record → reaped (no-record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_killed_before_fast_record_is_reaped() {
+    let _s = SERIAL.lock().await;
+    init_tracing();
+    let mut env = Env::start().await;
+    let sid = orphan_of_dead_controller(&mut env, "a2", "orphan2").await;
+    let grace = Duration::from_millis(500);
+    wait_past_grace(grace).await;
+    let janitor = env.janitor(grace).await;
+    let r = janitor.scan_once().await.expect("scan");
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let reaped: Vec<_> = r
+        .reaped
+        .iter()
+        .map(|x| (x.sandbox_id.as_str(), x.reason, x.leftover))
+        .collect();
+    assert_eq!(
+        reaped,
+        vec![(sid.as_str(), ReapReason::NoRecord, false)],
+        "{r:?}"
+    );
+    let left = env.leftovers().await;
+    assert_eq!(left.total(), 0, "{left:?}");
+}
+
+/// Done-when 4: a fast-mode record write is delayed (the controller sits
+/// between the create and the commit) → not reaped, neither inside the
+/// grace period nor after it (the in-flight fence), and the sandbox keeps
+/// working: RUNNING, and execd answers /ping through the agent's proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_fast_record_is_not_reaped() {
+    let _s = SERIAL.lock().await;
+    init_tracing();
+    let mut env = Env::start().await;
+    env.start_controller(Some("fast-after-create")).await;
+    env.start_agent("a4").await;
+    let mut fp = env.fastpath().await;
+    let pending = tokio::spawn(async move { fp.create_sandbox(create_req("slow4", "a4")).await });
+    env.controller
+        .as_mut()
+        .unwrap()
+        .wait_for_line(
+            "SANDBOLT_FAILPOINT_REACHED fast-after-create",
+            Duration::from_secs(60),
+        )
+        .await;
+    let sid = env.sandbox_id_of("slow4").await;
+
+    // Inside the grace period: young.
+    let inside = env.janitor(Duration::from_secs(3600)).await;
+    let r = inside.scan_once().await.expect("scan");
+    assert!(r.reaped.is_empty(), "{r:?}");
+    assert_eq!(r.kept_reason(&sid), Some(KeepReason::Young), "{r:?}");
+    // Even with no grace at all the in-flight create is fenced off.
+    let no_grace = env.janitor(Duration::ZERO).await;
+    for _ in 0..10 {
+        let r = no_grace.scan_once().await.expect("scan");
+        assert!(r.reaped.is_empty(), "{r:?}");
+        assert_eq!(r.kept_reason(&sid), Some(KeepReason::InFlight), "{r:?}");
+    }
+    assert_eq!(env.leftovers().await.containers, vec![sid.clone()]);
+
+    // The sandbox works: the agent's proxy routes to its execd.
+    let proxy = env.proxies[0].clone();
+    let token = execd_token(&env, &sid).await;
+    let headers = vec![
+        ("X-Sandbolt-Access-Token".to_string(), token.clone()),
+        ("X-EXECD-ACCESS-TOKEN".to_string(), token),
+    ];
+    assert_eq!(
+        http_get(&format!("{proxy}/{sid}/44772"), "/ping", &headers).await,
+        200
+    );
+    assert!(
+        !pending.is_finished(),
+        "the create is still waiting for its record"
+    );
+    pending.abort();
+}
+
+/// Done-when 5: the janitor process is SIGKILLed in the middle of a cleanup
+/// (container gone; snapshot, log file and report not yet) → the next scan
+/// (another `sandbolt janitor` process) completes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn janitor_killed_mid_cleanup_is_completed_by_next_scan() {
+    let _s = SERIAL.lock().await;
+    init_tracing();
+    let mut env = Env::start().await;
+    let sid = orphan_of_dead_controller(&mut env, "a5", "orphan5").await;
+    let grace = Duration::from_millis(500);
+    wait_past_grace(grace).await;
+
+    let janitor_cmd = |env: &Env| {
+        let mut c = sandbolt();
+        c.args([
+            "janitor",
+            "--once",
+            "--node-name",
+            NODE,
+            "--containerd-namespace",
+            NS,
+            "--controller",
+            &env.endpoint(),
+            "--token",
+            TOKEN,
+            "--grace-period",
+            "500ms",
+        ])
+        .arg("--containerd-socket")
+        .arg(env.bed.containerd_socket())
+        .arg("--agent-state-dir")
+        .arg(env.agent_state())
+        .arg("--state-dir")
+        .arg(env.dir.path().join("janitor"));
+        c
+    };
+    let mut first = Proc::spawn(
+        "janitor (failpoint)",
+        janitor_cmd(&env).env(sandbolt_janitor::FAILPOINT_ENV, "after-container-delete"),
+        env.dir.path().join("janitor-1.log"),
+    );
+    first
+        .wait_for_line(
+            "SANDBOLT_JANITOR_FAILPOINT_REACHED after-container-delete",
+            Duration::from_secs(60),
+        )
+        .await;
+    first.kill9();
+    let half = env.leftovers().await;
+    assert!(
+        half.containers.is_empty() && half.tasks.is_empty(),
+        "the container went before the kill: {half:?}"
+    );
+    assert_eq!(
+        half.snapshots,
+        vec![sid.clone()],
+        "the snapshot is left half-way: {half:?}"
+    );
+    assert_eq!(
+        half.logs,
+        vec![format!("{sid}.log")],
+        "the log file is left half-way: {half:?}"
+    );
+
+    let out = janitor_cmd(&env).output().expect("second janitor runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "second janitor failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "reaped {sid} reason=no-record agent=a5 leftover=true"
+        )),
+        "{stdout}"
+    );
+    let left = env.leftovers().await;
+    assert_eq!(left.total(), 0, "{left:?}");
+    let journal: Vec<_> = std::fs::read_dir(env.dir.path().join("janitor/reaping"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(journal.is_empty(), "journal entries left: {journal:?}");
+}
+
+/// Done-when 1: `kill -9` of the agent in the middle of creates, 20 times
+/// (each time a fresh agent, so no restarted agent recovers and deletes
+/// what its predecessor left) → after one scan nothing is left: no
+/// container, task, snapshot, log file, bundle, mount, or process (and so
+/// no network namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_mid_create_20_times_leaves_nothing_after_one_scan() {
+    let _s = SERIAL.lock().await;
+    init_tracing();
+    let mut env = Env::start().await;
+    env.start_controller(None).await;
+    const ROUNDS: usize = 20;
+    const PER_ROUND: usize = 3;
+    let mut agent_ids = Vec::new();
+    for round in 0..ROUNDS {
+        let id = format!("k{round}");
+        let idx = env.start_agent(&id).await;
+        agent_ids.push(id.clone());
+        let mut calls = Vec::new();
+        for n in 0..PER_ROUND {
+            let mut fp = env.fastpath().await;
+            let req = create_req(&format!("r{round}-{n}"), &id);
+            calls.push(tokio::spawn(async move { fp.create_sandbox(req).await }));
+        }
+        // Kill at a different point each round: as soon as the first
+        // container exists, or a little later (task create/start, execd wait).
+        let extra = Duration::from_millis((round % 5) as u64 * 25);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mine = env
+                .managed()
+                .await
+                .iter()
+                .filter(|(_, n)| n.starts_with(&format!("r{round}-")))
+                .count();
+            if mine > 0 || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        tokio::time::sleep(extra).await;
+        env.agents[idx].kill9();
+        for c in calls {
+            let _ = c.await;
+        }
+        env.managed().await;
+    }
+    let before = env.leftovers().await;
+    assert!(
+        before.containers.len() >= ROUNDS,
+        "the kills must leave containers behind to test anything: {before:?}"
+    );
+
+    // Let containerd settle, the grace period pass and the controller mark
+    // every killed agent lost (creates that finished before a kill have
+    // live records; only their agent is gone).
+    let grace = Duration::from_secs(1);
+    wait_past_grace(grace).await;
+    let owner: Arc<dyn OwnershipSource> = Arc::new(env.owner());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = owner
+            .ownership(NODE, &[])
+            .await
+            .expect("controller answers");
+        if agent_ids
+            .iter()
+            .all(|id| r.agents.iter().any(|a| &a.agent_id == id && !a.alive()))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the controller never marked the killed agents lost"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.managed().await;
+
+    let janitor = env.janitor(grace).await;
+    let r = janitor.scan_once().await.expect("scan");
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let left = env.leftovers().await;
+    assert_eq!(
+        left,
+        Leftovers::default(),
+        "after one scan: {left:?}\nreport: {r:?}"
+    );
+    assert!(r.reaped.len() >= before.containers.len(), "{r:?}");
+    let metrics = janitor.metrics().encode();
+    assert!(
+        metrics.contains("sandbolt_janitor_reaped_total{reason="),
+        "{metrics}"
+    );
+}

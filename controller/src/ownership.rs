@@ -1,0 +1,140 @@
+//! `GetOwnership`: what the janitors ask before they reap anything.
+//!
+//! The answer combines three facts per sandbox id: the record (live,
+//! terminal, absent; its uid and current sandbox id), whether a create for
+//! the id is in flight in this process, and the liveness of the agent.
+//!
+//! Why an in-flight create can never be reaped (the janitor relies on it):
+//! every create path registers its sandbox id in `Core::inflight` before it
+//! calls the agent (so before the container can exist) and drops it only
+//! after the record is committed or the create was given up. This handler
+//! reads the in-flight set *before* the store. So if it answers "not in
+//! flight" for a container that exists, the create that made the container
+//! had already ended when the set was read, and its record — if it was ever
+//! going to be written — was committed before the store read that follows.
+//! A controller that dies takes its in-flight creates with it: nothing will
+//! commit their records afterwards. Sandbox ids are fresh per create, so an
+//! answer cannot be overtaken by a later create of the same id (the reset
+//! restart reuses an id, but only under a live record).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use sandbolt_proto::agent::v1 as pb;
+
+use crate::error::Result;
+use crate::placement::or_default;
+use crate::registry::AgentInfo;
+use crate::sandboxes::Core;
+use crate::store::{Phase, SandboxRecord};
+
+fn liveness(agent_id: &str, a: Option<&AgentInfo>, now: Instant) -> pb::AgentLiveness {
+    match a {
+        Some(a) => pb::AgentLiveness {
+            agent_id: a.agent_id.clone(),
+            registered: true,
+            heartbeating: !a.lost,
+            instance_id: a.instance_id.clone(),
+            last_heartbeat_age_ms: now.saturating_duration_since(a.last_seen).as_millis() as i64,
+            node_name: a.node_name.clone(),
+        },
+        None => pb::AgentLiveness {
+            agent_id: agent_id.to_string(),
+            ..Default::default()
+        },
+    }
+}
+
+fn record_state(r: Option<&SandboxRecord>) -> pb::RecordState {
+    match r.map(|r| r.phase) {
+        None => pb::RecordState::Absent,
+        Some(Phase::Failed) => pb::RecordState::Terminal,
+        Some(Phase::Pending | Phase::Running | Phase::Paused | Phase::Recovering) => {
+            pb::RecordState::Live
+        }
+    }
+}
+
+impl Core {
+    pub fn ownership(&self, req: &pb::GetOwnershipRequest) -> Result<pb::GetOwnershipResponse> {
+        // Order matters, see the module comment: in-flight set first, store after.
+        let inflight: HashSet<String> = req
+            .queries
+            .iter()
+            .filter(|q| self.inflight.lock().contains(&q.sandbox_id))
+            .map(|q| q.sandbox_id.clone())
+            .collect();
+        let ready = self.is_ready();
+        // Leftovers come without a name: one scan of the store finds them by
+        // sandbox id (rare; the janitor only asks for what it found).
+        let by_sid: HashMap<String, SandboxRecord> =
+            if req.queries.iter().any(|q| q.name.is_empty()) {
+                self.store
+                    .list(None, None, 0)?
+                    .into_iter()
+                    .map(|r| (r.sandbox_id.clone(), r))
+                    .collect()
+            } else {
+                HashMap::new()
+            };
+        let agents: HashMap<String, AgentInfo> = self
+            .registry
+            .agents()
+            .into_iter()
+            .map(|a| (a.agent_id.clone(), a))
+            .collect();
+        let now = Instant::now();
+        let mut answers = Vec::with_capacity(req.queries.len());
+        for q in &req.queries {
+            let record = if q.name.is_empty() {
+                by_sid.get(&q.sandbox_id).cloned()
+            } else {
+                self.store.get(or_default(&q.namespace), &q.name)?
+            };
+            let agent_id = if q.agent_id.is_empty() {
+                record
+                    .as_ref()
+                    .map(|r| r.agent_id.clone())
+                    .unwrap_or_default()
+            } else {
+                q.agent_id.clone()
+            };
+            answers.push(pb::Ownership {
+                sandbox_id: q.sandbox_id.clone(),
+                record_state: record_state(record.as_ref()) as i32,
+                record_uid: record.as_ref().map(|r| r.uid.clone()).unwrap_or_default(),
+                record_sandbox_id: record
+                    .as_ref()
+                    .map(|r| r.sandbox_id.clone())
+                    .unwrap_or_default(),
+                record_phase: record
+                    .as_ref()
+                    .map(|r| format!("{:?}", r.phase))
+                    .unwrap_or_default(),
+                create_in_flight: inflight.contains(&q.sandbox_id),
+                agent: Some(liveness(&agent_id, agents.get(&agent_id), now)),
+            });
+        }
+        let mut all: Vec<pb::AgentLiveness> = agents
+            .values()
+            .map(|a| liveness(&a.agent_id, Some(a), now))
+            .collect();
+        all.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        Ok(pb::GetOwnershipResponse {
+            ready,
+            answers,
+            agents: all,
+            fast_commit_deadline_ms: self.fast_commit_deadline_ms(),
+        })
+    }
+
+    /// The longest a fast create can take from the agent call to the end of
+    /// its record commit retries (the sleeps of `create_fast`), excluding the
+    /// store's own write time.
+    fn fast_commit_deadline_ms(&self) -> i64 {
+        let retries: u64 = (0..self.config.record_commit_attempts.max(1))
+            .map(|a| 20u64 << a.min(6))
+            .sum();
+        self.config.create_deadline.as_millis() as i64 + retries as i64
+    }
+}

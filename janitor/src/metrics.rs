@@ -1,0 +1,124 @@
+//! Prometheus counters. The CLI serves [`Metrics::encode`] where it wants.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::rules::ReapReason;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    reaped: Family<ReasonLabel, Counter>,
+    scans: Counter,
+    /// Scans that reaped nothing because ownership could not be established.
+    fail_safe: Counter,
+    cleanup_errors: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let reaped = Family::<ReasonLabel, Counter>::default();
+        let scans = Counter::default();
+        let fail_safe = Counter::default();
+        let cleanup_errors = Counter::default();
+        registry.register(
+            "sandbolt_janitor_reaped",
+            "Sandboxes removed by the janitor, by reason",
+            reaped.clone(),
+        );
+        registry.register("sandbolt_janitor_scans", "Janitor scans run", scans.clone());
+        registry.register(
+            "sandbolt_janitor_fail_safe_scans",
+            "Scans that reaped nothing because the controller could not be asked",
+            fail_safe.clone(),
+        );
+        registry.register(
+            "sandbolt_janitor_cleanup_errors",
+            "Cleanups that failed and are retried by the next scan",
+            cleanup_errors.clone(),
+        );
+        Self {
+            registry,
+            reaped,
+            scans,
+            fail_safe,
+            cleanup_errors,
+        }
+    }
+
+    pub(crate) fn reaped(&self, reason: ReapReason) {
+        self.reaped
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn scan(&self) {
+        self.scans.inc();
+    }
+
+    pub(crate) fn fail_safe(&self) {
+        self.fail_safe.inc();
+    }
+
+    pub(crate) fn cleanup_error(&self) {
+        self.cleanup_errors.inc();
+    }
+
+    pub fn reaped_count(&self, reason: ReapReason) -> u64 {
+        self.reaped
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .get()
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reaps_are_counted_by_reason() {
+        let m = Metrics::new();
+        m.reaped(ReapReason::NoRecord);
+        m.reaped(ReapReason::NoRecord);
+        m.reaped(ReapReason::AgentGone);
+        let text = m.encode();
+        assert!(
+            text.contains("sandbolt_janitor_reaped_total{reason=\"no-record\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sandbolt_janitor_reaped_total{reason=\"agent-gone\"} 1"),
+            "{text}"
+        );
+        assert_eq!(m.reaped_count(ReapReason::NoRecord), 2);
+    }
+}

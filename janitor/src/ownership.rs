@@ -1,0 +1,172 @@
+//! Who owns a sandbox: the one seam of the janitor. Standalone, the
+//! controller answers over gRPC ([`ControllerOwnership`]); on Kubernetes a
+//! source backed by pods and Sandbox resources will implement the same trait.
+
+use std::time::Duration;
+
+use sandbolt_agent::server::BearerToken;
+use sandbolt_proto::agent::v1 as pb;
+use sandbolt_proto::agent::v1::registry_service_client::RegistryServiceClient;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{JanitorError, Result};
+use crate::rules::{
+    AgentFacts, ContainerFacts, OwnershipAnswer, OwnershipReport, ReapReason, RecordState,
+};
+
+#[tonic::async_trait]
+pub trait OwnershipSource: Send + Sync + 'static {
+    /// Answers for every query, in order. An error means "do not know":
+    /// the caller reaps nothing.
+    async fn ownership(
+        &self,
+        node_name: &str,
+        queries: &[ContainerFacts],
+    ) -> Result<OwnershipReport>;
+
+    /// Tells the owner a container was removed, so its slot is released.
+    async fn report_reaped(
+        &self,
+        node_name: &str,
+        sandbox_id: &str,
+        agent_id: &str,
+        reason: ReapReason,
+    ) -> Result<()>;
+}
+
+type Client = RegistryServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// The controller's `RegistryService`, authenticated with the agent token.
+#[derive(Clone)]
+pub struct ControllerOwnership {
+    client: Client,
+    timeout: Duration,
+}
+
+impl ControllerOwnership {
+    /// Builds a lazy channel: an unreachable controller shows up as an error
+    /// of the call, never at start-up.
+    pub fn new(endpoint: &str, token: &str, timeout: Duration) -> Result<Self> {
+        let ep = Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| JanitorError::Config(format!("controller endpoint {endpoint:?}: {e}")))?
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .tcp_nodelay(true);
+        let auth = BearerToken::new(token).map_err(|e| JanitorError::Config(e.to_string()))?;
+        Ok(Self {
+            client: RegistryServiceClient::with_interceptor(ep.connect_lazy(), auth),
+            timeout,
+        })
+    }
+}
+
+fn agent_facts(a: pb::AgentLiveness) -> AgentFacts {
+    AgentFacts {
+        agent_id: a.agent_id,
+        registered: a.registered,
+        heartbeating: a.heartbeating,
+        instance_id: a.instance_id,
+        node_name: a.node_name,
+        last_heartbeat_age_ms: a.last_heartbeat_age_ms,
+    }
+}
+
+pub(crate) fn from_proto(
+    resp: pb::GetOwnershipResponse,
+    n_queries: usize,
+) -> Result<OwnershipReport> {
+    if resp.answers.len() != n_queries {
+        return Err(JanitorError::OwnershipUnavailable(format!(
+            "asked about {n_queries} sandboxes, got {} answers",
+            resp.answers.len()
+        )));
+    }
+    let answers = resp
+        .answers
+        .into_iter()
+        .map(|a| {
+            let record = match pb::RecordState::try_from(a.record_state) {
+                Ok(pb::RecordState::Absent) => Ok(RecordState::Absent),
+                Ok(pb::RecordState::Live) => Ok(RecordState::Live),
+                Ok(pb::RecordState::Terminal) => Ok(RecordState::Terminal),
+                // An answer the janitor does not understand proves nothing.
+                _ => Err(JanitorError::OwnershipUnavailable(format!(
+                    "unknown record state {} for {}",
+                    a.record_state, a.sandbox_id
+                ))),
+            }?;
+            Ok(OwnershipAnswer {
+                sandbox_id: a.sandbox_id,
+                record,
+                record_uid: a.record_uid,
+                record_sandbox_id: a.record_sandbox_id,
+                record_phase: a.record_phase,
+                create_in_flight: a.create_in_flight,
+                agent: a.agent.map(agent_facts).unwrap_or_default(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(OwnershipReport {
+        ready: resp.ready,
+        answers,
+        agents: resp.agents.into_iter().map(agent_facts).collect(),
+        fast_commit_deadline_ms: resp.fast_commit_deadline_ms,
+    })
+}
+
+#[tonic::async_trait]
+impl OwnershipSource for ControllerOwnership {
+    async fn ownership(
+        &self,
+        node_name: &str,
+        queries: &[ContainerFacts],
+    ) -> Result<OwnershipReport> {
+        let req = pb::GetOwnershipRequest {
+            node_name: node_name.to_string(),
+            queries: queries
+                .iter()
+                .map(|c| pb::OwnershipQuery {
+                    sandbox_id: c.sandbox_id.clone(),
+                    name: c.name.clone(),
+                    namespace: c.namespace.clone(),
+                    record_uid: c.record_uid.clone(),
+                    agent_id: c.agent_id.clone(),
+                })
+                .collect(),
+        };
+        let resp = tokio::time::timeout(self.timeout, self.client.clone().get_ownership(req))
+            .await
+            .map_err(|_| {
+                JanitorError::OwnershipUnavailable(format!("no answer within {:?}", self.timeout))
+            })?
+            .map_err(|s| {
+                JanitorError::OwnershipUnavailable(format!("{}: {}", s.code(), s.message()))
+            })?;
+        from_proto(resp.into_inner(), queries.len())
+    }
+
+    async fn report_reaped(
+        &self,
+        node_name: &str,
+        sandbox_id: &str,
+        agent_id: &str,
+        reason: ReapReason,
+    ) -> Result<()> {
+        let req = pb::ReportReapedRequest {
+            node_name: node_name.to_string(),
+            sandbox_id: sandbox_id.to_string(),
+            agent_id: agent_id.to_string(),
+            reason: reason.as_str().to_string(),
+        };
+        tokio::time::timeout(self.timeout, self.client.clone().report_reaped(req))
+            .await
+            .map_err(|_| {
+                JanitorError::OwnershipUnavailable(format!("no answer within {:?}", self.timeout))
+            })?
+            .map_err(|s| {
+                JanitorError::OwnershipUnavailable(format!("{}: {}", s.code(), s.message()))
+            })?;
+        Ok(())
+    }
+}

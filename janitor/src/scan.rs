@@ -1,0 +1,511 @@
+//! One scan: list, ask, decide, fence, remove, report.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use containerd_client::services::v1::Container;
+use parking_lot::Mutex;
+use sandbolt_agent::labels;
+
+use crate::config::JanitorConfig;
+use crate::error::{JanitorError, Result};
+use crate::journal::{self, Journal};
+use crate::metrics::Metrics;
+use crate::node::{self, Node};
+use crate::ownership::{ControllerOwnership, OwnershipSource};
+use crate::rules::{self, ContainerFacts, KeepReason, OwnershipReport, ReapReason, Verdict};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaped {
+    pub sandbox_id: String,
+    pub agent_id: String,
+    pub reason: ReapReason,
+    /// Only remains were left (snapshot, log file): the container was
+    /// already gone when this scan started.
+    pub leftover: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    pub sandbox_id: String,
+    pub reason: KeepReason,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScanReport {
+    /// Managed containers found.
+    pub containers: usize,
+    pub reaped: Vec<Reaped>,
+    pub kept: Vec<Kept>,
+    /// Cleanups that failed part-way (the next scan retries them) and
+    /// fences that could not be checked.
+    pub errors: Vec<String>,
+    pub controller_ready: bool,
+}
+
+impl ScanReport {
+    pub fn reaped_ids(&self) -> Vec<&str> {
+        self.reaped.iter().map(|r| r.sandbox_id.as_str()).collect()
+    }
+
+    pub fn kept_reason(&self, sandbox_id: &str) -> Option<KeepReason> {
+        self.kept
+            .iter()
+            .find(|k| k.sandbox_id == sandbox_id)
+            .map(|k| k.reason)
+    }
+}
+
+/// Remains of a sandbox whose container is gone.
+#[derive(Debug, Default)]
+struct Leftover {
+    facts: ContainerFacts,
+    snapshot: Option<(String, String)>,
+    /// Youngest evidence (snapshot creation, log write); `Some(0)` when the
+    /// journal proves a fenced decision was already taken.
+    created_at_ms: Option<i64>,
+    journal: Option<journal::Entry>,
+}
+
+pub struct Janitor {
+    cfg: JanitorConfig,
+    node: Node,
+    owner: Arc<dyn OwnershipSource>,
+    journal: Journal,
+    metrics: Arc<Metrics>,
+    /// Scans never overlap (periodic, triggered and `scan_once` callers).
+    scan_lock: tokio::sync::Mutex<()>,
+    /// Agents whose containers the last scan saw (trigger filter).
+    pub(crate) seen_agents: Mutex<HashSet<String>>,
+    warned_grace: AtomicBool,
+}
+
+fn facts_of(c: &Container) -> Option<ContainerFacts> {
+    let l = &c.labels;
+    let get = |k: &str| l.get(k).cloned().unwrap_or_default();
+    let label_sid = get(labels::SANDBOX_ID);
+    if !label_sid.is_empty() && label_sid != c.id {
+        // The agent always names the container after the sandbox; anything
+        // else was not made by it and is not provably ours.
+        tracing::warn!(container = %c.id, sandbox_label = %label_sid, "managed container whose id is not its sandbox id; left alone");
+        return None;
+    }
+    let label_ms = get(labels::CREATED_AT)
+        .parse::<i64>()
+        .ok()
+        .filter(|t| *t > 0);
+    // The later of the two: a container never looks older than it is.
+    let created_at_ms = match (label_ms, node::ts_ms(&c.created_at)) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    Some(ContainerFacts {
+        sandbox_id: c.id.clone(),
+        name: get(labels::NAME),
+        namespace: get(labels::NAMESPACE),
+        record_uid: get(labels::RECORD_UID),
+        agent_id: get(labels::AGENT_ID),
+        created_at_ms,
+    })
+}
+
+impl Janitor {
+    /// Connects to containerd; the controller is asked lazily, per scan.
+    pub async fn new(cfg: JanitorConfig) -> Result<Self> {
+        let owner =
+            ControllerOwnership::new(&cfg.controller_endpoint, &cfg.token, cfg.rpc_timeout)?;
+        Self::with_source(cfg, Arc::new(owner)).await
+    }
+
+    pub async fn with_source(cfg: JanitorConfig, owner: Arc<dyn OwnershipSource>) -> Result<Self> {
+        if cfg.token.is_empty() {
+            return Err(JanitorError::Config(
+                "the agent token is required: the controller authenticates janitors with it".into(),
+            ));
+        }
+        if cfg.interval.is_zero() {
+            return Err(JanitorError::Config(
+                "the scan interval must be positive".into(),
+            ));
+        }
+        let journal = Journal::open(&cfg.state_dir)?;
+        let node = Node::connect(&cfg).await?;
+        Ok(Self {
+            cfg,
+            node,
+            owner,
+            journal,
+            metrics: Arc::new(Metrics::new()),
+            scan_lock: tokio::sync::Mutex::new(()),
+            seen_agents: Mutex::new(HashSet::new()),
+            warned_grace: AtomicBool::new(false),
+        })
+    }
+
+    pub fn config(&self) -> &JanitorConfig {
+        &self.cfg
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// One full scan. `Err` only when nothing could be decided (containerd
+    /// or the ownership source unavailable): then nothing was reaped.
+    pub async fn scan_once(&self) -> Result<ScanReport> {
+        let _g = self.scan_lock.lock().await;
+        self.metrics.scan();
+        let mut report = ScanReport::default();
+
+        // Listing order matters: journal, log files and snapshots before
+        // containers. The agent creates the container before its snapshot
+        // and its log file, so remains seen first whose container is missing
+        // afterwards cannot belong to a create that started in between.
+        let pending = self.journal.pending()?;
+        let logs = self.node.log_files()?;
+        let snapshots = self.node.active_snapshots().await?;
+        let containers = self.node.containers().await?;
+
+        let container_ids: HashSet<&str> = containers.iter().map(|c| c.id.as_str()).collect();
+        let referenced: HashSet<(&str, &str)> = containers
+            .iter()
+            .map(|c| (c.snapshotter.as_str(), c.snapshot_key.as_str()))
+            .collect();
+        let managed: Vec<(&Container, ContainerFacts)> = containers
+            .iter()
+            .filter(|c| c.labels.get(labels::MANAGED).is_some_and(|v| v == "true"))
+            .filter_map(|c| facts_of(c).map(|f| (c, f)))
+            .collect();
+        report.containers = managed.len();
+        *self.seen_agents.lock() = managed.iter().map(|(_, f)| f.agent_id.clone()).collect();
+
+        let mut leftovers: BTreeMap<String, Leftover> = BTreeMap::new();
+        for e in pending {
+            if container_ids.contains(e.sandbox_id.as_str()) {
+                continue;
+            }
+            leftovers.insert(
+                e.sandbox_id.clone(),
+                Leftover {
+                    facts: ContainerFacts {
+                        sandbox_id: e.sandbox_id.clone(),
+                        name: e.name.clone(),
+                        namespace: e.namespace.clone(),
+                        agent_id: e.agent_id.clone(),
+                        ..Default::default()
+                    },
+                    snapshot: Some((e.snapshotter.clone(), e.snapshot_key.clone())),
+                    created_at_ms: Some(0),
+                    journal: Some(e),
+                },
+            );
+        }
+        for (id, mtime) in &logs {
+            if container_ids.contains(id.as_str()) {
+                continue;
+            }
+            let l = leftovers.entry(id.clone()).or_default();
+            l.facts.sandbox_id = id.clone();
+            if l.journal.is_none() {
+                l.created_at_ms = Some(l.created_at_ms.unwrap_or(0).max(*mtime));
+            }
+        }
+        for s in &snapshots {
+            let key = s.name.as_str();
+            if !journal::safe_id(key)
+                || container_ids.contains(key)
+                || referenced.contains(&(self.node.snapshotter(), key))
+            {
+                continue;
+            }
+            // Provably sandbolt's: the key is a sandbox id the journal or the
+            // agent's log dir names, or the snapshot says so in its labels.
+            let labelled = s.labels.get(labels::SANDBOX_ID).is_some_and(|v| v == key);
+            let named = leftovers.contains_key(key);
+            if !labelled && !named {
+                continue;
+            }
+            let l = leftovers.entry(key.to_string()).or_default();
+            l.facts.sandbox_id = key.to_string();
+            l.snapshot = Some((self.node.snapshotter().to_string(), key.to_string()));
+            if l.journal.is_none() {
+                // Unknown creation time counts as "now": young, kept.
+                let created = node::ts_ms(&s.created_at).unwrap_or(i64::MAX);
+                l.created_at_ms = Some(l.created_at_ms.unwrap_or(0).max(created));
+            }
+        }
+
+        let mut queries: Vec<ContainerFacts> = managed.iter().map(|(_, f)| f.clone()).collect();
+        queries.extend(leftovers.values().map(|l| l.facts.clone()));
+        if queries.is_empty() {
+            report.controller_ready = true;
+            return Ok(report);
+        }
+        let answer = match self.owner.ownership(&self.cfg.node_name, &queries).await {
+            Ok(a) => a,
+            Err(e) => {
+                self.metrics.fail_safe();
+                tracing::warn!(error = %e, containers = managed.len(), leftovers = leftovers.len(), "ownership unknown: reaping NOTHING this scan (fail safe)");
+                return Err(e);
+            }
+        };
+        report.controller_ready = answer.ready;
+        self.check_grace(&answer);
+        let now = node::now_ms();
+        let grace = self.cfg.grace_period;
+
+        let (container_answers, leftover_answers) = answer.answers.split_at(managed.len());
+        for ((c, facts), o) in managed.iter().zip(container_answers) {
+            match rules::evaluate(facts, o, answer.ready, now, grace) {
+                Verdict::Keep(k) => report.kept.push(Kept {
+                    sandbox_id: facts.sandbox_id.clone(),
+                    reason: k,
+                }),
+                Verdict::Reap(reason) => {
+                    if !self.reap_container(c, facts, reason, &mut report).await {
+                        return Ok(report);
+                    }
+                }
+            }
+        }
+        for (l, o) in leftovers.into_values().zip(leftover_answers) {
+            match rules::evaluate_leftover(&l.facts.sandbox_id, o, l.created_at_ms, now, grace) {
+                Verdict::Keep(k) => {
+                    if k == KeepReason::Owned
+                        && let Some(e) = &l.journal
+                    {
+                        // The id lives again under its record (a reset
+                        // restart): the remains are the new sandbox's.
+                        tracing::info!(sandbox = %e.sandbox_id, "journal entry of a sandbox that is owned again; dropped");
+                        self.journal.finish(&e.sandbox_id)?;
+                    }
+                    report.kept.push(Kept {
+                        sandbox_id: l.facts.sandbox_id.clone(),
+                        reason: k,
+                    });
+                }
+                Verdict::Reap(reason) => {
+                    if !self.reap_leftover(l, reason, &mut report).await {
+                        return Ok(report);
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    fn check_grace(&self, a: &OwnershipReport) {
+        let grace = self.cfg.grace_period.as_millis() as i64;
+        if a.fast_commit_deadline_ms > 0
+            && grace <= a.fast_commit_deadline_ms
+            && !self.warned_grace.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                grace_ms = grace,
+                fast_commit_deadline_ms = a.fast_commit_deadline_ms,
+                "grace period is not above the controller's fast-mode commit deadline: only the in-flight fence protects slow fast-mode creates"
+            );
+        }
+    }
+
+    /// Re-asks about one sandbox immediately before touching it. `None`
+    /// means the fence could not be checked: stop reaping.
+    async fn fence(
+        &self,
+        facts: &ContainerFacts,
+        report: &mut ScanReport,
+    ) -> Option<(rules::OwnershipAnswer, bool)> {
+        match self
+            .owner
+            .ownership(&self.cfg.node_name, std::slice::from_ref(facts))
+            .await
+        {
+            Ok(mut a) if a.answers.len() == 1 => Some((a.answers.remove(0), a.ready)),
+            Ok(_) => None,
+            Err(e) => {
+                self.metrics.fail_safe();
+                tracing::warn!(sandbox = %facts.sandbox_id, error = %e, "fence check failed: reaping NOTHING more this scan (fail safe)");
+                report
+                    .errors
+                    .push(format!("{}: fence: {e}", facts.sandbox_id));
+                None
+            }
+        }
+    }
+
+    /// Returns false when the scan must stop reaping (fence unavailable).
+    async fn reap_container(
+        &self,
+        c: &Container,
+        facts: &ContainerFacts,
+        first: ReapReason,
+        report: &mut ScanReport,
+    ) -> bool {
+        let Some((o, ready)) = self.fence(facts, report).await else {
+            return false;
+        };
+        let reason = match rules::evaluate(facts, &o, ready, node::now_ms(), self.cfg.grace_period)
+        {
+            Verdict::Reap(r) => r,
+            Verdict::Keep(k) => {
+                tracing::info!(sandbox = %facts.sandbox_id, first = %first, now = ?k, "fence: no longer an orphan; kept");
+                report.kept.push(Kept {
+                    sandbox_id: facts.sandbox_id.clone(),
+                    reason: k,
+                });
+                return true;
+            }
+        };
+        let (snapshotter, key) = if c.snapshot_key.is_empty() {
+            (
+                self.node.snapshotter().to_string(),
+                facts.sandbox_id.clone(),
+            )
+        } else {
+            (c.snapshotter.clone(), c.snapshot_key.clone())
+        };
+        let entry = journal::Entry {
+            sandbox_id: facts.sandbox_id.clone(),
+            agent_id: facts.agent_id.clone(),
+            name: facts.name.clone(),
+            namespace: facts.namespace.clone(),
+            reason: reason.as_str().into(),
+            snapshotter,
+            snapshot_key: key,
+            started_at_unix_ms: node::now_ms(),
+        };
+        if !journal::safe_id(&entry.sandbox_id) {
+            report.errors.push(format!(
+                "{}: not a sandbox id sandbolt makes; left alone",
+                entry.sandbox_id
+            ));
+            return true;
+        }
+        tracing::warn!(sandbox = %facts.sandbox_id, name = %facts.name, namespace = %facts.namespace, agent = %facts.agent_id, %reason, record = ?o.record, record_phase = %o.record_phase, "reaping orphaned sandbox");
+        if let Err(e) = self.journal.begin(&entry) {
+            report.errors.push(format!("{}: {e}", entry.sandbox_id));
+            return true;
+        }
+        let removed = async {
+            self.node.remove_container(&entry.sandbox_id).await?;
+            self.node
+                .remove_remains(&entry.sandbox_id, &entry.snapshotter, &entry.snapshot_key)
+                .await
+        }
+        .await;
+        self.finish(entry, reason, false, removed, report).await;
+        true
+    }
+
+    async fn reap_leftover(&self, l: Leftover, first: ReapReason, report: &mut ScanReport) -> bool {
+        let Some((o, _)) = self.fence(&l.facts, report).await else {
+            return false;
+        };
+        let id = l.facts.sandbox_id.clone();
+        let verdict = rules::evaluate_leftover(
+            &id,
+            &o,
+            l.created_at_ms,
+            node::now_ms(),
+            self.cfg.grace_period,
+        );
+        let Verdict::Reap(now_reason) = verdict else {
+            let Verdict::Keep(k) = verdict else {
+                unreachable!()
+            };
+            report.kept.push(Kept {
+                sandbox_id: id,
+                reason: k,
+            });
+            return true;
+        };
+        // An interrupted cleanup reports the reason it was started for.
+        let reason = l
+            .journal
+            .as_ref()
+            .and_then(|e| ReapReason::parse(&e.reason))
+            .unwrap_or(now_reason);
+        let entry = match l.journal {
+            Some(e) => e,
+            None => {
+                let e = journal::Entry {
+                    sandbox_id: id.clone(),
+                    agent_id: o.agent.agent_id.clone(),
+                    name: String::new(),
+                    namespace: String::new(),
+                    reason: reason.as_str().into(),
+                    snapshotter: self.node.snapshotter().to_string(),
+                    snapshot_key: l
+                        .snapshot
+                        .as_ref()
+                        .map(|s| s.1.clone())
+                        .unwrap_or_else(|| id.clone()),
+                    started_at_unix_ms: node::now_ms(),
+                };
+                if let Err(err) = self.journal.begin(&e) {
+                    report.errors.push(format!("{id}: {err}"));
+                    return true;
+                }
+                e
+            }
+        };
+        tracing::warn!(sandbox = %id, %reason, first = %first, "removing the remains of a partially removed sandbox");
+        // The container is gone (a container that still exists is decided
+        // by the container rules, even with a journal entry).
+        let removed = self
+            .node
+            .remove_remains(&id, &entry.snapshotter, &entry.snapshot_key)
+            .await;
+        self.finish(entry, reason, true, removed, report).await;
+        true
+    }
+
+    async fn finish(
+        &self,
+        entry: journal::Entry,
+        reason: ReapReason,
+        leftover: bool,
+        removed: Result<()>,
+        report: &mut ScanReport,
+    ) {
+        let id = entry.sandbox_id.clone();
+        if let Err(e) = removed {
+            self.metrics.cleanup_error();
+            tracing::warn!(sandbox = %id, error = %e, "cleanup incomplete; the next scan finishes it");
+            report.errors.push(format!("{id}: {e}"));
+            return;
+        }
+        if let Err(e) = self
+            .owner
+            .report_reaped(&self.cfg.node_name, &id, &entry.agent_id, reason)
+            .await
+        {
+            // Removed but unreported: the journal entry stays, the next scan
+            // re-sends the report (the controller handles it idempotently).
+            tracing::warn!(sandbox = %id, error = %e, "could not report the reap; the next scan retries");
+            report.errors.push(format!("{id}: report: {e}"));
+            return;
+        }
+        if let Err(e) = self.journal.finish(&id) {
+            report.errors.push(format!("{id}: {e}"));
+        }
+        self.metrics.reaped(reason);
+        tracing::info!(sandbox = %id, agent = %entry.agent_id, %reason, leftover, "reaped");
+        report.reaped.push(Reaped {
+            sandbox_id: id,
+            agent_id: entry.agent_id,
+            reason,
+            leftover,
+        });
+    }
+
+    /// Agents (id → instance, alive) as the controller sees them now.
+    pub(crate) async fn agents(&self) -> Result<HashMap<String, (String, bool)>> {
+        let a = self.owner.ownership(&self.cfg.node_name, &[]).await?;
+        Ok(a.agents
+            .into_iter()
+            .map(|a| (a.agent_id.clone(), (a.instance_id.clone(), a.alive())))
+            .collect())
+    }
+}
