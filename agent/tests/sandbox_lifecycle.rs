@@ -310,7 +310,7 @@ async fn auth_refused_without_or_with_wrong_token() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pull_of_a_missing_image_fails_clearly_and_unknown_runtimes_are_reported() {
-    let mut env = Env::start().await;
+    let mut env = Env::start_with(|cfg| cfg.pull_timeout = Duration::from_secs(3)).await;
     let mut s = spec("sb-pull", &["true"]);
     s.image = "registry.invalid/nobody/nothing:1".into();
     let err = env.client.create_sandbox(create_req(s)).await.unwrap_err();
@@ -322,6 +322,18 @@ async fn pull_of_a_missing_image_fails_clearly_and_unknown_runtimes_are_reported
         err.message()
     );
     assert!(leftovers(&env, "sb-pull").is_empty());
+    // A registry that never answers (TEST-NET-1 address): bounded by the
+    // pull timeout, still a clear error naming the reference.
+    let mut s = spec("sb-pull2", &["true"]);
+    s.image = "192.0.2.1:5000/x:1".into();
+    let err = env.client.create_sandbox(create_req(s)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        err.message().contains("pull of 192.0.2.1:5000/x:1 failed"),
+        "{}",
+        err.message()
+    );
+    assert!(leftovers(&env, "sb-pull2").is_empty());
 
     // A runtime that cannot run here is an error, never swapped for runc.
     let inv = env

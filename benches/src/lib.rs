@@ -12,6 +12,7 @@ pub mod machine;
 pub mod progress;
 pub mod report;
 pub mod scenarios;
+pub mod sdk;
 pub mod stats;
 pub mod systems;
 
@@ -73,6 +74,9 @@ pub struct Options {
     pub burst: u32,
     /// Create → command → delete rounds.
     pub churn: u32,
+    /// Rounds of the SDK scenario (`Sandbox.create` + `kill` on every
+    /// lifecycle server); 0 leaves the scenario out.
+    pub sdk_rounds: u32,
     pub out_dir: PathBuf,
     /// Draw a progress bar on stderr.
     pub progress: bool,
@@ -85,6 +89,7 @@ impl Options {
             iterations: 5,
             burst: 4,
             churn: 3,
+            sdk_rounds: 2,
             out_dir,
             progress: false,
         }
@@ -95,6 +100,7 @@ impl Options {
             iterations: 50,
             burst: 16,
             churn: 20,
+            sdk_rounds: 20,
             out_dir,
             progress: true,
         }

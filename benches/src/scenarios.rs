@@ -1,4 +1,4 @@
-//! The scenarios of one run: sequential creates, bursts, churn.
+//! The scenarios of one run: sequential creates, bursts, churn, SDK creates.
 
 use std::time::Instant;
 
@@ -41,7 +41,8 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
     let mut bursts = Vec::new();
     let total = (opts.iterations as u64 + 1) * enabled.len() as u64
         + BURST_SYSTEMS.len() as u64
-        + opts.churn as u64;
+        + opts.churn as u64
+        + u64::from(opts.sdk_rounds > 0);
     let mut progress = Progress::new(total, opts.progress);
 
     // Iteration 0 is a warm-up and is not recorded: the first create of
@@ -146,13 +147,21 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
             }
         }
     }
+    // SDK end-to-end: the official OpenSandbox SDK against sandbolt's
+    // lifecycle adapter (both backends) and the OpenSandbox server.
+    if opts.sdk_rounds > 0 {
+        progress.step(&format!("sdk create x{}", opts.sdk_rounds));
+        let sdk = crate::sdk::run(&bench, opts.sdk_rounds).await;
+        samples.extend(sdk.samples);
+        skipped.extend(sdk.skipped);
+    }
     progress.finish();
     bench.shutdown().await;
     Ok(RunOutput {
         machine,
         options: format!(
-            "iterations={} burst={} churn={}",
-            opts.iterations, opts.burst, opts.churn
+            "iterations={} burst={} churn={} sdk_rounds={}",
+            opts.iterations, opts.burst, opts.churn, opts.sdk_rounds
         ),
         samples,
         bursts,

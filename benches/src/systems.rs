@@ -556,6 +556,17 @@ impl Bench {
         Ok((measured, wall_us))
     }
 
+    /// The fast-mode controller's gRPC address (FastPath v2), for clients
+    /// such as the lifecycle adapter in the SDK scenario.
+    pub fn fast_controller_addr(&self) -> std::net::SocketAddr {
+        self.fast.controller.local_addr()
+    }
+
+    /// The test bed every system runs on.
+    pub fn testbed(&self) -> &Testbed {
+        &self.bed
+    }
+
     fn path(&mut self, system: System) -> &mut ControllerPath {
         match system {
             System::FastPathStrong => &mut self.strong,

@@ -46,6 +46,14 @@ pub(crate) struct LifecycleArgs {
         value_delimiter = ','
     )]
     allow_host_path: Vec<PathBuf>,
+    /// Docker backend: host address sandbox ports are published on (e.g. the
+    /// Docker bridge's gateway when sandbolt itself runs in a container).
+    #[arg(long, env = "SANDBOLT_PUBLISH_HOST_IP", default_value = "127.0.0.1")]
+    publish_host_ip: String,
+    /// Docker backend: host written into endpoints, what clients dial
+    /// (default: --publish-host-ip).
+    #[arg(long, env = "SANDBOLT_ENDPOINT_HOST")]
+    endpoint_host: Option<String>,
 }
 
 /// Refuses to run the lifecycle API open unless asked to.
@@ -77,10 +85,17 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     check_auth(&args.api_key, args.insecure)?;
     let backend = match args.controller {
         Some(c) => BackendConfig::FastPath(FastPathConfig::new(c)),
-        None => BackendConfig::Docker(DockerConfig::new(
-            args.docker_socket,
-            crate::agent_cmd::resolve_execd(args.execd_bin)?,
-        )),
+        None => {
+            let mut d = DockerConfig::new(
+                args.docker_socket,
+                crate::agent_cmd::resolve_execd(args.execd_bin)?,
+            );
+            d.endpoint_host = args
+                .endpoint_host
+                .unwrap_or_else(|| args.publish_host_ip.clone());
+            d.publish_host_ip = args.publish_host_ip;
+            BackendConfig::Docker(d)
+        }
     };
     let config = config(
         args.listen,

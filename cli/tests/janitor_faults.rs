@@ -682,6 +682,17 @@ async fn record_deleted_in_store_is_reaped() {
             "the record existed"
         );
     }
+    // No controller, no ownership: the janitor reaps nothing (fail safe),
+    // even with no grace period at all.
+    let blind = env.janitor(Duration::ZERO).await;
+    assert!(
+        matches!(
+            blind.scan_once().await,
+            Err(sandbolt_janitor::JanitorError::OwnershipUnavailable(_))
+        ),
+        "a scan without the controller must refuse to decide"
+    );
+    assert_eq!(env.leftovers().await.containers, vec![sid.clone()]);
     env.start_controller(None).await;
 
     let grace = Duration::from_millis(500);

@@ -1,49 +1,60 @@
-//! `kill -9` at the two dangerous points, with the controller as a real
-//! child process and AgentService **stand-ins** in this process (the
-//! test-bed variant with the real agent is in `e2e_testbed.rs`).
+//! `kill -9` of the controller at the two dangerous points, and across an
+//! expiry, with real components only: the controller is a child process
+//! (`sandbolt-controller`) on a fixed address over its redb store; the agent
+//! is the real one (`sandbolt_agent::Agent`) on a test bed (private
+//! containerd, busybox, static execd as PID 1), and it re-heartbeats to the
+//! restarted controller on that same address. Containers are counted
+//! through containerd itself, never through the controller or the agent.
 
 mod support;
 
-use std::sync::atomic::Ordering;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use sandbolt_agent::AgentHandle;
 use sandbolt_proto::fastpath::v2;
+use sandbolt_testbed::Testbed;
+use support::bed::{
+    V2, containers, eventually, free_port, ping_execd, reference, running_tasks, sandbox_id,
+    start_agent, start_bed, wait_agents,
+};
 use support::child::ChildController;
-use support::standin::{AGENT_TOKEN, StandInAgent};
 use tonic::Code;
 
-type V2 = v2::fast_path_service_client::FastPathServiceClient<tonic::transport::Channel>;
+const TOKEN: &str = "crash-restart-agent-token";
+/// Slots on the one agent: two, so "no double allocation" is observable.
+const CAPACITY: u32 = 2;
+const WAIT: Duration = Duration::from_secs(30);
 
-fn reference(name: &str) -> Option<v2::SandboxReference> {
-    Some(v2::SandboxReference {
-        namespaced_name: Some(v2::NamespacedName {
-            namespace: "default".into(),
-            name: name.into(),
-        }),
-        expected_uid: String::new(),
-    })
-}
-
-fn req(name: &str) -> v2::CreateSandboxRequest {
+fn req(name: &str, expires: i64) -> v2::CreateSandboxRequest {
     v2::CreateSandboxRequest {
         request_id: name.into(),
         image: "busybox".into(),
-        command: vec!["sleep".into(), "1000".into()],
+        command: vec!["sleep".into(), "3600".into()],
+        expires_at_unix_seconds: expires,
         completion: v2::CreateCompletion::Ready as i32,
         ..Default::default()
     }
 }
 
-async fn client(addr: std::net::SocketAddr) -> V2 {
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+async fn client(addr: SocketAddr) -> V2 {
     V2::connect(format!("http://{addr}")).await.unwrap()
 }
 
-/// Retries while the restarted controller waits for its agents.
+/// Retries while the restarted controller waits for its agents (writes
+/// answer UNAVAILABLE until the registry is complete).
 async fn create_when_ready(
     c: &mut V2,
     r: v2::CreateSandboxRequest,
 ) -> Result<v2::CreateSandboxResponse, tonic::Status> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + WAIT;
     loop {
         match c.create_sandbox(r.clone()).await {
             Err(e) if e.code() == Code::Unavailable && Instant::now() < deadline => {
@@ -54,40 +65,96 @@ async fn create_when_ready(
     }
 }
 
-async fn eventually<F: FnMut() -> bool>(what: &str, mut f: F) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+async fn get(c: &mut V2, name: &str) -> Result<v2::GetSandboxResponse, tonic::Status> {
+    c.get_sandbox(v2::GetSandboxRequest {
+        sandbox: reference(name),
+        expected_generation: 0,
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// Test bed, store directory, fixed controller address, one real agent.
+struct Env {
+    bed: Testbed,
+    data: tempfile::TempDir,
+    _state: tempfile::TempDir,
+    listen: SocketAddr,
+    agent: Option<AgentHandle>,
+}
+
+impl Env {
+    async fn start(mode: &str, failpoint: Option<&str>) -> (Env, ChildController) {
+        let bed = start_bed().await;
+        let data = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let listen = free_port();
+        let ctl = ChildController::spawn(data.path(), listen, mode, failpoint, TOKEN);
+        assert_eq!(ctl.addr, listen);
+        let agent = start_agent(
+            &bed,
+            "agent-a",
+            state.path(),
+            listen,
+            TOKEN,
+            CAPACITY,
+            Duration::from_millis(100),
+        )
+        .await;
+        wait_agents(&client(listen).await, 1).await;
+        let env = Env {
+            bed,
+            data,
+            _state: state,
+            listen,
+            agent: Some(agent),
+        };
+        (env, ctl)
     }
+
+    fn restart(&self, mode: &str) -> ChildController {
+        let ctl = ChildController::spawn(self.data.path(), self.listen, mode, None, TOKEN);
+        assert_eq!(ctl.addr, self.listen, "restarted on the same address");
+        ctl
+    }
+
+    async fn stop(mut self) {
+        if let Some(a) = self.agent.take() {
+            a.shutdown().await;
+        }
+    }
+}
+
+/// Acknowledged sandbox: same container, same task (not recreated), and
+/// execd answers through the agent's proxy.
+async fn assert_intact(env: &Env, c: &mut V2, name: &str, sid: &str, pid: u32) {
+    let got = get(c, name).await.unwrap();
+    let info = got.sandbox.unwrap();
+    assert!(info.ready, "{name} is ready: {info:?}");
+    assert_eq!(sandbox_id(c, name).await, sid, "{name} keeps its container");
+    let tasks = running_tasks(&env.bed).await;
+    assert_eq!(
+        tasks.get(sid),
+        Some(&pid),
+        "{name}'s task still runs, not restarted: {tasks:?}"
+    );
+    let (ep, status) = ping_execd(c, name).await;
+    assert_eq!(status, 200, "execd of {name} answers through {ep}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strong_killed_between_record_and_container() {
-    let dir = tempfile::tempdir().unwrap();
-    let ctl = ChildController::spawn(
-        dir.path(),
-        "strong",
-        Some("strong-after-record:victim"),
-        AGENT_TOKEN,
-    );
-    let agent = StandInAgent::start(
-        "agent-a",
-        "default",
-        2,
-        &["busybox"],
-        ctl.addr,
-        Duration::from_millis(100),
-    )
-    .await;
-    let mut c = client(ctl.addr).await;
-    let acked = c.create_sandbox(req("acked")).await.unwrap().into_inner();
-    let acked_uid = acked.sandbox.unwrap().identity.unwrap().uid;
+    let (env, ctl) = Env::start("strong", Some("strong-after-record:victim")).await;
+    let mut c = client(env.listen).await;
+    create_when_ready(&mut c, req("acked", 0)).await.unwrap();
+    let acked_uid = get(&mut c, "acked").await.unwrap().sandbox.unwrap().identity.unwrap().uid;
+    let acked_sid = sandbox_id(&mut c, "acked").await;
+    let acked_pid = running_tasks(&env.bed).await[&acked_sid];
 
     let mut c2 = c.clone();
-    let pending = tokio::spawn(async move { c2.create_sandbox(req("victim")).await });
+    let pending = tokio::spawn(async move { c2.create_sandbox(req("victim", 0)).await });
     let marker = tokio::task::spawn_blocking(move || {
-        let m = ctl.wait_failpoint(Duration::from_secs(10));
+        let m = ctl.wait_failpoint(WAIT);
         ctl.kill9();
         m
     })
@@ -98,105 +165,150 @@ async fn strong_killed_between_record_and_container() {
         pending.await.unwrap().is_err(),
         "the victim was never acknowledged"
     );
-    assert_eq!(agent.held(), 1, "the agent never saw the victim");
+    assert_eq!(
+        containers(&env.bed).await,
+        vec![acked_sid.clone()],
+        "killed after the record, before the agent was called: no victim container"
+    );
 
-    let ctl = ChildController::spawn(dir.path(), "strong", None, AGENT_TOKEN);
-    agent.retarget(ctl.addr);
-    let mut c = client(ctl.addr).await;
-    // The victim's record holds its slot: acked + victim fill capacity 2.
-    let extra = create_when_ready(&mut c, req("extra")).await.unwrap_err();
+    let _ctl = env.restart("strong");
+    let mut c = client(env.listen).await;
+    // The victim's committed record holds its slot: acked + victim fill the
+    // agent's two slots, so a third sandbox is refused, not double-booked.
+    let extra = create_when_ready(&mut c, req("extra", 0)).await.unwrap_err();
     assert_eq!(extra.code(), Code::ResourceExhausted, "{extra:?}");
-    // The acknowledged sandbox is intact.
-    let got = c
-        .get_sandbox(v2::GetSandboxRequest {
-            sandbox: reference("acked"),
-            expected_generation: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let info = got.sandbox.unwrap();
-    assert_eq!(info.identity.unwrap().uid, acked_uid);
-    assert!(info.ready);
-    // The committed record is re-driven to a container; a client retry gets it.
-    eventually("victim re-driven", || agent.held() == 2).await;
-    let retry = c.create_sandbox(req("victim")).await.unwrap().into_inner();
+    let got = get(&mut c, "acked").await.unwrap();
+    assert_eq!(got.sandbox.unwrap().identity.unwrap().uid, acked_uid);
+    assert_intact(&env, &mut c, "acked", &acked_sid, acked_pid).await;
+
+    // The committed record is re-driven to a container; a client retry of
+    // the same request gets that sandbox, not a second one.
+    eventually("victim re-driven to a container", WAIT, || async {
+        containers(&env.bed).await.len() == 2
+    })
+    .await;
+    let retry = create_when_ready(&mut c, req("victim", 0)).await.unwrap();
     assert!(retry.sandbox.unwrap().ready);
-    assert_eq!(agent.held(), 2);
-    assert_eq!(agent.state.overcommits.load(Ordering::SeqCst), 0);
+    let victim_sid = sandbox_id(&mut c, "victim").await;
+    let mut expected = vec![acked_sid.clone(), victim_sid.clone()];
+    expected.sort();
+    assert_eq!(containers(&env.bed).await, expected);
+    assert!(running_tasks(&env.bed).await.contains_key(&victim_sid));
+    let (_, status) = ping_execd(&mut c, "victim").await;
+    assert_eq!(status, 200, "the re-driven victim's execd answers");
+    let extra = c.create_sandbox(req("extra", 0)).await.unwrap_err();
+    assert_eq!(extra.code(), Code::ResourceExhausted, "{extra:?}");
+    assert_eq!(containers(&env.bed).await.len(), CAPACITY as usize);
+    env.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_killed_between_container_and_record() {
-    let dir = tempfile::tempdir().unwrap();
-    let ctl = ChildController::spawn(
-        dir.path(),
-        "fast",
-        Some("fast-after-create:victim"),
-        AGENT_TOKEN,
-    );
-    let agent = StandInAgent::start(
-        "agent-a",
-        "default",
-        2,
-        &["busybox"],
-        ctl.addr,
-        Duration::from_millis(100),
-    )
-    .await;
-    let mut c = client(ctl.addr).await;
-    c.create_sandbox(req("acked")).await.unwrap();
+    let (env, ctl) = Env::start("fast", Some("fast-after-create:victim")).await;
+    let mut c = client(env.listen).await;
+    create_when_ready(&mut c, req("acked", 0)).await.unwrap();
+    let acked_sid = sandbox_id(&mut c, "acked").await;
+    let acked_pid = running_tasks(&env.bed).await[&acked_sid];
 
     let mut c2 = c.clone();
-    let pending = tokio::spawn(async move { c2.create_sandbox(req("victim")).await });
-    tokio::task::spawn_blocking(move || {
-        ctl.wait_failpoint(Duration::from_secs(10));
+    let pending = tokio::spawn(async move { c2.create_sandbox(req("victim", 0)).await });
+    let marker = tokio::task::spawn_blocking(move || {
+        let m = ctl.wait_failpoint(WAIT);
         ctl.kill9();
+        m
     })
     .await
     .unwrap();
-    assert!(pending.await.unwrap().is_err());
+    assert!(marker.contains("fast-after-create victim"), "{marker}");
+    assert!(pending.await.unwrap().is_err(), "never acknowledged");
+    let before = containers(&env.bed).await;
     assert_eq!(
-        agent.held(),
+        before.len(),
         2,
-        "the victim's container exists without a record"
+        "the victim's container exists without a record: {before:?}"
     );
+    let orphan = before.iter().find(|id| **id != acked_sid).unwrap().clone();
 
-    let ctl = ChildController::spawn(dir.path(), "fast", None, AGENT_TOKEN);
-    agent.retarget(ctl.addr);
-    let mut c = client(ctl.addr).await;
-    // The orphan's slot is counted from the agent's inventory while it lives,
-    // and the orphan is removed (no record owns it).
-    eventually("orphan removed", || agent.held() == 1).await;
-    let e = c
-        .get_sandbox(v2::GetSandboxRequest {
-            sandbox: reference("victim"),
-            expected_generation: 0,
-        })
-        .await
-        .unwrap_err();
+    let _ctl = env.restart("fast");
+    let mut c = client(env.listen).await;
+    // No record owns the orphan: the restarted controller removes it.
+    eventually("orphan container removed", WAIT, || async {
+        containers(&env.bed).await == vec![acked_sid.clone()]
+    })
+    .await;
+    assert!(!running_tasks(&env.bed).await.contains_key(&orphan));
+    let e = get(&mut c, "victim").await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
-    let got = c
-        .get_sandbox(v2::GetSandboxRequest {
-            sandbox: reference("acked"),
-            expected_generation: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(got.sandbox.unwrap().ready);
-    // The freed slot is usable once the agent stops reporting the orphan;
-    // never more than capacity on the agent.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    assert_intact(&env, &mut c, "acked", &acked_sid, acked_pid).await;
+
+    // The freed slot is usable (once the agent stops reporting the orphan);
+    // the agent never holds more than its capacity.
+    let deadline = Instant::now() + WAIT;
     loop {
-        match create_when_ready(&mut c, req("extra")).await {
-            Ok(_) => break,
+        match create_when_ready(&mut c, req("extra", 0)).await {
+            Ok(r) => {
+                assert!(r.sandbox.unwrap().ready);
+                break;
+            }
             Err(e) if e.code() == Code::ResourceExhausted && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
+                tokio::time::sleep(Duration::from_millis(100)).await
             }
             Err(e) => panic!("{e:?}"),
         }
     }
-    assert_eq!(agent.held(), 2);
-    assert_eq!(agent.state.overcommits.load(Ordering::SeqCst), 0);
+    let (_, status) = ping_execd(&mut c, "extra").await;
+    assert_eq!(status, 200);
+    assert_eq!(containers(&env.bed).await.len(), CAPACITY as usize);
+    let full = c.create_sandbox(req("one-more", 0)).await.unwrap_err();
+    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
+    env.stop().await;
+}
+
+/// The expiry lives in the store: a controller SIGKILLed before a sandbox
+/// expires still deletes it (record and container) after its restart; a
+/// manual-cleanup sandbox beside it is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_survives_kill_and_restart() {
+    let (env, ctl) = Env::start("strong", None).await;
+    let mut c = client(env.listen).await;
+    let expires = now() + 5;
+    create_when_ready(&mut c, req("short", expires))
+        .await
+        .unwrap();
+    create_when_ready(&mut c, req("forever", 0)).await.unwrap();
+    let forever_sid = sandbox_id(&mut c, "forever").await;
+    let forever_pid = running_tasks(&env.bed).await[&forever_sid];
+    assert_eq!(containers(&env.bed).await.len(), 2);
+    assert!(
+        now() < expires,
+        "test precondition: the controller must die before the expiry passes"
+    );
+    tokio::task::spawn_blocking(move || ctl.kill9())
+        .await
+        .unwrap();
+    assert_eq!(
+        containers(&env.bed).await.len(),
+        2,
+        "nothing deleted before the restart"
+    );
+
+    let _ctl = env.restart("strong");
+    let mut c = client(env.listen).await;
+    eventually("expired sandbox deleted after restart", WAIT, || {
+        let mut c = c.clone();
+        async move {
+            get(&mut c, "short")
+                .await
+                .is_err_and(|e| e.code() == Code::NotFound)
+        }
+    })
+    .await;
+    eventually("expired sandbox's container removed", WAIT, || async {
+        containers(&env.bed).await == vec![forever_sid.clone()]
+    })
+    .await;
+    assert_intact(&env, &mut c, "forever", &forever_sid, forever_pid).await;
+    let got = get(&mut c, "forever").await.unwrap();
+    assert_eq!(got.generation, 1);
+    env.stop().await;
 }

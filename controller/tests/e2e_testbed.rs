@@ -1,21 +1,29 @@
 //! End to end on the test bed: the real controller, the real agent, a
 //! private containerd, busybox with execd as PID 1. No stand-ins.
+//! (Kill -9 and restarts: `crash_restart.rs`; lost agents: `lost_agent.rs`;
+//! Python clients from the contract protos: `python_contract.rs`.)
+
+mod support;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
+use sandbolt_agent::AgentHandle;
+use sandbolt_controller::store::embedded::RedbStore;
+use sandbolt_controller::store::{AgentRecord, SandboxRecord, Store, StoreError, StoreResult};
 use sandbolt_controller::{Consistency, Controller, ControllerConfig, ControllerHandle};
 use sandbolt_proto::fastpath::{v1, v2};
-use sandbolt_testbed::{Testbed, busybox_image, execd_binary};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use sandbolt_testbed::{BUSYBOX_REF, Testbed};
+use support::bed::{
+    V2, containers, http_get, ping_execd, reference, running_tasks, sandbox_id, start_agent,
+    start_bed, tasks, wait_agents,
+};
 use tonic::Code;
 
 const TOKEN: &str = "e2e-agent-token";
-const NS: &str = "k8s.io";
+const CAPACITY: u32 = 8;
 
-type V2 = v2::fast_path_service_client::FastPathServiceClient<tonic::transport::Channel>;
 type V1 = v1::fast_path_service_client::FastPathServiceClient<tonic::transport::Channel>;
 
 struct Env {
@@ -23,26 +31,12 @@ struct Env {
     controller: Option<ControllerHandle>,
     _state: tempfile::TempDir,
     _data: tempfile::TempDir,
-    _bed: Testbed,
+    bed: Testbed,
 }
 
 impl Env {
     async fn start(mode: Consistency) -> Env {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "info".into()),
-            )
-            .with_test_writer()
-            .try_init();
-        let bed = tokio::task::spawn_blocking(|| {
-            let bed = Testbed::start().expect("test bed (private containerd) must start");
-            bed.import_image(&busybox_image().expect("busybox image"), NS)
-                .expect("import busybox");
-            bed
-        })
-        .await
-        .unwrap();
+        let bed = start_bed().await;
         let data = tempfile::tempdir().unwrap();
         let mut cfg = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), data.path(), TOKEN);
         cfg.default_consistency = mode;
@@ -51,7 +45,16 @@ impl Env {
         cfg.failpoint = None;
         let controller = Controller::start(cfg).await.expect("controller starts");
         let state = tempfile::tempdir().unwrap();
-        let agent = start_agent(&bed, state.path(), controller.local_addr()).await;
+        let agent = start_agent(
+            &bed,
+            "agent-e2e",
+            state.path(),
+            controller.local_addr(),
+            TOKEN,
+            CAPACITY,
+            Duration::from_millis(200),
+        )
+        .await;
         let core = controller.core().clone();
         wait("agent registered", || {
             core.registry()
@@ -64,7 +67,7 @@ impl Env {
             controller: Some(controller),
             _state: state,
             _data: data,
-            _bed: bed,
+            bed,
         }
     }
 
@@ -82,17 +85,6 @@ impl Env {
     }
 }
 
-async fn start_agent(bed: &Testbed, state: &Path, controller: SocketAddr) -> AgentHandle {
-    let execd = execd_binary().expect("static execd binary");
-    let mut cfg = AgentConfig::new("agent-e2e", bed.containerd_socket(), execd, state, TOKEN);
-    cfg.controller_endpoint = Some(format!("http://{controller}"));
-    cfg.controller_token = Some(TOKEN.into());
-    cfg.heartbeat_interval = Duration::from_millis(200);
-    cfg.stop_grace_period = Duration::from_secs(1);
-    cfg.max_sandboxes = 8;
-    Agent::start(cfg).await.expect("agent starts")
-}
-
 async fn wait<F: FnMut() -> bool>(what: &str, mut f: F) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !f() {
@@ -106,43 +98,6 @@ fn now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
-}
-
-fn reference(name: &str) -> Option<v2::SandboxReference> {
-    Some(v2::SandboxReference {
-        namespaced_name: Some(v2::NamespacedName {
-            namespace: "default".into(),
-            name: name.into(),
-        }),
-        expected_uid: String::new(),
-    })
-}
-
-/// GET through the agent's data-plane proxy; returns (status, body).
-async fn http_get(endpoint: &str, path: &str, headers: &[(String, String)]) -> (u16, String) {
-    let (host, prefix) = endpoint.split_once('/').expect("endpoint host/path");
-    let mut s = tokio::net::TcpStream::connect(host)
-        .await
-        .expect("connect to agent proxy");
-    let mut req = format!("GET /{prefix}{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 async fn v2_flow(addr: SocketAddr, name: &str) {
@@ -223,6 +178,248 @@ async fn v2_flow(addr: SocketAddr, name: &str) {
     assert_eq!(e.code(), Code::NotFound);
     let (status, _) = http_get(&ep.proxy_endpoint, "/ping", &headers).await;
     assert_ne!(status, 200, "the sandbox is gone");
+}
+
+/// The whole v2 surface on the real agent, strong mode (ported from the
+/// former stand-in test): idempotent create, endpoint + token headers,
+/// generation checks, metadata, list filters, pause/resume as a real
+/// freeze/thaw in containerd, diagnostics events, pool counts, UNIMPLEMENTED,
+/// delete. Every "how many containers" is asked of containerd.
+async fn v2_surface(env: &Env) {
+    let mut c = V2::connect(format!("http://{}", env.addr())).await.unwrap();
+    let name = "sbx-surface";
+    let before = containers(&env.bed).await.len();
+    let exp = now() + 3600;
+    let mut req = v2::CreateSandboxRequest {
+        request_id: name.into(),
+        image: "busybox".into(),
+        command: vec!["sleep".into(), "3600".into()],
+        expires_at_unix_seconds: exp,
+        completion: v2::CreateCompletion::Ready as i32,
+        ..Default::default()
+    };
+    req.metadata.insert("team".into(), "red".into());
+    let created = c.create_sandbox(req.clone()).await.unwrap().into_inner();
+    let info = created.sandbox.unwrap();
+    assert!(info.ready);
+    assert_eq!(info.runtime.unwrap().state, v2::RuntimeState::Ready as i32);
+    assert_eq!(info.identity.as_ref().unwrap().name, name);
+    assert_eq!(info.identity.as_ref().unwrap().namespace, "default");
+    assert_eq!(created.generation, 1);
+    let sid = sandbox_id(&mut c, name).await;
+    assert_eq!(containers(&env.bed).await.len(), before + 1);
+    assert!(running_tasks(&env.bed).await.contains_key(&sid));
+
+    // Idempotent by request id: same identity, no second container.
+    let again = c.create_sandbox(req).await.unwrap().into_inner();
+    assert_eq!(again.sandbox.unwrap().identity, info.identity);
+    assert_eq!(containers(&env.bed).await.len(), before + 1);
+
+    // Endpoint: the agent's proxy, no scheme, both token headers, the expiry.
+    let ep = c
+        .resolve_endpoint(v2::ResolveEndpointRequest {
+            sandbox: reference(name),
+            target: Some(v2::EndpointTarget {
+                target: Some(v2::endpoint_target::Target::Port(44772)),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let proxy = env.agent.as_ref().unwrap().proxy_addr().to_string();
+    assert!(
+        ep.proxy_endpoint.starts_with(&format!("{proxy}/")) && ep.proxy_endpoint.ends_with("/44772"),
+        "{} on {proxy}",
+        ep.proxy_endpoint
+    );
+    let token = &ep.required_headers["X-Sandbolt-Access-Token"];
+    assert!(token.len() >= 32);
+    assert_eq!(&ep.required_headers["X-EXECD-ACCESS-TOKEN"], token);
+    assert_eq!(ep.expires_at_unix_seconds, exp);
+
+    // Update: expiry with the right generation, then a stale generation.
+    let u = c
+        .update_sandbox(v2::UpdateSandboxRequest {
+            sandbox: reference(name),
+            expected_generation: 1,
+            update: Some(v2::update_sandbox_request::Update::ExpiresAtUnixSeconds(
+                exp + 60,
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(u.committed_generation, 2);
+    let stale = c
+        .update_sandbox(v2::UpdateSandboxRequest {
+            sandbox: reference(name),
+            expected_generation: 1,
+            metadata_upsert: [("a".to_string(), "b".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), Code::Aborted);
+    let u = c
+        .update_sandbox(v2::UpdateSandboxRequest {
+            sandbox: reference(name),
+            expected_generation: 2,
+            metadata_upsert: [("env".to_string(), "prod".to_string())].into(),
+            metadata_delete_keys: vec!["team".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(u.committed_generation, 3);
+    let l = c
+        .list_sandboxes(v2::ListSandboxesRequest {
+            metadata: [("env".to_string(), "prod".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(l.items.len(), 1);
+    let l = c
+        .list_sandboxes(v2::ListSandboxesRequest {
+            metadata: [("team".to_string(), "red".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(l.items.is_empty());
+
+    // Pause / resume: the task is frozen and thawed in containerd.
+    let p = c
+        .pause_sandbox(v2::PauseSandboxRequest {
+            sandbox: reference(name),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(p.sandbox.unwrap().state, v2::SandboxState::Paused as i32);
+    assert_eq!(
+        tasks(&env.bed).await.get(&sid).map(|t| t.1.as_str()),
+        Some("PAUSED")
+    );
+    let r = c
+        .resume_sandbox(v2::ResumeSandboxRequest {
+            sandbox: reference(name),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.sandbox.unwrap().state, v2::SandboxState::Running as i32);
+    assert_eq!(
+        tasks(&env.bed).await.get(&sid).map(|t| t.1.as_str()),
+        Some("RUNNING")
+    );
+    let (_, status) = ping_execd(&mut c, name).await;
+    assert_eq!(status, 200, "execd answers again after the thaw");
+
+    // Diagnostics carry the events recorded on the way.
+    let d = c
+        .get_sandbox_diagnostics(v2::SandboxDiagnosticsRequest {
+            sandbox_name: name.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(d.fastlet_reachable);
+    assert_eq!(d.runtime_instance_id, sid);
+    let msgs: Vec<&str> = d.events.iter().map(|e| e.message.as_str()).collect();
+    assert!(
+        msgs.iter().any(|m| m.starts_with("placed on agent agent-e2e")),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("record committed before create")),
+        "{msgs:?}"
+    );
+    assert!(msgs.iter().any(|m| m.contains("paused")), "{msgs:?}");
+
+    // Pools have real counts, from the agent's heartbeats.
+    let pool = c
+        .get_pool(v2::GetPoolRequest {
+            namespace: String::new(),
+            pool_name: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            pool.name.as_str(),
+            pool.total_fastlets,
+            pool.ready_fastlets,
+            pool.idle_fastlets
+        ),
+        ("default", 1, 1, 0)
+    );
+    assert_eq!(pool.max_sandboxes_per_pod, CAPACITY as i32);
+    assert!(
+        pool.warm_images.iter().any(|i| i.image == BUSYBOX_REF),
+        "{:?}",
+        pool.warm_images
+    );
+    assert_eq!(
+        c.list_pools(v2::ListPoolsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .items
+            .len(),
+        1
+    );
+    assert_eq!(
+        c.get_pool(v2::GetPoolRequest {
+            namespace: String::new(),
+            pool_name: "nope".into()
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        Code::NotFound
+    );
+
+    // Snapshots are not built: UNIMPLEMENTED, with a message.
+    let e = c
+        .create_sandbox_snapshot(v2::CreateSandboxSnapshotRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(e.message().contains("not implemented"));
+
+    c.delete_sandbox(v2::DeleteRequest {
+        sandbox: reference(name),
+    })
+    .await
+    .unwrap();
+    assert!(!containers(&env.bed).await.contains(&sid));
+    assert_eq!(containers(&env.bed).await.len(), before);
+    let e = c
+        .get_sandbox(v2::GetSandboxRequest {
+            sandbox: reference(name),
+            expected_generation: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = c
+        .delete_sandbox(v2::DeleteRequest {
+            sandbox: reference(name),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
 }
 
 async fn v1_flow(env: &Env, name: &str, mode: v1::ConsistencyMode) {
@@ -312,6 +509,7 @@ async fn v1_flow(env: &Env, name: &str, mode: v1::ConsistencyMode) {
 async fn e2e_strong_mode_v2_and_v1() {
     let env = Env::start(Consistency::Strong).await;
     v2_flow(env.addr(), "e2e-strong-v2").await;
+    v2_surface(&env).await;
     v1_flow(&env, "e2e-strong-v1", v1::ConsistencyMode::Strong).await;
     env.stop().await;
 }
@@ -323,4 +521,102 @@ async fn e2e_fast_mode_v2_and_v1() {
     // FAST (= unset) takes the server default: fast here.
     v1_flow(&env, "e2e-fast-v1", v1::ConsistencyMode::Fast).await;
     env.stop().await;
+}
+
+/// A store that refuses to create records (every other call goes to redb):
+/// the one test double here, standing for "the record can never be
+/// written". Agent and containerd are real.
+struct RefusingStore(RedbStore);
+
+impl Store for RefusingStore {
+    fn create(&self, _: &SandboxRecord) -> StoreResult<SandboxRecord> {
+        Err(StoreError::Unavailable("refusing store (test)".into()))
+    }
+    fn get(&self, ns: &str, n: &str) -> StoreResult<Option<SandboxRecord>> {
+        self.0.get(ns, n)
+    }
+    fn get_by_request_id(&self, id: &str) -> StoreResult<Option<SandboxRecord>> {
+        self.0.get_by_request_id(id)
+    }
+    fn replace(&self, r: &SandboxRecord) -> StoreResult<SandboxRecord> {
+        self.0.replace(r)
+    }
+    fn delete(&self, ns: &str, n: &str) -> StoreResult<Option<SandboxRecord>> {
+        self.0.delete(ns, n)
+    }
+    fn list(
+        &self,
+        ns: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<SandboxRecord>> {
+        self.0.list(ns, after, limit)
+    }
+    fn put_agent(&self, a: &AgentRecord) -> StoreResult<()> {
+        self.0.put_agent(a)
+    }
+    fn list_agents(&self) -> StoreResult<Vec<AgentRecord>> {
+        self.0.list_agents()
+    }
+}
+
+/// Fast mode: the container is made first; when its record can never be
+/// written the controller removes the container again (asked of
+/// containerd), answers UNAVAILABLE, and the slot comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_fast_mode_removes_the_container_when_the_record_cannot_be_written() {
+    let bed = start_bed().await;
+    let data = tempfile::tempdir().unwrap();
+    let store = Arc::new(RefusingStore(RedbStore::open(data.path()).unwrap()));
+    let mut cfg = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), data.path(), TOKEN);
+    cfg.default_consistency = Consistency::Fast;
+    cfg.heartbeat_interval = Duration::from_millis(200);
+    cfg.record_commit_attempts = 3;
+    cfg.failpoint = None;
+    let h = Controller::start_with_store(cfg, store).await.unwrap();
+    let state = tempfile::tempdir().unwrap();
+    // One slot: the second attempt below only gets one if the first was freed.
+    let agent = start_agent(
+        &bed,
+        "agent-e2e",
+        state.path(),
+        h.local_addr(),
+        TOKEN,
+        1,
+        Duration::from_millis(200),
+    )
+    .await;
+    let mut c = V2::connect(format!("http://{}", h.local_addr()))
+        .await
+        .unwrap();
+    wait_agents(&c, 1).await;
+    let req = |name: &str| v2::CreateSandboxRequest {
+        request_id: name.into(),
+        image: "busybox".into(),
+        command: vec!["sleep".into(), "3600".into()],
+        completion: v2::CreateCompletion::Ready as i32,
+        ..Default::default()
+    };
+    let e = c.create_sandbox(req("doomed")).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert_eq!(
+        containers(&bed).await,
+        Vec::<String>::new(),
+        "the container made first was removed"
+    );
+    let held = agent.sandboxes().list();
+    assert!(held.is_empty(), "the agent holds nothing: {held:?}");
+    // The slot comes back once the agent's heartbeat no longer lists the
+    // container: the next attempt reaches the agent again (and is removed
+    // again), rather than being refused for capacity.
+    let core = h.core().clone();
+    wait("slot released", || {
+        core.registry().allocated("agent-e2e") == Some(0)
+    })
+    .await;
+    let e = c.create_sandbox(req("doomed2")).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(containers(&bed).await.is_empty());
+    h.shutdown().await;
+    agent.shutdown().await;
 }

@@ -1,54 +1,52 @@
 //! Wire compatibility: Python clients generated with grpcio-tools from the
-//! contract protos drive FastPath v1 and v2 against a running controller.
-//!
-//! Agents here are in-process AgentService **stand-ins** (see
-//! `support/standin.rs`): this test is about the controller's wire contract.
-//! The same flows against the real agent on containerd are in
-//! `e2e_testbed.rs`.
+//! contract protos (`tests/python/fastpath_contract.py`) drive FastPath v1
+//! and v2 against the controller, which places on a real agent on the test
+//! bed (private containerd, busybox, static execd as PID 1). The Python side
+//! also reaches execd's `/ping` through the agent's data-plane proxy with
+//! `urllib`, from what ResolveEndpoint returned.
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use sandbolt_controller::{Consistency, Controller, ControllerConfig};
-use support::standin::{AGENT_TOKEN, StandInAgent};
+use support::bed::{V2, start_agent, start_bed, wait_agents};
 
-fn venv_python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let py = root.join(".venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run scripts/python-env.sh to create the venv (grpcio-tools, pytest)",
-        py.display()
-    );
-    py
-}
+const TOKEN: &str = "python-contract-agent-token";
+/// Number of `test_*` functions in fastpath_contract.py; all must pass.
+const PY_TESTS: usize = 6;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_grpcio_clients_from_contract_protos() {
-    let py = venv_python();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+    let py = tokio::task::spawn_blocking(sandbolt_testbed::python)
+        .await
         .unwrap()
-        .to_path_buf();
+        .expect("the repo's venv python (scripts/python-env.sh: grpcio-tools, pytest)");
+    let root = sandbolt_testbed::workspace_root();
+    let bed = start_bed().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir.path(), AGENT_TOKEN);
+    let mut cfg = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir.path(), TOKEN);
     cfg.default_consistency = Consistency::Fast;
     cfg.heartbeat_interval = Duration::from_millis(200);
     cfg.failpoint = None;
     let h = Controller::start(cfg).await.unwrap();
-    let _a = StandInAgent::start(
+    let state = tempfile::tempdir().unwrap();
+    let agent = start_agent(
+        &bed,
         "agent-py",
-        "default",
-        32,
-        &["busybox"],
+        state.path(),
         h.local_addr(),
+        TOKEN,
+        16,
         Duration::from_millis(200),
+    )
+    .await;
+    wait_agents(
+        &V2::connect(format!("http://{}", h.local_addr()))
+            .await
+            .unwrap(),
+        1,
     )
     .await;
     let addr = h.local_addr().to_string();
@@ -69,8 +67,9 @@ async fn python_grpcio_clients_from_contract_protos() {
     println!("{stdout}\n{stderr}");
     assert!(out.status.success(), "pytest failed:\n{stdout}\n{stderr}");
     assert!(
-        stdout.contains("5 passed"),
-        "expected 5 contract tests to pass:\n{stdout}"
+        stdout.contains(&format!("{PY_TESTS} passed")),
+        "expected {PY_TESTS} contract tests to pass:\n{stdout}"
     );
     h.shutdown().await;
+    agent.shutdown().await;
 }

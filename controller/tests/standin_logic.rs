@@ -1,7 +1,10 @@
 //! Placement and consistency logic through the controller's real gRPC port,
 //! with in-process AgentService **stand-ins** (see `support/standin.rs`) in
-//! place of agents. The end-to-end tests with the real agent and containerd
-//! are in `e2e_testbed.rs`.
+//! place of agents. Only what the real-agent tests cannot reach stays here;
+//! each test says why it needs a stand-in. Everything else runs on the test
+//! bed with the real agent: `e2e_testbed.rs` (v2 surface, v1, both modes),
+//! `crash_restart.rs` (kill -9, expiry across a restart), `lost_agent.rs`
+//! (AUTO_RECREATE / MANUAL), `python_contract.rs` (grpcio clients).
 
 mod support;
 
@@ -9,10 +12,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sandbolt_controller::store::embedded::RedbStore;
-use sandbolt_controller::store::{AgentRecord, SandboxRecord, Store, StoreError, StoreResult};
 use sandbolt_controller::{Consistency, Controller, ControllerConfig, ControllerHandle};
 use sandbolt_proto::fastpath::v1;
 use sandbolt_proto::fastpath::v2;
@@ -73,258 +74,14 @@ fn now() -> i64 {
         .as_secs() as i64
 }
 
-async fn eventually<F: FnMut() -> bool>(what: &str, timeout: Duration, mut f: F) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn start(dir: &Path, mode: Consistency) -> ControllerHandle {
     Controller::start(config(dir, mode)).await.unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn v2_strong_lifecycle_against_stand_in() {
-    let dir = tempfile::tempdir().unwrap();
-    let h = start(dir.path(), Consistency::Strong).await;
-    let a = StandInAgent::start(
-        "agent-a",
-        "default",
-        4,
-        &["docker.io/library/busybox:latest"],
-        h.local_addr(),
-        HB,
-    )
-    .await;
-    let mut c = v2c(h.local_addr()).await;
-
-    let exp = now() + 3600;
-    let mut req = create_req("sbx-1", exp);
-    req.metadata.insert("team".into(), "red".into());
-    let created = c.create_sandbox(req.clone()).await.unwrap().into_inner();
-    let info = created.sandbox.unwrap();
-    assert!(info.ready);
-    assert_eq!(info.runtime.unwrap().state, v2::RuntimeState::Ready as i32);
-    assert_eq!(info.identity.as_ref().unwrap().name, "sbx-1");
-    assert_eq!(info.identity.as_ref().unwrap().namespace, "default");
-    assert_eq!(created.generation, 1);
-    assert_eq!(a.held(), 1);
-
-    // Idempotent by request id: same identity, no second container.
-    let again = c.create_sandbox(req).await.unwrap().into_inner();
-    assert_eq!(again.sandbox.unwrap().identity, info.identity);
-    assert_eq!(a.held(), 1);
-
-    let got = c
-        .get_sandbox(v2::GetSandboxRequest {
-            sandbox: reference("sbx-1"),
-            expected_generation: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(got.sandbox.unwrap().identity, info.identity);
-
-    // Endpoint: proxy route and both token headers.
-    let ep = c
-        .resolve_endpoint(v2::ResolveEndpointRequest {
-            sandbox: reference("sbx-1"),
-            target: Some(v2::EndpointTarget {
-                target: Some(v2::endpoint_target::Target::Port(44772)),
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let sid = a.state.sandboxes.lock().keys().next().unwrap().clone();
-    assert_eq!(
-        ep.proxy_endpoint,
-        format!("127.0.0.1:{}/{sid}/44772", a.addr.port() + 10000)
-    );
-    assert!(!ep.proxy_endpoint.contains("://"));
-    let token = &ep.required_headers["X-Sandbolt-Access-Token"];
-    assert!(token.len() >= 32);
-    assert_eq!(&ep.required_headers["X-EXECD-ACCESS-TOKEN"], token);
-    assert_eq!(ep.expires_at_unix_seconds, exp);
-
-    // Update: expiry with the right generation, then a stale generation.
-    let u = c
-        .update_sandbox(v2::UpdateSandboxRequest {
-            sandbox: reference("sbx-1"),
-            expected_generation: 1,
-            update: Some(v2::update_sandbox_request::Update::ExpiresAtUnixSeconds(
-                exp + 60,
-            )),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(u.committed_generation, 2);
-    let stale = c
-        .update_sandbox(v2::UpdateSandboxRequest {
-            sandbox: reference("sbx-1"),
-            expected_generation: 1,
-            metadata_upsert: [("a".to_string(), "b".to_string())].into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(stale.code(), Code::Aborted);
-    let u = c
-        .update_sandbox(v2::UpdateSandboxRequest {
-            sandbox: reference("sbx-1"),
-            expected_generation: 2,
-            metadata_upsert: [("env".to_string(), "prod".to_string())].into(),
-            metadata_delete_keys: vec!["team".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(u.committed_generation, 3);
-    let l = c
-        .list_sandboxes(v2::ListSandboxesRequest {
-            metadata: [("env".to_string(), "prod".to_string())].into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(l.items.len(), 1);
-    let l = c
-        .list_sandboxes(v2::ListSandboxesRequest {
-            metadata: [("team".to_string(), "red".to_string())].into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(l.items.is_empty());
-
-    // Pause / resume through the agent.
-    let p = c
-        .pause_sandbox(v2::PauseSandboxRequest {
-            sandbox: reference("sbx-1"),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(p.sandbox.unwrap().state, v2::SandboxState::Paused as i32);
-    assert_eq!(a.state.sandboxes.lock()[&sid].phase, 3);
-    let r = c
-        .resume_sandbox(v2::ResumeSandboxRequest {
-            sandbox: reference("sbx-1"),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.sandbox.unwrap().state, v2::SandboxState::Running as i32);
-
-    // Diagnostics carry the events recorded on the way.
-    let d = c
-        .get_sandbox_diagnostics(v2::SandboxDiagnosticsRequest {
-            sandbox_name: "sbx-1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(d.fastlet_reachable);
-    assert_eq!(d.runtime_instance_id, sid);
-    let msgs: Vec<&str> = d.events.iter().map(|e| e.message.as_str()).collect();
-    assert!(
-        msgs.iter()
-            .any(|m| m.starts_with("placed on agent agent-a")),
-        "{msgs:?}"
-    );
-    assert!(
-        msgs.iter()
-            .any(|m| m.contains("record committed before create")),
-        "{msgs:?}"
-    );
-    assert!(msgs.iter().any(|m| m.contains("paused")), "{msgs:?}");
-
-    // Pools have real counts.
-    let pool = c
-        .get_pool(v2::GetPoolRequest {
-            namespace: String::new(),
-            pool_name: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        (
-            pool.name.as_str(),
-            pool.total_fastlets,
-            pool.ready_fastlets,
-            pool.idle_fastlets
-        ),
-        ("default", 1, 1, 0)
-    );
-    assert_eq!(pool.max_sandboxes_per_pod, 4);
-    assert_eq!(
-        pool.warm_images[0].image,
-        "docker.io/library/busybox:latest"
-    );
-    assert_eq!(
-        c.list_pools(v2::ListPoolsRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .items
-            .len(),
-        1
-    );
-    assert_eq!(
-        c.get_pool(v2::GetPoolRequest {
-            namespace: String::new(),
-            pool_name: "nope".into()
-        })
-        .await
-        .unwrap_err()
-        .code(),
-        Code::NotFound
-    );
-
-    // Snapshots are not built: UNIMPLEMENTED, with a message.
-    let e = c
-        .create_sandbox_snapshot(v2::CreateSandboxSnapshotRequest::default())
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
-    assert!(e.message().contains("not implemented"));
-
-    c.delete_sandbox(v2::DeleteRequest {
-        sandbox: reference("sbx-1"),
-    })
-    .await
-    .unwrap();
-    assert_eq!(a.held(), 0);
-    let e = c
-        .get_sandbox(v2::GetSandboxRequest {
-            sandbox: reference("sbx-1"),
-            expected_generation: 0,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound);
-    let e = c
-        .delete_sandbox(v2::DeleteRequest {
-            sandbox: reference("sbx-1"),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound);
-    h.shutdown().await;
-}
-
+/// Stand-in because: this is the controller's own validation and error-code
+/// mapping (exact FAILED_PRECONDITION text, `expected_generation` /
+/// `expected_uid` on reads, past expiry, capacity, unknown pool); the agent
+/// only has to exist. Not covered by the real-agent tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_cleanup_renew_is_failed_precondition_and_errors_use_codes() {
     let dir = tempfile::tempdir().unwrap();
@@ -413,6 +170,10 @@ async fn manual_cleanup_renew_is_failed_precondition_and_errors_use_codes() {
 
 /// 1,000 concurrent creates against 5 agents with 100 slots each: exactly
 /// 500 succeed, no agent is ever asked beyond its capacity.
+///
+/// Stand-in because: 1,000 real containers on 2 cores is not a unit test,
+/// and the stand-in counts every create beyond its capacity (`overcommits`),
+/// which is the property asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_concurrent_creates_never_double_allocate() {
     let dir = tempfile::tempdir().unwrap();
@@ -516,6 +277,9 @@ fn thousand_threads_allocate_each_slot_once() {
     }
 }
 
+/// Stand-in because: image affinity needs agents with *different* image
+/// caches; real agents on one test bed share containerd's `k8s.io` image
+/// store, so they all report busybox cached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_mode_idempotent_and_image_affinity() {
     let dir = tempfile::tempdir().unwrap();
@@ -566,75 +330,8 @@ async fn fast_mode_idempotent_and_image_affinity() {
     h.shutdown().await;
 }
 
-/// A store that refuses to create records: a test double for the Store seam
-/// (the fast path must then remove the container it made).
-struct RefusingStore(RedbStore);
-
-impl Store for RefusingStore {
-    fn create(&self, _: &SandboxRecord) -> StoreResult<SandboxRecord> {
-        Err(StoreError::Unavailable("refusing store (test)".into()))
-    }
-    fn get(&self, ns: &str, n: &str) -> StoreResult<Option<SandboxRecord>> {
-        self.0.get(ns, n)
-    }
-    fn get_by_request_id(&self, id: &str) -> StoreResult<Option<SandboxRecord>> {
-        self.0.get_by_request_id(id)
-    }
-    fn replace(&self, r: &SandboxRecord) -> StoreResult<SandboxRecord> {
-        self.0.replace(r)
-    }
-    fn delete(&self, ns: &str, n: &str) -> StoreResult<Option<SandboxRecord>> {
-        self.0.delete(ns, n)
-    }
-    fn list(
-        &self,
-        ns: Option<&str>,
-        after: Option<&str>,
-        limit: usize,
-    ) -> StoreResult<Vec<SandboxRecord>> {
-        self.0.list(ns, after, limit)
-    }
-    fn put_agent(&self, a: &AgentRecord) -> StoreResult<()> {
-        self.0.put_agent(a)
-    }
-    fn list_agents(&self) -> StoreResult<Vec<AgentRecord>> {
-        self.0.list_agents()
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fast_mode_removes_the_container_when_the_record_cannot_be_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(RefusingStore(RedbStore::open(dir.path()).unwrap()));
-    let mut cfg = config(dir.path(), Consistency::Fast);
-    cfg.record_commit_attempts = 3;
-    let h = Controller::start_with_store(cfg, store).await.unwrap();
-    let a = StandInAgent::start("agent-a", "default", 1, &[], h.local_addr(), HB).await;
-    let mut c = v2c(h.local_addr()).await;
-    let e = c.create_sandbox(create_req("doomed", 0)).await.unwrap_err();
-    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
-    assert_eq!(
-        a.state.creates.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "the container was created"
-    );
-    assert_eq!(a.held(), 0, "and removed again");
-    // The slot comes back (once the agent's next heartbeat no longer lists
-    // the container): with capacity 1 the stand-in accepts another create.
-    let core = h.core().clone();
-    eventually("slot released", Duration::from_secs(5), || {
-        core.registry().allocated("agent-a") == Some(0)
-    })
-    .await;
-    let e = c
-        .create_sandbox(create_req("doomed2", 0))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unavailable);
-    assert_eq!(a.state.creates.load(std::sync::atomic::Ordering::SeqCst), 2);
-    h.shutdown().await;
-}
-
+/// Stand-in because: it needs an agent that fails creates on demand
+/// (`fail_creates`) and then succeeds on the same slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strong_mode_agent_failure_leaves_no_record_and_frees_the_slot() {
     let dir = tempfile::tempdir().unwrap();
@@ -668,137 +365,10 @@ async fn strong_mode_agent_failure_leaves_no_record_and_frees_the_slot() {
     h.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expiry_sweep_deletes_and_expiry_survives_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let h = start(dir.path(), Consistency::Strong).await;
-    let a = StandInAgent::start("agent-a", "default", 4, &[], h.local_addr(), HB).await;
-    let mut c = v2c(h.local_addr()).await;
-    c.create_sandbox(create_req("short", now() + 2))
-        .await
-        .unwrap();
-    c.create_sandbox(create_req("forever", 0)).await.unwrap();
-    assert_eq!(a.held(), 2);
-    // Restart the controller before the expiry passes, on a new port.
-    h.shutdown().await;
-    let mut cfg = config(dir.path(), Consistency::Strong);
-    cfg.listen = "127.0.0.1:0".parse().unwrap();
-    let h2 = Controller::start(cfg).await.unwrap();
-    // The stand-in heartbeats to the new address from now on.
-    a.retarget(h2.local_addr());
-    let mut c2 = v2c(h2.local_addr()).await;
-    let store_has = |name: &str| {
-        let s = h2.core().store().get("default", name).unwrap();
-        s.is_some()
-    };
-    assert!(store_has("short"));
-    // Writes wait for agent-a's heartbeat or the grace; the sweep deletes anyway.
-    eventually(
-        "expired sandbox deleted after restart",
-        Duration::from_secs(8),
-        || !store_has("short"),
-    )
-    .await;
-    assert_eq!(a.held(), 1, "the container went with the record");
-    assert!(store_has("forever"));
-    let got = c2
-        .get_sandbox(v2::GetSandboxRequest {
-            sandbox: reference("forever"),
-            expected_generation: 0,
-        })
-        .await
-        .unwrap();
-    assert_eq!(got.into_inner().generation, 1);
-    h2.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_agent_auto_recreates_elsewhere_and_manual_is_marked_failed() {
-    let dir = tempfile::tempdir().unwrap();
-    let h = start(dir.path(), Consistency::Strong).await;
-    let first =
-        StandInAgent::start("agent-1", "default", 4, &["busybox"], h.local_addr(), HB).await;
-    let second = StandInAgent::start("agent-2", "default", 4, &[], h.local_addr(), HB).await;
-    let mut c = v2c(h.local_addr()).await;
-    let mut auto = create_req("auto", 0);
-    auto.failure_policy = v2::FailurePolicy::AutoRecreate as i32;
-    auto.recovery_timeout_seconds = 30;
-    c.create_sandbox(auto).await.unwrap();
-    c.create_sandbox(create_req("manual", 0)).await.unwrap();
-    assert_eq!(
-        (first.held(), second.held()),
-        (2, 0),
-        "image affinity put both on agent-1"
-    );
-    let before = c
-        .get_sandbox_diagnostics(v2::SandboxDiagnosticsRequest {
-            sandbox_name: "auto".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-
-    first.go_silent();
-    eventually(
-        "auto sandbox recreated on agent-2",
-        Duration::from_secs(10),
-        || second.held() == 1,
-    )
-    .await;
-    let diag = |c: &mut V2, name: &'static str| {
-        let mut c = c.clone();
-        async move {
-            c.get_sandbox_diagnostics(v2::SandboxDiagnosticsRequest {
-                sandbox_name: name.into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-        }
-    };
-    let mut after = diag(&mut c, "auto").await;
-    for _ in 0..50 {
-        if after.assignment_state == "Assigned" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        after = diag(&mut c, "auto").await;
-    }
-    assert_eq!(after.assignment_state, "Assigned");
-    assert_ne!(after.runtime_instance_id, before.runtime_instance_id);
-    assert_eq!(after.assignment_attempt, 2);
-    assert!(
-        second
-            .state
-            .sandboxes
-            .lock()
-            .contains_key(&after.runtime_instance_id)
-    );
-    assert!(
-        after
-            .events
-            .iter()
-            .any(|e| e.message.contains("recreated on agent agent-2"))
-    );
-    assert!(after.sandbox.unwrap().ready);
-
-    let manual = diag(&mut c, "manual").await;
-    assert_eq!(manual.assignment_state, "Failed");
-    assert_eq!(
-        manual.sandbox.unwrap().runtime.unwrap().state,
-        v2::RuntimeState::Failed as i32
-    );
-    assert!(
-        manual
-            .events
-            .iter()
-            .any(|e| e.message.contains("MANUAL policy"))
-    );
-    h.shutdown().await;
-}
-
+/// Stand-in because: v1-specific controller semantics (expiry 0 = remove,
+/// AlreadyExists, list filters) and v2 pagination over many records, which
+/// the real-agent v1 flow (`e2e_testbed`, `python_contract`) does not
+/// exercise; no data-plane traffic here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_lifecycle_and_pagination() {
     let dir = tempfile::tempdir().unwrap();
@@ -935,6 +505,8 @@ async fn v1_lifecycle_and_pagination() {
     h.shutdown().await;
 }
 
+/// Stand-in because: it is about the controller's auth interceptors
+/// (FastPath token, agent token on RegistryService); no container is made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_are_enforced() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,7 +2,7 @@
 //! the janitor cares about is lost or restarts (a new instance id: the old
 //! process may have died mid-create).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,11 +69,10 @@ impl JanitorHandle {
 /// Agents whose loss or restart warrants an immediate scan: those on this
 /// node, and those whose containers the last scan saw.
 fn triggered(
-    janitor: &Janitor,
+    seen: &HashSet<String>,
     before: &HashMap<String, (String, bool)>,
     now: &HashMap<String, (String, bool)>,
 ) -> Option<String> {
-    let seen = janitor.seen_agents.lock().clone();
     for (id, (instance, alive)) in before {
         if !*alive || !seen.contains(id) {
             continue;
@@ -112,7 +111,9 @@ async fn run(janitor: Arc<Janitor>, mut stop: watch::Receiver<bool>, kick: Arc<N
             next_poll = now + poll;
             match janitor.agents().await {
                 Ok(current) => {
-                    if let Some(why) = triggered(&janitor, &agents, &current) {
+                    if let Some(why) =
+                        triggered(&janitor.seen_agents.lock().clone(), &agents, &current)
+                    {
                         tracing::info!(%why, "scanning now");
                         scan = true;
                     }
@@ -135,5 +136,49 @@ async fn run(janitor: Arc<Janitor>, mut stop: watch::Receiver<bool>, kick: Arc<N
                 Err(e) => tracing::warn!(error = %e, "janitor scan reaped nothing"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agents(v: &[(&str, &str, bool)]) -> HashMap<String, (String, bool)> {
+        v.iter()
+            .map(|(id, inst, alive)| (id.to_string(), (inst.to_string(), *alive)))
+            .collect()
+    }
+
+    #[test]
+    fn a_lost_unregistered_or_restarted_agent_triggers_a_scan() {
+        let seen: HashSet<String> = ["a".to_string()].into();
+        let before = agents(&[("a", "i1", true), ("other", "o1", true)]);
+        assert_eq!(triggered(&seen, &before, &before), None);
+        assert!(
+            triggered(&seen, &before, &agents(&[("a", "i1", false)]))
+                .unwrap()
+                .contains("lost")
+        );
+        assert!(
+            triggered(&seen, &before, &agents(&[]))
+                .unwrap()
+                .contains("unregistered")
+        );
+        assert!(
+            triggered(&seen, &before, &agents(&[("a", "i2", true)]))
+                .unwrap()
+                .contains("restarted")
+        );
+        // Agents without containers here, and agents already lost, do not.
+        assert_eq!(
+            triggered(
+                &seen,
+                &before,
+                &agents(&[("a", "i1", true), ("other", "o1", false)])
+            ),
+            None
+        );
+        let was_lost = agents(&[("a", "i1", false)]);
+        assert_eq!(triggered(&seen, &was_lost, &agents(&[])), None);
     }
 }

@@ -15,6 +15,7 @@ mod error;
 mod execd;
 mod image;
 mod packages;
+mod sandbolt_image;
 mod teardown;
 
 pub use daemon::{DOCKER_NAMESPACE, Testbed};
@@ -22,6 +23,9 @@ pub use error::TestbedError;
 pub use execd::{STATIC_TARGET, execd_binary};
 pub use image::{BUSYBOX_REF, OciImage, OciImageBuilder, busybox_image};
 pub use packages::ensure_packages;
+pub use sandbolt_image::{
+    SANDBOLT_IMAGE_BIN, SANDBOLT_IMAGE_EXECD, SANDBOLT_IMAGE_REF, sandbolt_image, static_binaries,
+};
 pub use teardown::{TESTBED_DIR_PREFIX, leftovers};
 
 use std::path::{Path, PathBuf};

@@ -7,13 +7,17 @@ works against the controller. The channel is insecure with no token, as the
 OpenSandbox server's FastPath client uses it.
 
 Run by controller/tests/python_contract.rs, which starts the controller and
-agents and sets FASTPATH_ADDR.
+a real agent on the test bed (private containerd, busybox with execd as PID
+1) and sets FASTPATH_ADDR. Data-plane checks use urllib against the
+agent's proxy, from what ResolveEndpoint / v1 `endpoints` return.
 """
 
 import importlib
 import os
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import grpc
@@ -76,6 +80,18 @@ def code_of(fn):
     with pytest.raises(grpc.RpcError) as err:
         fn()
     return err.value.code()
+
+
+def http_get(endpoint, path, headers=None):
+    """GET http://<endpoint><path> (FastPath endpoints carry no scheme);
+    returns (status, body) without raising on 4xx/5xx."""
+    assert "://" not in endpoint, endpoint
+    req = urllib.request.Request(f"http://{endpoint}{path}", headers=headers or {}, method="GET")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
 
 
 def create_v2(pb, stub, expires=None, metadata=None):
@@ -162,6 +178,29 @@ def test_v2_create_get_resolve_update_delete(v2):
     assert code_of(lambda: stub.DeleteSandbox(pb.DeleteRequest(sandbox=ref(pb, rid)))) == grpc.StatusCode.NOT_FOUND
 
 
+def test_v2_ready_resolve_ping_execd_through_proxy(v2):
+    pb, stub = v2
+    rid, created = create_v2(pb, stub)
+    assert created.sandbox.ready and created.completion == pb.CREATE_COMPLETION_READY
+    ep = stub.ResolveEndpoint(
+        pb.ResolveEndpointRequest(sandbox=ref(pb, rid), target=pb.EndpointTarget(port=44772))
+    )
+    headers = dict(ep.required_headers)
+    assert headers, "the proxy needs the per-sandbox token"
+    status, body = http_get(ep.proxy_endpoint, "/ping", headers)
+    assert status == 200, (status, body)
+    # Without the required headers, or with another sandbox's token, the
+    # proxy refuses.
+    status, _ = http_get(ep.proxy_endpoint, "/ping")
+    assert status in (401, 403), status
+    wrong = {k: "0" * len(v) for k, v in headers.items()}
+    status, _ = http_get(ep.proxy_endpoint, "/ping", wrong)
+    assert status in (401, 403), status
+    stub.DeleteSandbox(pb.DeleteRequest(sandbox=ref(pb, rid)))
+    status, _ = http_get(ep.proxy_endpoint, "/ping", headers)
+    assert status != 200, "deleted sandbox must not answer"
+
+
 def test_v2_manual_cleanup_and_error_codes(v2):
     pb, stub = v2
     rid, _ = create_v2(pb, stub, expires=0)
@@ -220,6 +259,11 @@ def test_v1_all_five_rpcs(v1):
     )
     assert created.sandbox_name == name and created.sandbox_id and created.agent_pod
     assert len(created.endpoints) == 1 and created.endpoints[0].endswith("/8080")
+    assert "://" not in created.endpoints[0]
+    # v1 carries no token, so a v1 client gets an endpoint it cannot use
+    # (the proxy refuses without the per-sandbox token): see the issue notes.
+    status, _ = http_get(created.endpoints[0], "/")
+    assert status in (401, 403), status
     info = stub.GetSandbox(pb.GetRequest(sandbox_name=name))  # empty namespace = default
     assert info.phase == "Running" and info.sandbox_id == created.sandbox_id
     assert info.pool_ref == "default" and info.created_at > 0

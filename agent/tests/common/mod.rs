@@ -145,16 +145,31 @@ pub async fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> O
 /// What of sandbox `id` still exists: containers, tasks, snapshots, mounts,
 /// log file, cgroup directories. Empty means nothing is left.
 pub fn leftovers(env: &Env, id: &str) -> Vec<String> {
+    leftovers_in(&env.bed, env.state.path(), id)
+}
+
+/// [`leftovers`] for a bed and an agent state dir.
+pub fn leftovers_in(bed: &Testbed, state: &Path, id: &str) -> Vec<String> {
+    let ctr = |args: &[&str]| {
+        let out = bed.ctr(NS).args(args).output().expect("ctr runs");
+        assert!(
+            out.status.success(),
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let log_path = state.join("logs").join(format!("{id}.log"));
     let mut left = Vec::new();
-    let containers = env.ctr(&["containers", "list", "-q"]);
+    let containers = ctr(&["containers", "list", "-q"]);
     if containers.lines().any(|l| l.trim() == id) {
         left.push(format!("container {id}"));
     }
-    let tasks = env.ctr(&["tasks", "list", "-q"]);
+    let tasks = ctr(&["tasks", "list", "-q"]);
     if tasks.lines().any(|l| l.trim() == id) {
         left.push(format!("task {id}"));
     }
-    let snaps = env.ctr(&["snapshots", "--snapshotter", "overlayfs", "list"]);
+    let snaps = ctr(&["snapshots", "--snapshotter", "overlayfs", "list"]);
     if snaps
         .lines()
         .any(|l| l.split_whitespace().next() == Some(id))
@@ -165,8 +180,8 @@ pub fn leftovers(env: &Env, id: &str) -> Vec<String> {
     for l in mounts.lines().filter(|l| l.contains(id)) {
         left.push(format!("mount: {l}"));
     }
-    if env.log_path(id).exists() {
-        left.push(format!("log file {}", env.log_path(id).display()));
+    if log_path.exists() {
+        left.push(format!("log file {}", log_path.display()));
     }
     for ctl in ["memory", "pids", "cpu", "freezer"] {
         let p = Path::new("/sys/fs/cgroup")
@@ -177,8 +192,7 @@ pub fn leftovers(env: &Env, id: &str) -> Vec<String> {
             left.push(format!("cgroup {}", p.display()));
         }
     }
-    let bundle = env
-        .bed
+    let bundle = bed
         .root()
         .join("containerd/state/io.containerd.runtime.v2.task")
         .join(NS)

@@ -17,9 +17,18 @@ pub struct ChildController {
 }
 
 impl ChildController {
-    pub fn spawn(dir: &Path, mode: &str, failpoint: Option<&str>, agent_token: &str) -> Self {
+    /// Starts the controller on `listen` (a fixed address, so that agents
+    /// heartbeat to the restarted process too) over the store in `dir`.
+    pub fn spawn(
+        dir: &Path,
+        listen: SocketAddr,
+        mode: &str,
+        failpoint: Option<&str>,
+        agent_token: &str,
+    ) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbolt-controller"));
         cmd.env("SANDBOLT_CONTROLLER_DATA_DIR", dir)
+            .env("SANDBOLT_CONTROLLER_LISTEN", listen.to_string())
             .env("SANDBOLT_AGENT_TOKEN", agent_token)
             .env("SANDBOLT_CONSISTENCY", mode)
             .env("SANDBOLT_HEARTBEAT_MS", "100")

@@ -1,2 +1,3 @@
+pub mod bed;
 pub mod child;
 pub mod standin;

@@ -258,16 +258,6 @@ impl StandInAgent {
             .expect("stand-in heartbeat");
     }
 
-    /// Heartbeats go to another controller address from now on.
-    pub fn retarget(&self, controller: SocketAddr) {
-        *self.controller.lock() = format!("http://{controller}");
-    }
-
-    /// Stops heartbeats (the controller will consider the agent lost).
-    pub fn go_silent(&self) {
-        self.heartbeats.store(false, Ordering::SeqCst);
-    }
-
     pub fn held(&self) -> usize {
         self.state.sandboxes.lock().len()
     }

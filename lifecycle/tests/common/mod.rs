@@ -73,6 +73,18 @@ pub fn run_pytest(
     backend: &str,
     host_root: Option<&Path>,
 ) {
+    run_pytest_env(file, addr, image, backend, host_root, &[]);
+}
+
+/// [`run_pytest`] with extra environment variables for the test file.
+pub fn run_pytest_env(
+    file: &str,
+    addr: SocketAddr,
+    image: &str,
+    backend: &str,
+    host_root: Option<&Path>,
+    extra_env: &[(&str, &str)],
+) {
     let python =
         sandbolt_testbed::python().expect("the repo's venv python (scripts/python-env.sh)");
     let path = sandbolt_testbed::workspace_root()
@@ -88,6 +100,9 @@ pub fn run_pytest(
         .env("SANDBOLT_BACKEND", backend);
     if let Some(h) = host_root {
         cmd.env("SANDBOLT_HOST_ROOT", h);
+    }
+    for (k, v) in extra_env {
+        cmd.env(k, v);
     }
     let out = cmd.output().expect("pytest runs");
     let text = format!(

@@ -1,0 +1,243 @@
+//! containerd restarts under a running agent (reconnect with backoff, missed
+//! exits reconciled), and heartbeats pushed to a controller's
+//! RegistryService.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use parking_lot::Mutex;
+use sandbolt_proto::agent::v1::registry_service_server::{RegistryService, RegistryServiceServer};
+use sandbolt_proto::agent::v1::{
+    DeleteSandboxRequest, GetOwnershipRequest, GetOwnershipResponse, HeartbeatRequest, HeartbeatResponse, Inventory, ReportReapedRequest,
+    ReportReapedResponse, SandboxPhase, SandboxRef,
+};
+use tonic::{Request, Response, Status};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// pid of the containerd serving `config` (the test bed's), from /proc.
+fn containerd_pid(config: &std::path::Path) -> Option<i32> {
+    let needle = config.to_string_lossy().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        (cmd.starts_with("containerd ") && cmd.contains(&needle)).then_some(pid)
+    })
+}
+
+/// Kills the replacement containerd this test started.
+struct Daemon(Child);
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_survives_a_containerd_restart() {
+    let mut env = Env::start().await;
+    env.client
+        .create_sandbox(create_req(spec("sb-steady", &["sleep", "1000"])))
+        .await
+        .unwrap();
+    env.client
+        .create_sandbox(create_req(spec(
+            "sb-dies",
+            &["sh", "-c", "sleep 2; exit 7"],
+        )))
+        .await
+        .unwrap();
+
+    // Stop the bed's containerd (the shims keep the sandboxes running) ...
+    let config = env.bed.root().join("containerd/config.toml");
+    let pid = containerd_pid(&config).expect("the test bed's containerd");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGTERM).unwrap();
+    eventually("containerd to stop", WAIT, || {
+        containerd_pid(&config).is_none().then_some(())
+    })
+    .await;
+    // ... long enough for sb-dies to exit while nobody can report it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let err = env
+        .client
+        .delete_sandbox(DeleteSandboxRequest {
+            sandbox_id: "sb-nothing".into(),
+            grace_period_ms: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+
+    // Same config, same root and state: a restarted containerd.
+    let _restarted = Daemon(
+        Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    // The agent reconnects by itself and re-reads the tasks.
+    let mut c = env.client.clone();
+    let dies = loop_until_phase(&mut c, "sb-dies", SandboxPhase::Failed).await;
+    assert_eq!(dies.exit_code, 7);
+    let steady = loop_until_phase(&mut c, "sb-steady", SandboxPhase::Running).await;
+    assert!(steady.pid > 0);
+    for id in ["sb-steady", "sb-dies"] {
+        let d = c
+            .delete_sandbox(DeleteSandboxRequest {
+                sandbox_id: id.into(),
+                grace_period_ms: 200,
+            })
+            .await
+            .expect("delete after reconnect")
+            .into_inner();
+        assert!(d.existed);
+        assert_eq!(leftovers(&env, id), Vec::<String>::new());
+    }
+    // New sandboxes work too.
+    env.client
+        .create_sandbox(create_req(spec("sb-after", &["sleep", "1000"])))
+        .await
+        .expect("create after reconnect");
+    env.client
+        .delete_sandbox(DeleteSandboxRequest {
+            sandbox_id: "sb-after".into(),
+            grace_period_ms: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(leftovers(&env, "sb-after"), Vec::<String>::new());
+    env.shutdown().await;
+}
+
+async fn loop_until_phase(
+    c: &mut Client,
+    id: &str,
+    phase: SandboxPhase,
+) -> sandbolt_proto::agent::v1::SandboxStatus {
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(s) = c
+            .get_sandbox(SandboxRef {
+                sandbox_id: id.into(),
+            })
+            .await
+            && s.get_ref().phase() == phase
+        {
+            return s.into_inner();
+        }
+        assert!(start.elapsed() < WAIT, "{id} never reached {phase:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A controller stand-in: the real RegistryService wire API, recording what
+/// arrives.
+/// (authorization header, inventory) of every heartbeat received.
+type Received = Arc<Mutex<Vec<(Option<String>, Inventory)>>>;
+
+#[derive(Default, Clone)]
+struct Registry {
+    got: Received,
+}
+
+#[tonic::async_trait]
+impl RegistryService for Registry {
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let auth = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        let inv = request.into_inner().inventory.unwrap_or_default();
+        self.got.lock().push((auth, inv));
+        Ok(Response::new(HeartbeatResponse { interval_ms: 100 }))
+    }
+
+    async fn report_reaped(
+        &self,
+        _request: Request<ReportReapedRequest>,
+    ) -> Result<Response<ReportReapedResponse>, Status> {
+        Ok(Response::new(ReportReapedResponse {}))
+    }
+
+    async fn get_ownership(
+        &self,
+        _request: Request<GetOwnershipRequest>,
+    ) -> Result<Response<GetOwnershipResponse>, Status> {
+        Err(Status::unimplemented("not part of this test"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn heartbeats_push_the_inventory_with_the_controller_token() {
+    let registry = Registry::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistryServiceServer::new(registry.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut env = Env::start_with(|cfg| {
+        cfg.controller_endpoint = Some(format!("http://{addr}"));
+        cfg.controller_token = Some("ctrl-token".into());
+        // Long on purpose: the controller's answer (100 ms) must win.
+        cfg.heartbeat_interval = Duration::from_secs(3600);
+        cfg.pool = "pool-a".into();
+    })
+    .await;
+    env.client
+        .create_sandbox(create_req(spec("sb-hb", &["sleep", "1000"])))
+        .await
+        .unwrap();
+    let got = registry.got.clone();
+    let (auth, inv) = eventually("a heartbeat listing sb-hb running", WAIT, || {
+        got.lock()
+            .iter()
+            .find(|(_, inv)| {
+                inv.sandboxes
+                    .iter()
+                    .any(|s| s.sandbox_id == "sb-hb" && s.phase() == SandboxPhase::Running)
+            })
+            .cloned()
+    })
+    .await;
+    assert_eq!(auth.as_deref(), Some("Bearer ctrl-token"));
+    assert_eq!(inv.agent_id, "agent-test");
+    assert_eq!(inv.pool, "pool-a");
+    assert_eq!(inv.api_endpoint, env.agent().grpc_addr().to_string());
+    assert_eq!(inv.proxy_endpoint, env.agent().proxy_addr().to_string());
+    assert_eq!(inv.instance_id, env.agent().instance_id());
+    let sb = inv
+        .sandboxes
+        .iter()
+        .find(|s| s.sandbox_id == "sb-hb")
+        .unwrap();
+    assert!(sb.pid > 0 && sb.agent_id == "agent-test", "{sb:?}");
+    assert!(inv.images.iter().any(|i| i
+        .references
+        .contains(&"docker.io/library/busybox:latest".to_string())));
+    assert!(got.lock().len() >= 2, "the 100 ms interval from the answer is used");
+    env.client
+        .delete_sandbox(DeleteSandboxRequest {
+            sandbox_id: "sb-hb".into(),
+            grace_period_ms: 0,
+        })
+        .await
+        .unwrap();
+    env.shutdown().await;
+    server.abort();
+}

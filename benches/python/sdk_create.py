@@ -1,0 +1,112 @@
+"""The harness's "sdk create" timing loop: the official OpenSandbox Python SDK
+(`opensandbox==1.1.1`) against several lifecycle servers, interleaved.
+
+Each round creates one sandbox on every system (in a rotating order, so that
+no system always goes first after a slow moment), timing `SandboxSync.create`
+until it returns — POST /sandboxes, the endpoint look-ups for 44772 and 18080
+and execd's /ping answering, exactly what a user waits for — and then `kill`.
+
+Input (argv): --systems JSON list of {"name", "url", "api_key"}; --rounds N
+(recorded rounds; one more unrecorded warm-up round runs first); --image REF.
+Output: one JSON document on stdout:
+  {"samples": [{"system", "round", "create_us", "kill_us"}],
+   "failures": [{"system", "round", "reason"}]}
+A system that fails once is dropped from later rounds (its failure says why).
+"""
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from datetime import timedelta
+from urllib.parse import urlparse
+
+from opensandbox import SandboxSync
+from opensandbox.config.connection_sync import ConnectionConfigSync
+
+ENTRY = ["sleep", "infinity"]
+
+
+def connection(url: str, api_key: str) -> ConnectionConfigSync:
+    u = urlparse(url)
+    return ConnectionConfigSync(
+        domain=u.netloc,
+        api_key=api_key,
+        protocol=u.scheme or "http",
+        request_timeout=timedelta(seconds=60),
+    )
+
+
+def describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if len(text) > 600:
+        text = text[:600] + "…"
+    return text
+
+
+def one(system: dict, image: str) -> tuple[int, int]:
+    """Creates a sandbox (ready), kills it; returns (create_us, kill_us)."""
+    config = connection(system["url"], system["api_key"])
+    t0 = time.perf_counter()
+    sbx = SandboxSync.create(
+        image,
+        entrypoint=ENTRY,
+        timeout=timedelta(minutes=10),
+        connection_config=config,
+        ready_timeout=timedelta(seconds=60),
+    )
+    t1 = time.perf_counter()
+    try:
+        sbx.kill()
+        t2 = time.perf_counter()
+    finally:
+        sbx.close()
+    return int((t1 - t0) * 1e6), int((t2 - t1) * 1e6)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--systems", required=True)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--image", required=True)
+    args = ap.parse_args()
+    systems = json.loads(args.systems)
+    samples, failures = [], []
+    alive = list(systems)
+    # Round 0 is the warm-up: first image use, first connections, caches.
+    for rnd in range(args.rounds + 1):
+        if not alive:
+            break
+        k = rnd % len(alive)
+        for system in alive[k:] + alive[:k]:
+            try:
+                create_us, kill_us = one(system, args.image)
+            except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+                traceback.print_exc(file=sys.stderr)
+                failures.append(
+                    {"system": system["name"], "round": rnd, "reason": describe(exc)}
+                )
+                alive = [s for s in alive if s["name"] != system["name"]]
+                continue
+            print(
+                f"sdk_create: round {rnd} {system['name']}: create {create_us / 1000:.1f} ms,"
+                f" kill {kill_us / 1000:.1f} ms",
+                file=sys.stderr,
+            )
+            if rnd > 0:
+                samples.append(
+                    {
+                        "system": system["name"],
+                        "round": rnd,
+                        "create_us": create_us,
+                        "kill_us": kill_us,
+                    }
+                )
+    json.dump({"samples": samples, "failures": failures}, sys.stdout)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

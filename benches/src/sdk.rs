@@ -1,0 +1,431 @@
+//! The "sdk create" scenario: the official OpenSandbox Python SDK's
+//! `Sandbox.create` (POST /sandboxes, the endpoint look-ups for 44772 and
+//! 18080, execd's /ping answering) and `kill`, interleaved round by round
+//! across
+//!
+//! - sandbolt's lifecycle adapter on the FastPath backend (the harness's
+//!   fast-mode controller and its agent, on the test bed's containerd),
+//! - sandbolt's lifecycle adapter on the Docker backend (the test bed's
+//!   dockerd, execd from [`execd_binary`]),
+//! - the OpenSandbox server 1.1.1 (PyPI) with its Docker runtime on the same
+//!   dockerd and its `runtime.execd_image` pointed at a locally built image
+//!   holding sandbolt's execd and a bootstrap script of our own.
+//!
+//! The timing loop is `benches/python/sdk_create.py`, run with the repo's
+//! venv (`sandbolt_testbed::python()`); the OpenSandbox server runs from its
+//! own venv (`benches/python/server-env.sh`: it needs grpcio/protobuf
+//! versions the pinned test clients cannot share). A system that cannot run
+//! is reported in `skipped` with the reason; the others go on.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use sandbolt_lifecycle::{
+    BackendConfig, DockerConfig, FastPathConfig, Lifecycle, LifecycleConfig, LifecycleHandle,
+};
+use sandbolt_testbed::{OciImage, busybox_image, execd_binary, workspace_root};
+
+use crate::systems::Bench;
+use crate::{Sample, Skipped};
+
+pub const SCENARIO_CREATE: &str = "sdk create";
+pub const SCENARIO_KILL: &str = "sdk kill";
+pub const LIFECYCLE_FASTPATH: &str = "sandbolt lifecycle, FastPath (fast)";
+pub const LIFECYCLE_DOCKER: &str = "sandbolt lifecycle, Docker";
+pub const OPENSANDBOX: &str = "OpenSandbox server 1.1.1, Docker";
+/// Every system of the scenario, in the order the table shows them.
+pub const SYSTEMS: [&str; 3] = [LIFECYCLE_FASTPATH, LIFECYCLE_DOCKER, OPENSANDBOX];
+
+const API_KEY: &str = "sandbolt-bench-sdk-key-0123456789";
+/// The image the OpenSandbox server copies execd and bootstrap.sh out of.
+const EXECD_IMAGE: &str = "sandbolt/opensandbox-execd:bench";
+const BOOTSTRAP: &str = include_str!("../python/opensandbox-bootstrap.sh");
+
+/// What the scenario measured and what it could not.
+#[derive(Debug, Default)]
+pub struct SdkOutcome {
+    pub samples: Vec<Sample>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// One lifecycle API the SDK is pointed at.
+struct Target {
+    name: &'static str,
+    url: String,
+}
+
+/// Runs `rounds` recorded rounds (after one warm-up round) on every system
+/// that starts.
+pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
+    let mut out = SdkOutcome::default();
+    let skip = |out: &mut SdkOutcome, system: &str, reason: String| {
+        tracing::warn!(system, %reason, "sdk create: system cannot run; continuing without it");
+        out.skipped.push(Skipped {
+            system: format!("{system} ({SCENARIO_CREATE})"),
+            reason,
+        });
+    };
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            for s in SYSTEMS {
+                skip(&mut out, s, format!("tempdir: {e}"));
+            }
+            return out;
+        }
+    };
+    let mut targets = Vec::new();
+    let mut lifecycles: Vec<LifecycleHandle> = Vec::new();
+
+    let mut fp = FastPathConfig::new(format!("http://{}", bench.fast_controller_addr()));
+    fp.namespace = "default".into();
+    match start_lifecycle(BackendConfig::FastPath(fp), &dir.path().join("lc-fastpath")).await {
+        Ok(h) => {
+            targets.push(Target {
+                name: LIFECYCLE_FASTPATH,
+                url: format!("http://{}", h.addr()),
+            });
+            lifecycles.push(h);
+        }
+        Err(e) => skip(&mut out, LIFECYCLE_FASTPATH, e),
+    }
+
+    let docker_socket = bench
+        .testbed()
+        .docker_socket()
+        .map(Path::to_path_buf)
+        .expect("the harness's test bed runs dockerd");
+    let execd = tokio::task::spawn_blocking(execd_binary).await;
+    match execd {
+        Ok(Ok(execd)) => {
+            let backend = BackendConfig::Docker(DockerConfig::new(&docker_socket, &execd));
+            match start_lifecycle(backend, &dir.path().join("lc-docker")).await {
+                Ok(h) => {
+                    targets.push(Target {
+                        name: LIFECYCLE_DOCKER,
+                        url: format!("http://{}", h.addr()),
+                    });
+                    lifecycles.push(h);
+                }
+                Err(e) => skip(&mut out, LIFECYCLE_DOCKER, e),
+            }
+        }
+        Ok(Err(e)) => skip(&mut out, LIFECYCLE_DOCKER, format!("execd: {e}")),
+        Err(e) => skip(&mut out, LIFECYCLE_DOCKER, format!("execd: {e}")),
+    }
+
+    let server = match OpenSandboxServer::start(bench, &docker_socket, dir.path()).await {
+        Ok(s) => {
+            targets.push(Target {
+                name: OPENSANDBOX,
+                url: format!("http://{}", s.addr),
+            });
+            Some(s)
+        }
+        Err(e) => {
+            skip(&mut out, OPENSANDBOX, e);
+            None
+        }
+    };
+
+    if !targets.is_empty() {
+        match run_python(&targets, rounds).await {
+            Ok(report) => {
+                for s in report.samples {
+                    out.samples.push(Sample {
+                        scenario: SCENARIO_CREATE.into(),
+                        system: s.system.clone(),
+                        iteration: s.round,
+                        total_us: s.create_us,
+                        stages: Vec::new(),
+                    });
+                    out.samples.push(Sample {
+                        scenario: SCENARIO_KILL.into(),
+                        system: s.system,
+                        iteration: s.round,
+                        total_us: s.kill_us,
+                        stages: Vec::new(),
+                    });
+                }
+                for f in report.failures {
+                    let reason = format!("round {}: {}", f.round, f.reason);
+                    let reason = match (&server, f.system == OPENSANDBOX) {
+                        (Some(s), true) => format!("{reason}; server log: {}", s.log_tail()),
+                        _ => reason,
+                    };
+                    skip(&mut out, &f.system, reason);
+                }
+            }
+            Err(e) => {
+                for t in &targets {
+                    skip(&mut out, t.name, e.clone());
+                }
+            }
+        }
+    }
+
+    if let Some(s) = server {
+        s.stop().await;
+    }
+    for h in lifecycles {
+        if let Err(e) = h.shutdown().await {
+            tracing::warn!(error = %e, "lifecycle shutdown");
+        }
+    }
+    out
+}
+
+async fn start_lifecycle(
+    backend: BackendConfig,
+    data: &Path,
+) -> std::result::Result<LifecycleHandle, String> {
+    let mut config = LifecycleConfig::new("127.0.0.1:0".parse().unwrap(), backend, data);
+    config.api_key = Some(API_KEY.into());
+    Lifecycle::start(config).await.map_err(|e| e.to_string())
+}
+
+#[derive(serde::Deserialize)]
+struct PyReport {
+    samples: Vec<PySample>,
+    failures: Vec<PyFailure>,
+}
+
+#[derive(serde::Deserialize)]
+struct PySample {
+    system: String,
+    round: u32,
+    create_us: u64,
+    kill_us: u64,
+}
+
+#[derive(serde::Deserialize)]
+struct PyFailure {
+    system: String,
+    round: u32,
+    reason: String,
+}
+
+async fn run_python(targets: &[Target], rounds: u32) -> std::result::Result<PyReport, String> {
+    let python = tokio::task::spawn_blocking(sandbolt_testbed::python)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("the SDK's venv: {e}"))?;
+    let systems: Vec<serde_json::Value> = targets
+        .iter()
+        .map(|t| serde_json::json!({"name": t.name, "url": t.url, "api_key": API_KEY}))
+        .collect();
+    let script = workspace_root().join("benches/python/sdk_create.py");
+    let image = busybox_image().map_err(|e| e.to_string())?;
+    let child = tokio::process::Command::new(&python)
+        .arg(&script)
+        .arg("--systems")
+        .arg(serde_json::Value::Array(systems).to_string())
+        .arg("--rounds")
+        .arg(rounds.to_string())
+        .arg("--image")
+        .arg(image.reference())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    // Each create waits at most 60 s for readiness; a hung round ends the
+    // scenario rather than the run.
+    let limit = Duration::from_secs(120 + 90 * (rounds as u64 + 1) * targets.len() as u64);
+    let output = tokio::time::timeout(limit, child.wait_with_output())
+        .await
+        .map_err(|_| format!("{} did not finish within {limit:?}", script.display()))?
+        .map_err(|e| e.to_string())?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for line in stderr.lines().filter(|l| l.starts_with("sdk_create:")) {
+        tracing::debug!("{line}");
+    }
+    if !output.status.success() {
+        return Err(format!(
+            "{} failed ({}): {}",
+            script.display(),
+            output.status,
+            tail(&stderr, 1500)
+        ));
+    }
+    serde_json::from_slice(&output.stdout).map_err(|e| {
+        format!(
+            "{}: unreadable output ({e}): {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+/// The OpenSandbox server 1.1.1, a child process of the harness.
+struct OpenSandboxServer {
+    child: tokio::process::Child,
+    addr: std::net::SocketAddr,
+    log: PathBuf,
+}
+
+impl OpenSandboxServer {
+    async fn start(
+        bench: &Bench,
+        docker_socket: &Path,
+        dir: &Path,
+    ) -> std::result::Result<OpenSandboxServer, String> {
+        // Its venv (made once, then reused), and the execd image.
+        let exe = tokio::task::spawn_blocking(server_venv)
+            .await
+            .map_err(|e| e.to_string())??;
+        let image = tokio::task::spawn_blocking(execd_image)
+            .await
+            .map_err(|e| e.to_string())??;
+        bench
+            .testbed()
+            .docker_load(&image)
+            .map_err(|e| format!("loading {EXECD_IMAGE} into dockerd: {e}"))?;
+
+        let home = dir.join("opensandbox-home");
+        std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("picking a port: {e}"))?
+            .port();
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        // Bridge networking with ports published on loopback, as the
+        // server's own example config does (minus the public bind): the
+        // endpoint of 44772 is then `127.0.0.1:<host port>/proxy/44772`.
+        let config = format!(
+            r#"[server]
+host = "127.0.0.1"
+port = {port}
+api_key = "{API_KEY}"
+max_sandbox_timeout_seconds = 86400
+
+[log]
+level = "WARNING"
+
+[runtime]
+type = "docker"
+execd_image = "{EXECD_IMAGE}"
+
+[store]
+type = "sqlite"
+path = "{db}"
+
+[docker]
+network_mode = "bridge"
+publish_host = "127.0.0.1"
+port_range_min = 40000
+port_range_max = 60000
+
+[ingress]
+mode = "direct"
+"#,
+            db = home.join("opensandbox.db").display(),
+        );
+        let config_path = dir.join("opensandbox-server.toml");
+        std::fs::write(&config_path, config).map_err(|e| e.to_string())?;
+        let log = dir.join("opensandbox-server.log");
+        let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let child = tokio::process::Command::new(&exe)
+            .arg("--config")
+            .arg(&config_path)
+            .current_dir(&home)
+            .env("HOME", &home)
+            .env("DOCKER_HOST", format!("unix://{}", docker_socket.display()))
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", exe.display()))?;
+        let mut server = OpenSandboxServer { child, addr, log };
+
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(format!(
+                    "the server exited at startup ({status}): {}",
+                    server.log_tail()
+                ));
+            }
+            let ok = http
+                .get(format!("http://{addr}/health"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .map(|r| r.status().is_success())
+                .unwrap_or(false);
+            if ok {
+                return Ok(server);
+            }
+            if Instant::now() > deadline {
+                let tail = server.log_tail();
+                server.stop().await;
+                return Err(format!("/health did not answer within 60 s: {tail}"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        tail(&text, 1500)
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+    }
+}
+
+/// `benches/python/server-env.sh`: the server's own venv.
+fn server_venv() -> std::result::Result<PathBuf, String> {
+    let script = workspace_root().join("benches/python/server-env.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .output()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "installing opensandbox-server==1.1.1 ({}) failed: {}",
+            script.display(),
+            tail(&String::from_utf8_lossy(&out.stderr), 1500)
+        ));
+    }
+    Ok(PathBuf::from(
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    ))
+}
+
+/// The image the OpenSandbox server's Docker runtime takes execd from. The
+/// server copies `/execd` and `/bootstrap.sh` out of a container of it
+/// (started as `tail -f /dev/null`, hence busybox) into `/opt/opensandbox/`
+/// of each sandbox, and starts the sandbox as `bootstrap.sh <entrypoint>`.
+/// Its optional extras (bwrap, session gate, launcher) are absent: the
+/// server logs that and goes on.
+fn execd_image() -> std::result::Result<OciImage, String> {
+    let execd = execd_binary().map_err(|e| format!("execd: {e}"))?;
+    OciImage::builder(EXECD_IMAGE)
+        .file(&execd, "/execd", 0o755)
+        .bytes("/bootstrap.sh", BOOTSTRAP, 0o755)
+        .file(PathBuf::from("/bin/busybox"), "/bin/busybox", 0o755)
+        .symlink("/bin/sh", "/bin/busybox")
+        .symlink("/bin/tail", "/bin/busybox")
+        .dir_mode("/tmp", 0o1777)
+        .dir("/proc")
+        .dir("/sys")
+        .dir("/dev")
+        .cmd(["tail", "-f", "/dev/null"])
+        .build()
+        .map_err(|e| format!("building {EXECD_IMAGE}: {e}"))
+}
+
+fn tail(text: &str, max: usize) -> String {
+    let text = text.trim();
+    match text.char_indices().rev().nth(max) {
+        Some((i, _)) => format!("…{}", &text[i..]),
+        None => text.to_string(),
+    }
+}

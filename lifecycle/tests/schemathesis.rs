@@ -1,0 +1,100 @@
+//! schemathesis (PyPI, pinned in tests/python/requirements.txt) fuzzes the
+//! lifecycle API from the OpenAPI document it serves (`/openapi.json`), on
+//! the real Docker backend with an API key, and must find no 5xx.
+//!
+//! Bounded by examples per operation and a time budget so it fits a busy
+//! 2-core machine. `SCHEMATHESIS_SEED` replays a run (the seed is printed).
+
+mod common;
+
+use std::process::Command;
+
+/// Test cases per operation and phase.
+const MAX_EXAMPLES: &str = "15";
+/// schemathesis's own budget for the whole run, in seconds.
+const MAX_TIME_SECS: &str = "100";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_server_errors() {
+    let env = common::docker_env();
+    let handle = env.start().await;
+    let base = format!("http://{}", handle.addr());
+    let report = tempfile::tempdir().unwrap();
+    let seed = std::env::var("SCHEMATHESIS_SEED").unwrap_or_else(|_| {
+        // A fresh seed per run explores more; it is printed for replay.
+        (uuid::Uuid::new_v4().as_u128() % 1_000_000_000).to_string()
+    });
+    println!("schemathesis seed: {seed} (SCHEMATHESIS_SEED={seed} replays it)");
+
+    let python = sandbolt_testbed::python().expect("the repo's venv python (scripts/python-env.sh)");
+    let schemathesis = python.with_file_name("schemathesis");
+    assert!(
+        schemathesis.is_file(),
+        "{} missing: is schemathesis in tests/python/requirements.txt?",
+        schemathesis.display()
+    );
+    let junit = report.path().join("junit.xml");
+    let mut cmd = Command::new(&schemathesis);
+    cmd.arg("run")
+        .arg(format!("{base}/openapi.json"))
+        .args(["--url", &base])
+        .args(["-H", &format!("OPEN-SANDBOX-API-KEY: {}", common::API_KEY)])
+        // The check this test is about: no 5xx, no server crash.
+        .args(["--checks", "not_a_server_error"])
+        .args(["--phases", "examples,coverage,fuzzing,stateful"])
+        .args(["--max-examples", MAX_EXAMPLES])
+        .args(["--max-time", MAX_TIME_SECS])
+        .args(["--workers", "2"])
+        .args(["--request-timeout", "60"])
+        .args(["--seed", &seed])
+        .arg("--no-color")
+        .args(["--report", "junit"])
+        .arg("--report-junit-path")
+        .arg(&junit)
+        .args(["--generation-database", "none"])
+        .env("HOME", report.path())
+        .current_dir(report.path());
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .expect("schemathesis runs");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    let junit = std::fs::read_to_string(&junit).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "schemathesis found failures (seed {seed}):\n{text}\n{junit}"
+    );
+    // A run that tested nothing proves nothing: the summary must show
+    // operations and test cases actually exercised.
+    assert!(
+        text.contains("Test cases:") && text.contains("passed"),
+        "schemathesis did not report any passed test cases:\n{text}"
+    );
+
+    // Clean up whatever the fuzzer managed to create.
+    let client = reqwest::Client::new();
+    let list: serde_json::Value = client
+        .get(format!("{base}/v1/sandboxes?pageSize=200"))
+        .header("OPEN-SANDBOX-API-KEY", common::API_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for item in list["items"].as_array().into_iter().flatten() {
+        if let Some(id) = item["id"].as_str() {
+            let _ = client
+                .delete(format!("{base}/v1/sandboxes/{id}"))
+                .header("OPEN-SANDBOX-API-KEY", common::API_KEY)
+                .send()
+                .await;
+        }
+    }
+    handle.shutdown().await.unwrap();
+}
