@@ -229,7 +229,11 @@ async fn main() {
             .output()
             .unwrap();
         let d = t.elapsed();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let _ = bed.ctr(NS).args(["task", "rm", "-f", &id]).output();
         let _ = bed.ctr(NS).args(["containers", "rm", &id]).output();
         if i > 0 {

@@ -23,6 +23,8 @@ pub enum AgentError {
         phase: &'static str,
         action: &'static str,
     },
+    #[error("container {0} exists but is not managed by sandbolt; refusing to touch it")]
+    NotManaged(String),
     #[error("volume: {0}")]
     Volume(String),
     #[error("execd in sandbox {id} did not become ready: {reason}")]
@@ -71,7 +73,7 @@ impl AgentError {
             AgentError::PullFailed { .. } => Code::Unavailable,
             AgentError::RuntimeUnavailable { .. } => Code::FailedPrecondition,
             AgentError::Capacity { .. } => Code::ResourceExhausted,
-            AgentError::WrongPhase { .. } => Code::FailedPrecondition,
+            AgentError::WrongPhase { .. } | AgentError::NotManaged(_) => Code::FailedPrecondition,
             AgentError::ExecdNotReady { .. } => Code::DeadlineExceeded,
             AgentError::Containerd { status, .. } => match status.code() {
                 Code::NotFound => Code::NotFound,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use containerd_client::services::v1::snapshots::{PrepareSnapshotRequest, RemoveSnapshotRequest};
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteTaskRequest, GetRequest, KillRequest, ListContainersRequest, PauseTaskRequest,
-    ResumeTaskRequest, StartRequest, WaitRequest,
+    DeleteTaskRequest, GetContainerRequest, GetRequest, KillRequest, ListContainersRequest,
+    PauseTaskRequest, ResumeTaskRequest, StartRequest, WaitRequest,
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use parking_lot::RwLock;
@@ -243,7 +243,14 @@ impl Sandboxes {
             );
         }
         let mut timings = CreateTimings::default();
-        match self.create_inner(&spec, t0, &mut timings).await {
+        // Whether this create made the container: only then is cleaning up
+        // after a failure ours to do (an id clash must not remove someone
+        // else's container).
+        let mut created = false;
+        match self
+            .create_inner(&spec, t0, &mut timings, &mut created)
+            .await
+        {
             Ok(pid) => {
                 timings.task_started_us = us(Instant::now());
                 {
@@ -269,8 +276,10 @@ impl Sandboxes {
                 Ok((self.get(&id)?, timings))
             }
             Err(e) => {
-                tracing::warn!(sandbox = %id, error = %e, "create failed; cleaning up");
-                self.cleanup(&id).await;
+                tracing::warn!(sandbox = %id, error = %e, created, "create failed");
+                if created {
+                    self.cleanup(&id).await;
+                }
                 self.table.write().remove(&id);
                 Err(e)
             }
@@ -282,6 +291,7 @@ impl Sandboxes {
         spec: &SandboxSpec,
         t0: Instant,
         timings: &mut CreateTimings,
+        created: &mut bool,
     ) -> Result<u32> {
         let id = &spec.sandbox_id;
         let runtime_name = if spec.runtime.is_empty() {
@@ -455,6 +465,7 @@ impl Sandboxes {
             }))
             .await
             .map_err(AgentError::containerd("containers.Create"))?;
+        *created = true;
         let mounts = self
             .ctrd
             .snapshots()
@@ -555,7 +566,7 @@ impl Sandboxes {
         let _guard = lock.lock().await;
         let known = self.table.read().contains_key(id);
         let grace = grace.unwrap_or(self.cfg.stop_grace_period);
-        let existed = self.stop_and_remove(id, grace).await? || known;
+        let existed = self.stop_and_remove(id, grace, known).await? || known;
         self.table.write().remove(id);
         self.locks.lock().remove(id);
         if existed {
@@ -566,8 +577,28 @@ impl Sandboxes {
 
     /// SIGTERM, grace, SIGKILL; then task, container, snapshot, log file.
     /// Every step tolerates "already gone", so a half-created or
-    /// half-deleted sandbox is finished off too.
-    async fn stop_and_remove(&self, id: &str, grace: Duration) -> Result<bool> {
+    /// half-deleted sandbox is finished off too. Containers without the
+    /// managed label are never touched; a snapshot without a container is
+    /// only removed when `ours` (known to the table or made by this create).
+    async fn stop_and_remove(&self, id: &str, grace: Duration, ours: bool) -> Result<bool> {
+        let container = match self
+            .ctrd
+            .containers()
+            .get(self.ctrd.req(GetContainerRequest { id: id.to_string() }))
+            .await
+        {
+            Ok(r) => r.into_inner().container,
+            Err(s) if s.code() == Code::NotFound => None,
+            Err(s) => return Err(AgentError::containerd("containers.Get")(s)),
+        };
+        if let Some(c) = &container
+            && c.labels.get(labels::MANAGED).map(String::as_str) != Some("true")
+        {
+            return Err(AgentError::NotManaged(id.to_string()));
+        }
+        if container.is_none() && !ours {
+            return Ok(false);
+        }
         let mut existed = false;
         let task = match self
             .ctrd
@@ -694,7 +725,10 @@ impl Sandboxes {
 
     /// Best-effort removal after a failed create.
     async fn cleanup(&self, id: &str) {
-        if let Err(e) = self.stop_and_remove(id, Duration::from_millis(0)).await {
+        if let Err(e) = self
+            .stop_and_remove(id, Duration::from_millis(0), true)
+            .await
+        {
             tracing::warn!(sandbox = %id, error = %e, "cleanup after failed create incomplete");
         }
     }

@@ -12,8 +12,9 @@ use common::*;
 use parking_lot::Mutex;
 use sandbolt_proto::agent::v1::registry_service_server::{RegistryService, RegistryServiceServer};
 use sandbolt_proto::agent::v1::{
-    DeleteSandboxRequest, GetOwnershipRequest, GetOwnershipResponse, HeartbeatRequest, HeartbeatResponse, Inventory, ReportReapedRequest,
-    ReportReapedResponse, SandboxPhase, SandboxRef,
+    DeleteSandboxRequest, GetOwnershipRequest, GetOwnershipResponse, HeartbeatRequest,
+    HeartbeatResponse, Inventory, ReportReapedRequest, ReportReapedResponse, SandboxPhase,
+    SandboxRef,
 };
 use tonic::{Request, Response, Status};
 
@@ -227,10 +228,14 @@ async fn heartbeats_push_the_inventory_with_the_controller_token() {
         .find(|s| s.sandbox_id == "sb-hb")
         .unwrap();
     assert!(sb.pid > 0 && sb.agent_id == "agent-test", "{sb:?}");
-    assert!(inv.images.iter().any(|i| i
-        .references
-        .contains(&"docker.io/library/busybox:latest".to_string())));
-    assert!(got.lock().len() >= 2, "the 100 ms interval from the answer is used");
+    assert!(inv.images.iter().any(|i| {
+        i.references
+            .contains(&"docker.io/library/busybox:latest".to_string())
+    }));
+    assert!(
+        got.lock().len() >= 2,
+        "the 100 ms interval from the answer is used"
+    );
     env.client
         .delete_sandbox(DeleteSandboxRequest {
             sandbox_id: "sb-hb".into(),

@@ -389,3 +389,42 @@ async fn pull_of_a_missing_image_fails_clearly_and_unknown_runtimes_are_reported
     assert_eq!(inv.namespace, "default", "the pool's namespace");
     env.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn foreign_containers_are_never_touched() {
+    let mut env = Env::start().await;
+    // A container someone else made in the same namespace (no sandbolt labels).
+    env.ctr(&[
+        "run",
+        "-d",
+        "docker.io/library/busybox:latest",
+        "foreign",
+        "sleep",
+        "1000",
+    ]);
+    let err = env
+        .client
+        .create_sandbox(create_req(spec("foreign", &["true"])))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::AlreadyExists, "{err:?}");
+    let err = env
+        .client
+        .delete_sandbox(DeleteSandboxRequest {
+            sandbox_id: "foreign".into(),
+            grace_period_ms: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    let tasks = env.ctr(&["tasks", "list"]);
+    assert!(
+        tasks
+            .lines()
+            .any(|l| l.starts_with("foreign") && l.contains("RUNNING")),
+        "the foreign container is untouched: {tasks}"
+    );
+    env.ctr(&["tasks", "rm", "-f", "foreign"]);
+    env.ctr(&["containers", "rm", "foreign"]);
+    env.shutdown().await;
+}

@@ -5,11 +5,13 @@ Each round creates one sandbox on every system (in a rotating order, so that
 no system always goes first after a slow moment), timing `SandboxSync.create`
 until it returns — POST /sandboxes, the endpoint look-ups for 44772 and 18080
 and execd's /ping answering, exactly what a user waits for — and then `kill`.
+Stages of a create (µs from its start, read off the SDK's HTTP exchanges):
+post_answered, endpoints_resolved, execd_ready; "pings" counts /ping tries.
 
 Input (argv): --systems JSON list of {"name", "url", "api_key"}; --rounds N
 (recorded rounds; one more unrecorded warm-up round runs first); --image REF.
 Output: one JSON document on stdout:
-  {"samples": [{"system", "round", "create_us", "kill_us"}],
+  {"samples": [{"system", "round", "create_us", "kill_us", "stages"}],
    "failures": [{"system", "round", "reason"}]}
 A system that fails once is dropped from later rounds (its failure says why).
 """
@@ -17,15 +19,73 @@ A system that fails once is dropped from later rounds (its failure says why).
 import argparse
 import json
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
 from urllib.parse import urlparse
 
+import httpx
+
 from opensandbox import SandboxSync
 from opensandbox.config.connection_sync import ConnectionConfigSync
 
 ENTRY = ["sleep", "infinity"]
+
+# Every HTTP exchange the SDK makes, as (finished at, method, path, status):
+# the stages of one create are read from it. The SDK sends through its
+# DeadlineSyncTransport (which, for requests with a deadline such as the
+# readiness loop's, opens its own connection pool per request) around an
+# httpx.HTTPTransport; wrapping both, and recording only the outermost call,
+# sees every exchange once without changing any.
+EXCHANGES: list[tuple[float, str, str, int]] = []
+_depth = threading.local()
+
+
+def _recording(original):
+    def handle_request(self, request):
+        outer = getattr(_depth, "n", 0) == 0
+        _depth.n = getattr(_depth, "n", 0) + 1
+        try:
+            response = original(self, request)
+        finally:
+            _depth.n -= 1
+        if outer:
+            EXCHANGES.append(
+                (time.perf_counter(), request.method, request.url.path, response.status_code)
+            )
+        return response
+
+    return handle_request
+
+
+httpx.HTTPTransport.handle_request = _recording(httpx.HTTPTransport.handle_request)
+try:
+    from opensandbox.transport._deadline_sync import DeadlineSyncTransport
+
+    DeadlineSyncTransport.handle_request = _recording(DeadlineSyncTransport.handle_request)
+except ImportError:  # another SDK layout: the inner transport still records
+    pass
+
+
+def stages(t0: float, t1: float) -> dict[str, int]:
+    """Stage ends (µs from t0) of the create that ran between t0 and t1."""
+    out: dict[str, int] = {}
+    pings = 0
+    for t, method, path, status in EXCHANGES:
+        if not t0 <= t <= t1:
+            continue
+        us = int((t - t0) * 1e6)
+        if method == "POST" and path.rstrip("/").endswith("/sandboxes"):
+            out.setdefault("post_answered", us)
+        elif "/endpoints/" in path:
+            out["endpoints_resolved"] = us
+        elif path.endswith("/ping"):
+            pings += 1
+            if status == 200:
+                out.setdefault("execd_ready", us)
+    out["pings"] = pings
+    return out
 
 
 def connection(url: str, api_key: str) -> ConnectionConfigSync:
@@ -45,8 +105,10 @@ def describe(exc: BaseException) -> str:
     return text
 
 
-def one(system: dict, image: str) -> tuple[int, int]:
-    """Creates a sandbox (ready), kills it; returns (create_us, kill_us)."""
+def one(system: dict, image: str) -> tuple[int, int, dict[str, int]]:
+    """Creates a sandbox (ready), kills it; returns (create_us, kill_us,
+    stages of the create)."""
+    EXCHANGES.clear()
     config = connection(system["url"], system["api_key"])
     t0 = time.perf_counter()
     sbx = SandboxSync.create(
@@ -62,7 +124,7 @@ def one(system: dict, image: str) -> tuple[int, int]:
         t2 = time.perf_counter()
     finally:
         sbx.close()
-    return int((t1 - t0) * 1e6), int((t2 - t1) * 1e6)
+    return int((t1 - t0) * 1e6), int((t2 - t1) * 1e6), stages(t0, t1)
 
 
 def main() -> int:
@@ -81,7 +143,7 @@ def main() -> int:
         k = rnd % len(alive)
         for system in alive[k:] + alive[:k]:
             try:
-                create_us, kill_us = one(system, args.image)
+                create_us, kill_us, st = one(system, args.image)
             except Exception as exc:  # noqa: BLE001 - reported, the run goes on
                 traceback.print_exc(file=sys.stderr)
                 failures.append(
@@ -91,7 +153,7 @@ def main() -> int:
                 continue
             print(
                 f"sdk_create: round {rnd} {system['name']}: create {create_us / 1000:.1f} ms,"
-                f" kill {kill_us / 1000:.1f} ms",
+                f" kill {kill_us / 1000:.1f} ms; stages {st}",
                 file=sys.stderr,
             )
             if rnd > 0:
@@ -101,6 +163,7 @@ def main() -> int:
                         "round": rnd,
                         "create_us": create_us,
                         "kill_us": kill_us,
+                        "stages": st,
                     }
                 )
     json.dump({"samples": samples, "failures": failures}, sys.stdout)

@@ -131,15 +131,29 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
 
     if !targets.is_empty() {
         match run_python(&targets, rounds).await {
-            Ok(report) => {
-                for s in report.samples {
+            Ok(mut report) => {
+                // Table order: creates then kills, each in SYSTEMS order.
+                report
+                    .samples
+                    .sort_by_key(|s| (SYSTEMS.iter().position(|n| *n == s.system), s.round));
+                for s in &report.samples {
+                    // Stage ends in time order; "pings" is a count, not a time.
+                    let mut stages: Vec<(String, u64)> = s
+                        .stages
+                        .iter()
+                        .filter(|(k, _)| k.as_str() != "pings")
+                        .map(|(k, v)| (k.clone(), *v))
+                        .collect();
+                    stages.sort_by_key(|(_, v)| *v);
                     out.samples.push(Sample {
                         scenario: SCENARIO_CREATE.into(),
                         system: s.system.clone(),
                         iteration: s.round,
                         total_us: s.create_us,
-                        stages: Vec::new(),
+                        stages,
                     });
+                }
+                for s in report.samples {
                     out.samples.push(Sample {
                         scenario: SCENARIO_KILL.into(),
                         system: s.system,
@@ -197,6 +211,8 @@ struct PySample {
     round: u32,
     create_us: u64,
     kill_us: u64,
+    #[serde(default)]
+    stages: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(serde::Deserialize)]

@@ -3,7 +3,7 @@
 //! asserts that the harness works — never a speed.
 
 use sandbolt_benches::systems::System;
-use sandbolt_benches::{Options, report, scenarios};
+use sandbolt_benches::{Options, report, scenarios, sdk};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_run_measures_every_system_and_writes_results() {
@@ -12,6 +12,7 @@ async fn quick_run_measures_every_system_and_writes_results() {
     opts.iterations = 2;
     opts.burst = 2;
     opts.churn = 1;
+    opts.sdk_rounds = 2;
     let out = scenarios::run(&opts).await.expect("harness runs");
     assert!(
         out.skipped.is_empty(),
@@ -33,6 +34,28 @@ async fn quick_run_measures_every_system_and_writes_results() {
                 && s.stages.iter().any(|(k, _)| k == "first_command_done"))
     );
     assert_eq!(out.bursts.len(), 3);
+    // The SDK scenario: every lifecycle server, the OpenSandbox server 1.1.1
+    // included, answers every round (skipped is empty, checked above).
+    for system in sdk::SYSTEMS {
+        let creates: Vec<_> = out
+            .samples
+            .iter()
+            .filter(|s| s.scenario == sdk::SCENARIO_CREATE && s.system == system)
+            .collect();
+        assert_eq!(creates.len(), 2, "{system} sdk create samples");
+        assert!(
+            creates
+                .iter()
+                .all(|s| s.stages.iter().any(|(k, _)| k == "execd_ready")),
+            "{system}: every SDK create ends with execd answering /ping: {creates:?}"
+        );
+        let kills = out
+            .samples
+            .iter()
+            .filter(|s| s.scenario == sdk::SCENARIO_KILL && s.system == system)
+            .count();
+        assert_eq!(kills, 2, "{system} sdk kill samples");
+    }
 
     report::write_all(&out, dir.path(), "test").expect("results written");
     let md = std::fs::read_to_string(dir.path().join("results.md")).unwrap();

@@ -32,6 +32,15 @@ impl Core {
         {
             return self.finish_existing(existing, &spec).await;
         }
+        // A name already taken is answered from the store before any
+        // container exists. Strong mode would learn it from its record
+        // commit anyway; fast mode would otherwise start a container just to
+        // remove it again, and report that container's failure (e.g. an
+        // image whose entrypoint exits) instead of ALREADY_EXISTS. The commit
+        // still checks, for creates racing on one name.
+        if let Some(holder) = self.store.get(&spec.namespace, &spec.name)? {
+            return self.on_name_taken(holder, &spec).await;
+        }
         match spec.consistency.unwrap_or(self.config.default_consistency) {
             Consistency::Strong => self.create_strong(spec).await,
             Consistency::Fast => self.create_fast(spec).await,

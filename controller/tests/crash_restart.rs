@@ -147,7 +147,14 @@ async fn strong_killed_between_record_and_container() {
     let (env, ctl) = Env::start("strong", Some("strong-after-record:victim")).await;
     let mut c = client(env.listen).await;
     create_when_ready(&mut c, req("acked", 0)).await.unwrap();
-    let acked_uid = get(&mut c, "acked").await.unwrap().sandbox.unwrap().identity.unwrap().uid;
+    let acked_uid = get(&mut c, "acked")
+        .await
+        .unwrap()
+        .sandbox
+        .unwrap()
+        .identity
+        .unwrap()
+        .uid;
     let acked_sid = sandbox_id(&mut c, "acked").await;
     let acked_pid = running_tasks(&env.bed).await[&acked_sid];
 
@@ -175,7 +182,9 @@ async fn strong_killed_between_record_and_container() {
     let mut c = client(env.listen).await;
     // The victim's committed record holds its slot: acked + victim fill the
     // agent's two slots, so a third sandbox is refused, not double-booked.
-    let extra = create_when_ready(&mut c, req("extra", 0)).await.unwrap_err();
+    let extra = create_when_ready(&mut c, req("extra", 0))
+        .await
+        .unwrap_err();
     assert_eq!(extra.code(), Code::ResourceExhausted, "{extra:?}");
     let got = get(&mut c, "acked").await.unwrap();
     assert_eq!(got.sandbox.unwrap().identity.unwrap().uid, acked_uid);

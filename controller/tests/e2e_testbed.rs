@@ -229,7 +229,8 @@ async fn v2_surface(env: &Env) {
         .into_inner();
     let proxy = env.agent.as_ref().unwrap().proxy_addr().to_string();
     assert!(
-        ep.proxy_endpoint.starts_with(&format!("{proxy}/")) && ep.proxy_endpoint.ends_with("/44772"),
+        ep.proxy_endpoint.starts_with(&format!("{proxy}/"))
+            && ep.proxy_endpoint.ends_with("/44772"),
         "{} on {proxy}",
         ep.proxy_endpoint
     );
@@ -336,7 +337,8 @@ async fn v2_surface(env: &Env) {
     assert_eq!(d.runtime_instance_id, sid);
     let msgs: Vec<&str> = d.events.iter().map(|e| e.message.as_str()).collect();
     assert!(
-        msgs.iter().any(|m| m.starts_with("placed on agent agent-e2e")),
+        msgs.iter()
+            .any(|m| m.starts_with("placed on agent agent-e2e")),
         "{msgs:?}"
     );
     assert!(
@@ -446,6 +448,26 @@ async fn v1_flow(env: &Env, name: &str, mode: v1::ConsistencyMode) {
         .unwrap()
         .into_inner();
     assert_eq!(info.phase, "Running");
+    // A second create of the same name is ALREADY_EXISTS from the record,
+    // in both modes, before any agent work: its image cannot be pulled
+    // (`.invalid` never resolves), so reaching the agent would surface as
+    // that failure instead.
+    let before = containers(&env.bed).await;
+    let dup = c
+        .create_sandbox(v1::CreateRequest {
+            image: "registry.sandbolt.invalid/none/never:1".into(),
+            name: name.into(),
+            consistency_mode: mode as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(dup.code(), Code::AlreadyExists, "{dup:?}");
+    assert_eq!(
+        containers(&env.bed).await,
+        before,
+        "no container for the duplicate"
+    );
     // v1 carries no token on the wire; the route is the same as v2's.
     let token = env
         .controller
@@ -597,8 +619,59 @@ async fn e2e_fast_mode_removes_the_container_when_the_record_cannot_be_written()
         completion: v2::CreateCompletion::Ready as i32,
         ..Default::default()
     };
+    // containerd's own event stream proves the container existed.
+    let mut events = bed.ctr(support::bed::NS);
+    events
+        .arg("events")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut events = events.spawn().expect("ctr events");
+    let stdout = events.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(l);
+        }
+    });
+    // `ctr events` subscribes asynchronously: label the namespace until the
+    // stream shows that update, then it is listening.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    'subscribed: loop {
+        assert!(Instant::now() < deadline, "ctr events never subscribed");
+        let mut label = bed.ctr(support::bed::NS);
+        label.args(["namespaces", "label", support::bed::NS, "sandbolt-probe=1"]);
+        let st = tokio::task::spawn_blocking(move || label.status())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(st.success());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while let Ok(l) = rx.try_recv() {
+            if l.contains("/namespaces/update") {
+                break 'subscribed;
+            }
+            seen.push(l);
+        }
+    }
     let e = c.create_sandbox(req("doomed")).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("the container was removed"), "{e:?}");
+    events.kill().unwrap();
+    events.wait().unwrap();
+    seen.extend(rx.iter());
+    assert!(
+        seen.iter().any(|l| l.contains("/containers/create")),
+        "containerd saw the create: {seen:?}"
+    );
+    assert!(
+        seen.iter().any(|l| l.contains("/containers/delete")),
+        "containerd saw the delete: {seen:?}"
+    );
     assert_eq!(
         containers(&bed).await,
         Vec::<String>::new(),

@@ -70,7 +70,10 @@ async fn lost_agent_auto_recreates_on_the_other_agent_and_manual_is_marked_faile
         .await
         .expect("create manual");
     let before = diag(&c, "auto").await;
-    let (auto_sid, manual_sid) = (before.runtime_instance_id.clone(), sandbox_id(&mut c, "manual").await);
+    let (auto_sid, manual_sid) = (
+        before.runtime_instance_id.clone(),
+        sandbox_id(&mut c, "manual").await,
+    );
     let (ep, status) = ping_execd(&mut c, "auto").await;
     assert_eq!(status, 200);
     assert!(
@@ -118,13 +121,19 @@ async fn lost_agent_auto_recreates_on_the_other_agent_and_manual_is_marked_faile
 
     let manual = diag(&c, "manual").await;
     assert_eq!(manual.assignment_state, "Failed");
-    assert_eq!(manual.runtime_instance_id, manual_sid, "MANUAL: left where it was");
+    assert_eq!(
+        manual.runtime_instance_id, manual_sid,
+        "MANUAL: left where it was"
+    );
     assert_eq!(
         manual.sandbox.unwrap().runtime.unwrap().state,
         v2::RuntimeState::Failed as i32
     );
     assert!(
-        manual.events.iter().any(|e| e.message.contains("MANUAL policy")),
+        manual
+            .events
+            .iter()
+            .any(|e| e.message.contains("MANUAL policy")),
         "{:?}",
         manual.events
     );
@@ -138,11 +147,15 @@ async fn lost_agent_auto_recreates_on_the_other_agent_and_manual_is_marked_faile
     // old copy of `auto` belongs to no record now and is removed; the
     // recreated one stays.
     let agent1 = start_agent(&bed, "agent-1", state1.path(), addr, TOKEN, 4, HB).await;
-    eventually("stale copy of auto removed", Duration::from_secs(30), || {
-        let bed = &bed;
-        let auto_sid = auto_sid.clone();
-        async move { !containers(bed).await.contains(&auto_sid) }
-    })
+    eventually(
+        "stale copy of auto removed",
+        Duration::from_secs(30),
+        || {
+            let bed = &bed;
+            let auto_sid = auto_sid.clone();
+            async move { !containers(bed).await.contains(&auto_sid) }
+        },
+    )
     .await;
     assert!(containers(&bed).await.contains(&new_sid));
     let (_, status) = ping_execd(&mut c, "auto").await;

@@ -177,7 +177,13 @@ async fn manual_cleanup_renew_is_failed_precondition_and_errors_use_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_concurrent_creates_never_double_allocate() {
     let dir = tempfile::tempdir().unwrap();
-    let h = start(dir.path(), Consistency::Fast).await;
+    // The stand-ins heartbeat once (at start): placement then works from
+    // reservations alone. They must not be declared lost while 1,000
+    // creates run on a loaded machine (that refuses creates for lack of
+    // agents, not of slots), so the lost-agent timeout is out of reach here.
+    let mut cfg = config(dir.path(), Consistency::Fast);
+    cfg.lost_agent_timeout = Duration::from_secs(3600);
+    let h = Controller::start(cfg).await.unwrap();
     let mut agents = Vec::new();
     for i in 0..5 {
         agents.push(

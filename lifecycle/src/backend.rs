@@ -65,4 +65,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// How to reach `port` of sandbox `id`.
     fn route(&self, id: &str, port: u16) -> impl Future<Output = ApiResult<Route>> + Send;
+
+    /// The route the reverse proxy forwards to. Unlike [`Backend::route`]
+    /// (endpoints are facts, valid while paused too), this refuses a sandbox
+    /// that cannot answer, so the proxy never waits on a frozen process.
+    fn proxy_route(&self, id: &str, port: u16) -> impl Future<Output = ApiResult<Route>> + Send {
+        self.route(id, port)
+    }
 }

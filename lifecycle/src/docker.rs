@@ -89,6 +89,8 @@ impl DockerConfig {
 struct Reach {
     host_port: u16,
     token: Option<String>,
+    /// Frozen by the engine: connections are accepted and never answered.
+    paused: bool,
 }
 
 pub struct DockerBackend {
@@ -420,7 +422,16 @@ impl DockerBackend {
             .as_ref()
             .and_then(|cfg| cfg.labels.as_ref())
             .and_then(|l| l.get(LABEL_TOKEN).cloned());
-        Some(Reach { host_port, token })
+        let paused = c
+            .state
+            .as_ref()
+            .and_then(|s| s.paused)
+            .unwrap_or(false);
+        Some(Reach {
+            host_port,
+            token,
+            paused,
+        })
     }
 
     fn mounts(&self, volumes: &[VolumeMount]) -> ApiResult<Vec<Mount>> {
@@ -590,6 +601,13 @@ impl DockerBackend {
         Ok(r)
     }
 
+    /// Records a pause or resume done through this server in the cache.
+    fn set_paused(&self, id: &str, paused: bool) {
+        if let Some(r) = self.reach.lock().expect("reach lock").get_mut(id) {
+            r.paused = paused;
+        }
+    }
+
     fn forget(&self, id: &str) {
         self.reach.lock().expect("reach lock").remove(id);
         for p in [self.metadata_path(id), self.expiry_path(id)] {
@@ -733,7 +751,9 @@ impl Backend for DockerBackend {
         self.docker
             .pause_container(&container_name(id))
             .await
-            .map_err(|e| map_docker_err(id, e))
+            .map_err(|e| map_docker_err(id, e))?;
+        self.set_paused(id, true);
+        Ok(())
     }
 
     async fn resume(&self, id: &str) -> ApiResult<()> {
@@ -750,7 +770,9 @@ impl Backend for DockerBackend {
         self.docker
             .unpause_container(&container_name(id))
             .await
-            .map_err(|e| map_docker_err(id, e))
+            .map_err(|e| map_docker_err(id, e))?;
+        self.set_paused(id, false);
+        Ok(())
     }
 
     async fn set_expiry(&self, id: &str, at: DateTime<Utc>) -> ApiResult<()> {
@@ -760,6 +782,17 @@ impl Backend for DockerBackend {
                 expires_at: at.to_rfc3339(),
             },
         )
+    }
+
+    async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {
+        check_id(id)?;
+        if self.reach(id).await?.paused {
+            return Err(ApiError::conflict(
+                "DOCKER::SANDBOX_PAUSED",
+                format!("Sandbox {id} is paused; resume it before proxying to it."),
+            ));
+        }
+        self.route(id, port).await
     }
 
     async fn route(&self, id: &str, port: u16) -> ApiResult<Route> {

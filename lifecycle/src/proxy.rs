@@ -61,7 +61,7 @@ async fn forward<B: Backend>(
     if path.split('/').any(|seg| seg == "..") {
         return Err(ApiError::invalid("proxy path must not contain '..'"));
     }
-    let route = app.backend.route(&id, port).await?;
+    let route = app.backend.proxy_route(&id, port).await?;
     let query = req
         .uri()
         .query()

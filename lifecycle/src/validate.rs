@@ -165,14 +165,19 @@ pub fn plan_create(
     policy: &Policy,
     now: DateTime<Utc>,
 ) -> ApiResult<CreatePlan> {
+    // A request sandbolt cannot serve is the client's to change: 400, like
+    // every other unsupported field (and like OSEP-0003's unsupported
+    // volume backends), not a 5xx that reads as a server fault.
     if req.snapshot_id.is_some() {
-        return Err(ApiError::not_implemented(
-            "Creating a sandbox from snapshotId",
+        return Err(ApiError::invalid_code(
+            "UNSUPPORTED_FIELD",
+            "snapshotId is not supported by sandbolt: create from an image",
         ));
     }
     if req.template_id.is_some() {
-        return Err(ApiError::not_implemented(
-            "Creating a sandbox from templateId",
+        return Err(ApiError::invalid_code(
+            "UNSUPPORTED_FIELD",
+            "templateId is not supported by sandbolt: create from an image",
         ));
     }
     let image = req
@@ -346,6 +351,23 @@ mod tests {
             b["timeout"] = bad.clone();
             let e = plan_create(req(b), &policy(), now).unwrap_err();
             assert_eq!(e.status, 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn snapshot_and_template_are_client_errors() {
+        let now = Utc::now();
+        for field in ["snapshotId", "templateId"] {
+            let mut b = base();
+            b[field] = json!("0");
+            let e = plan_create(req(b), &policy(), now).unwrap_err();
+            assert_eq!(e.status, 400, "{field}");
+            assert_eq!(e.code, "UNSUPPORTED_FIELD", "{field}");
+            assert!(e.message.contains(field), "{}", e.message);
+            // null means absent.
+            let mut b = base();
+            b[field] = Value::Null;
+            plan_create(req(b), &policy(), now).unwrap();
         }
     }
 

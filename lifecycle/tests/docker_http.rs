@@ -222,6 +222,30 @@ async fn http_contract_on_docker() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    // The proxy answers while running, refuses (409, no hang on a frozen
+    // process) while paused, endpoints stay valid, and it answers again
+    // after resume.
+    let ping = format!("{base}/v1/sandboxes/{id}/proxy/44772/ping");
+    let (s, _, _) = call(M::GET, ping.clone(), key, None).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _, v) = call(M::POST, format!("{base}/v1/sandboxes/{id}/pause"), key, None).await;
+    assert!(s.is_success(), "{s} {v}");
+    let (s, _, v) = call(M::GET, ping.clone(), key, None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["code"], "DOCKER::SANDBOX_PAUSED");
+    assert_error_shape(&v);
+    let (s, _, _) = call(
+        M::GET,
+        format!("{base}/v1/sandboxes/{id}/endpoints/44772"),
+        key,
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _, v) = call(M::POST, format!("{base}/v1/sandboxes/{id}/resume"), key, None).await;
+    assert!(s.is_success(), "{s} {v}");
+    let (s, _, v) = call(M::GET, ping, key, None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
     // execd itself came in through the archive API, not a bind mount.
     let inspect = std::process::Command::new("docker")
         .args([

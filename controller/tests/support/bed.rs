@@ -128,14 +128,18 @@ pub async fn running_tasks(bed: &Testbed) -> BTreeMap<String, u32> {
 /// Waits until the controller's `default` pool counts `n` ready agents.
 pub async fn wait_agents(c: &V2, n: i32) {
     let c = c.clone();
-    eventually(&format!("{n} agent(s) ready"), Duration::from_secs(30), || {
-        let mut c = c.clone();
-        async move {
-            c.get_pool(v2::GetPoolRequest::default())
-                .await
-                .is_ok_and(|p| p.into_inner().ready_fastlets == n)
-        }
-    })
+    eventually(
+        &format!("{n} agent(s) ready"),
+        Duration::from_secs(30),
+        || {
+            let mut c = c.clone();
+            async move {
+                c.get_pool(v2::GetPoolRequest::default())
+                    .await
+                    .is_ok_and(|p| p.into_inner().ready_fastlets == n)
+            }
+        },
+    )
     .await;
 }
 
