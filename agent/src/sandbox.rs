@@ -154,6 +154,16 @@ impl Sandboxes {
         self.locks.lock().entry(id.to_string()).or_default().clone()
     }
 
+    /// Forgets the lock of a sandbox that is gone, unless another operation
+    /// holds or awaits it (it would otherwise race a fresh lock's holder).
+    fn release_lock(&self, id: &str, lock: &Arc<tokio::sync::Mutex<()>>) {
+        let mut locks = self.locks.lock();
+        // One reference in the map, one in the caller.
+        if Arc::strong_count(lock) <= 2 {
+            locks.remove(id);
+        }
+    }
+
     fn status_of(&self, id: &str) -> Option<SandboxStatus> {
         self.table
             .read()
@@ -268,6 +278,7 @@ impl Sandboxes {
                         tracing::warn!(sandbox = %id, error = %e, "execd not ready; removing sandbox");
                         self.cleanup(&id).await;
                         self.table.write().remove(&id);
+                        self.release_lock(&id, &lock);
                         return Err(e);
                     }
                     timings.execd_ready_us = us(Instant::now());
@@ -281,6 +292,7 @@ impl Sandboxes {
                     self.cleanup(&id).await;
                 }
                 self.table.write().remove(&id);
+                self.release_lock(&id, &lock);
                 Err(e)
             }
         }
@@ -568,7 +580,7 @@ impl Sandboxes {
         let grace = grace.unwrap_or(self.cfg.stop_grace_period);
         let existed = self.stop_and_remove(id, grace, known).await? || known;
         self.table.write().remove(id);
-        self.locks.lock().remove(id);
+        self.release_lock(id, &lock);
         if existed {
             tracing::info!(sandbox = %id, "sandbox deleted");
         }

@@ -308,7 +308,13 @@ async fn edge_e2e_sandbox_cannot_reach_the_agent() {
         r#"
         # Control, same tool: nc reaches the sandbox's own execd. (busybox
         # wget segfaults in containers on this host, with or without seccomp.)
-        echo "CONTROL $(printf 'GET /ping HTTP/1.0\r\n\r\n' | timeout 10 nc -w 3 127.0.0.1 44772 | head -n 1)"
+        # The entrypoint starts alongside execd: wait until it listens.
+        for i in $(seq 1 50); do
+            control=$(printf 'GET /ping HTTP/1.0\r\n\r\n' | timeout 10 nc -w 3 127.0.0.1 44772 | head -n 1)
+            case "$control" in *200*) break ;; esac
+            sleep 0.1
+        done
+        echo "CONTROL $control"
         for t in {}; do
             out=$(timeout 10 nc -w 3 ${{t%:*}} ${{t#*:}} </dev/null 2>&1); echo "TARGET $t rc=$? $out"
         done

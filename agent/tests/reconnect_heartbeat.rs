@@ -76,7 +76,7 @@ async fn agent_survives_a_containerd_restart() {
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
 
     // Same config, same root and state: a restarted containerd.
-    let _restarted = Daemon(
+    let restarted = Daemon(
         Command::new("containerd")
             .arg("--config")
             .arg(&config)
@@ -117,6 +117,11 @@ async fn agent_survives_a_containerd_restart() {
         .await
         .unwrap();
     assert_eq!(leftovers(&env, "sb-after"), Vec::<String>::new());
+    // The agent and the replacement daemon stop before the bed is torn down.
+    if let Some(a) = env.agent.take() {
+        a.shutdown().await;
+    }
+    drop(restarted);
     env.shutdown().await;
 }
 

@@ -422,11 +422,7 @@ impl DockerBackend {
             .as_ref()
             .and_then(|cfg| cfg.labels.as_ref())
             .and_then(|l| l.get(LABEL_TOKEN).cloned());
-        let paused = c
-            .state
-            .as_ref()
-            .and_then(|s| s.paused)
-            .unwrap_or(false);
+        let paused = c.state.as_ref().and_then(|s| s.paused).unwrap_or(false);
         Some(Reach {
             host_port,
             token,

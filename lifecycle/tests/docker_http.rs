@@ -228,7 +228,13 @@ async fn http_contract_on_docker() {
     let ping = format!("{base}/v1/sandboxes/{id}/proxy/44772/ping");
     let (s, _, _) = call(M::GET, ping.clone(), key, None).await;
     assert_eq!(s, StatusCode::OK);
-    let (s, _, v) = call(M::POST, format!("{base}/v1/sandboxes/{id}/pause"), key, None).await;
+    let (s, _, v) = call(
+        M::POST,
+        format!("{base}/v1/sandboxes/{id}/pause"),
+        key,
+        None,
+    )
+    .await;
     assert!(s.is_success(), "{s} {v}");
     let (s, _, v) = call(M::GET, ping.clone(), key, None).await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
@@ -242,7 +248,13 @@ async fn http_contract_on_docker() {
     )
     .await;
     assert_eq!(s, StatusCode::OK);
-    let (s, _, v) = call(M::POST, format!("{base}/v1/sandboxes/{id}/resume"), key, None).await;
+    let (s, _, v) = call(
+        M::POST,
+        format!("{base}/v1/sandboxes/{id}/resume"),
+        key,
+        None,
+    )
+    .await;
     assert!(s.is_success(), "{s} {v}");
     let (s, _, v) = call(M::GET, ping, key, None).await;
     assert_eq!(s, StatusCode::OK, "{v}");

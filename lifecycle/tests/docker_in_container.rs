@@ -105,7 +105,10 @@ async fn bridge_gateway(docker: &Docker) -> String {
         .and_then(|i| i.config)
         .into_iter()
         .flatten()
-        .find_map(|c| c.gateway.filter(|g| g.parse::<std::net::Ipv4Addr>().is_ok()))
+        .find_map(|c| {
+            c.gateway
+                .filter(|g| g.parse::<std::net::Ipv4Addr>().is_ok())
+        })
         .expect("the default bridge has an IPv4 gateway")
 }
 

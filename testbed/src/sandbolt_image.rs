@@ -78,7 +78,11 @@ fn build() -> Result<OciImage, TestbedError> {
     OciImage::builder(SANDBOLT_IMAGE_REF)
         .file(bin, SANDBOLT_IMAGE_BIN, 0o755)
         .file(execd, SANDBOLT_IMAGE_EXECD, 0o755)
-        .bytes("/etc/passwd", "root:x:0:0:root:/root:/sbin/nologin\n", 0o644)
+        .bytes(
+            "/etc/passwd",
+            "root:x:0:0:root:/root:/sbin/nologin\n",
+            0o644,
+        )
         .bytes("/etc/group", "root:x:0:\n", 0o644)
         .dir_mode("/tmp", 0o1777)
         .dir_mode("/var/lib/sandbolt", 0o700)
