@@ -25,6 +25,10 @@ struct Args {
     /// Create → command → delete rounds.
     #[arg(long)]
     churn: Option<u32>,
+    /// Rounds of the official SDK's `Sandbox.create` on each lifecycle and
+    /// on the OpenSandbox server (0 leaves the scenario out).
+    #[arg(long)]
+    sdk_rounds: Option<u32>,
     /// Where to write the results.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
@@ -47,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
     opts.iterations = args.iterations.unwrap_or(opts.iterations);
     opts.burst = args.burst.unwrap_or(opts.burst);
     opts.churn = args.churn.unwrap_or(opts.churn);
+    opts.sdk_rounds = args.sdk_rounds.unwrap_or(opts.sdk_rounds);
     opts.progress = std::io::IsTerminal::is_terminal(&std::io::stderr()) || !args.quick;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let out = scenarios::run(&opts).await.context("benchmark run")?;

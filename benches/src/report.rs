@@ -46,13 +46,15 @@ pub fn ratios(out: &RunOutput) -> Vec<(String, f64)> {
         (System::FastPathFast, System::CtrRun),
         (System::FastPathStrong, System::FastPathFast),
     ];
-    pairs
+    let mut ratios: Vec<(String, f64)> = pairs
         .iter()
         .filter_map(|(a, b)| {
             let (x, y) = (p50(out, *a)?, p50(out, *b)?);
             Some((format!("{} ÷ {}", a.name(), b.name()), x as f64 / y as f64))
         })
-        .collect()
+        .collect();
+    ratios.extend(crate::sdk::ratios(&out.samples));
+    ratios
 }
 
 pub fn markdown(out: &RunOutput, command: &str) -> String {
@@ -117,7 +119,7 @@ pub fn markdown(out: &RunOutput, command: &str) -> String {
     }
     let ratios = ratios(out);
     if !ratios.is_empty() {
-        let _ = writeln!(md, "\nRatios of p50 (sequential creates, same run):\n");
+        let _ = writeln!(md, "\nRatios of p50 (same run):\n");
         for (name, r) in ratios {
             let _ = writeln!(md, "- {name}: **{r:.2}×**");
         }

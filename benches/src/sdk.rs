@@ -190,6 +190,33 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
     out
 }
 
+/// p50 ratios of the scenario against the OpenSandbox server, creates and
+/// kills (issue 6's goal: sandbolt's create ≤ 0.25× the server's p50), for
+/// the report's ratio list.
+pub fn ratios(samples: &[Sample]) -> Vec<(String, f64)> {
+    let p50 = |scenario: &str, system: &str| {
+        crate::stats::summarize(
+            samples
+                .iter()
+                .filter(|s| s.scenario == scenario && s.system == system)
+                .map(|s| s.total_us),
+        )
+        .map(|s| s.p50_us)
+    };
+    let mut out = Vec::new();
+    for scenario in [SCENARIO_CREATE, SCENARIO_KILL] {
+        for system in [LIFECYCLE_FASTPATH, LIFECYCLE_DOCKER] {
+            if let (Some(x), Some(y)) = (p50(scenario, system), p50(scenario, OPENSANDBOX)) {
+                out.push((
+                    format!("{scenario}: {system} ÷ {OPENSANDBOX}"),
+                    x as f64 / y as f64,
+                ));
+            }
+        }
+    }
+    out
+}
+
 async fn start_lifecycle(
     backend: BackendConfig,
     data: &Path,

@@ -61,6 +61,7 @@ async fn quick_run_measures_every_system_and_writes_results() {
     let md = std::fs::read_to_string(dir.path().join("results.md")).unwrap();
     assert!(md.contains("| sequential | ctr run -d |"), "{md}");
     assert!(md.contains("Ratios of p50"), "{md}");
+    assert!(md.contains("sdk create: "), "{md}");
     let csv = std::fs::read_to_string(dir.path().join("samples.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + out.samples.len());
     let png = std::fs::read(dir.path().join("latency.png")).unwrap();

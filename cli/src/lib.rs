@@ -6,6 +6,7 @@
 mod agent_cmd;
 mod containerd;
 mod controller_cmd;
+mod image_cmd;
 mod janitor_cmd;
 mod lifecycle_cmd;
 mod logging;
@@ -60,6 +61,9 @@ enum Command {
     Janitor(janitor_cmd::JanitorArgs),
     /// Run the OpenSandbox Lifecycle REST API on a controller or on Docker.
     Lifecycle(lifecycle_cmd::LifecycleArgs),
+    /// Manage images on this node's containerd (no registry needed).
+    #[command(subcommand)]
+    Image(image_cmd::ImageCommand),
 }
 
 /// Parses the command line, runs the subcommand, and maps its outcome to an
@@ -88,6 +92,7 @@ pub fn main() -> ExitCode {
             Command::Agent(args) => agent_cmd::run(args).await,
             Command::Janitor(args) => janitor_cmd::run(args).await,
             Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
+            Command::Image(cmd) => image_cmd::run(cmd).await,
         }
     });
     match result {
