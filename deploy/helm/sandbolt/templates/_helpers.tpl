@@ -1,0 +1,93 @@
+{{/* Base name of every object. */}}
+{{- define "sandbolt.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sandbolt.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels; call with (dict "ctx" $ "component" "agent"). */}}
+{{- define "sandbolt.selector" -}}
+app.kubernetes.io/name: {{ .ctx.Chart.Name }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "sandbolt.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "sandbolt.secretName" -}}
+{{- default (printf "%s-tokens" (include "sandbolt.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "sandbolt.serviceAccount" -}}
+{{- if .ctx.Values.serviceAccount.create -}}
+{{- printf "%s-%s" (include "sandbolt.fullname" .ctx) .component -}}
+{{- else -}}
+default
+{{- end -}}
+{{- end -}}
+
+{{/* In-cluster URL of the controller's FastPath + RegistryService port. */}}
+{{- define "sandbolt.controllerUrl" -}}
+{{- printf "http://%s-fastpath.%s.svc:%d" (include "sandbolt.fullname" .) .Release.Namespace (int .Values.controller.fastpath.port) -}}
+{{- end -}}
+
+{{- define "sandbolt.checkValues" -}}
+{{- if not (has .Values.controller.consistency (list "strong" "fast")) -}}
+{{- fail (printf "controller.consistency must be strong or fast, not %q" .Values.controller.consistency) -}}
+{{- end -}}
+{{- if gt (int .Values.controller.replicas) 1 -}}
+{{- fail "controller.replicas > 1 needs leader election, which is not implemented yet" -}}
+{{- end -}}
+{{- if and .Values.controller.fastpath.requireToken .Values.lifecycle.enabled -}}
+{{- fail "controller.fastpath.requireToken cannot be combined with lifecycle.enabled: sandbolt lifecycle cannot send a FastPath token yet" -}}
+{{- end -}}
+{{- if not .Values.pools -}}
+{{- fail "pools must name at least one pool" -}}
+{{- end -}}
+{{- $names := list -}}
+{{- range .Values.pools -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,28}[a-z0-9])?$" (toString .name)) -}}
+{{- fail (printf "pool name %q must be a DNS label of at most 30 characters" (toString .name)) -}}
+{{- end -}}
+{{- if has .name $names -}}
+{{- fail (printf "pool %q is listed twice" .name) -}}
+{{- end -}}
+{{- $names = append $names .name -}}
+{{- if not (has (default "runc" .runtime) (list "runc" "crun" "runsc")) -}}
+{{- fail (printf "pool %q: runtime must be runc, crun or runsc, not %q" .name .runtime) -}}
+{{- end -}}
+{{- if lt (int (default 256 .maxSandboxesPerAgent)) 1 -}}
+{{- fail (printf "pool %q: maxSandboxesPerAgent must be at least 1" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Environment every component shares: logging. */}}
+{{- define "sandbolt.logEnv" -}}
+- name: SANDBOLT_LOG
+  value: {{ .Values.log.level | quote }}
+{{- if .Values.log.json }}
+- name: SANDBOLT_LOG_JSON
+  value: "true"
+{{- end }}
+{{- end -}}
+
+{{- define "sandbolt.agentTokenEnv" -}}
+- name: SANDBOLT_AGENT_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sandbolt.secretName" . }}
+      key: {{ .Values.auth.agentTokenKey }}
+{{- end -}}

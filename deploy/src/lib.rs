@@ -1,0 +1,19 @@
+//! sandbolt on Kubernetes: the custom resource types and the CRDs generated
+//! from them.
+//!
+//! - [`sandbox::Sandbox`] (`sandbox.fast.io/v1alpha2`): one sandbox's durable
+//!   record, in the shape the OpenSandbox server's fast-sandbox backend reads.
+//! - [`pool::SandboxPool`] (`sandbolt.io/v1alpha1`): the project's own pool of
+//!   agents: where they run, how many sandboxes each holds, which OCI runtime,
+//!   which images stay warm.
+//!
+//! The CRD YAML in `deploy/crds/` and `deploy/helm/sandbolt/crds/` is
+//! generated from these types by [`crd`] (`cargo run -p sandbolt-deploy --bin
+//! crdgen`); a test fails when the checked-in files drift from the types.
+
+pub mod crd;
+pub mod pool;
+pub mod sandbox;
+
+pub use pool::{SandboxPool, SandboxPoolSpec, SandboxPoolStatus};
+pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};

@@ -1,0 +1,444 @@
+//! The Helm chart, rendered and linted by real Helm (helm-python-sdk: Helm's
+//! Go SDK v4 in-process) and every object validated with kubernetes-validate
+//! (see chart_check.py). Needs the venv from `scripts/python-env.sh`, which
+//! these tests create; a missing venv fails them, never skips them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn python() -> PathBuf {
+    let out = Command::new(repo().join("scripts/python-env.sh"))
+        .output()
+        .expect("running scripts/python-env.sh");
+    assert!(
+        out.status.success(),
+        "scripts/python-env.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// Lints, renders and validates; Ok(objects, notes) or Err(stderr).
+fn check(values: Option<Value>, extra: &[&str]) -> Result<(Vec<Value>, String), String> {
+    let dir = tempfile::tempdir().unwrap();
+    let deploy = repo().join("deploy");
+    let mut cmd = Command::new(python());
+    cmd.arg(deploy.join("tests/chart_check.py"))
+        .arg(deploy.join("helm/sandbolt"))
+        .arg(deploy.join("helm/sandbolt/crds"));
+    if let Some(v) = values {
+        let p = dir.path().join("values.json");
+        std::fs::write(&p, v.to_string()).unwrap();
+        cmd.arg("--values").arg(p);
+    }
+    for (i, doc) in extra.iter().enumerate() {
+        let p = dir.path().join(format!("extra{i}.yaml"));
+        std::fs::write(&p, doc).unwrap();
+        cmd.arg("--extra").arg(p);
+    }
+    let out = cmd.output().expect("running chart_check.py");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).expect("chart_check.py output");
+    Ok((
+        v["objects"].as_array().unwrap().clone(),
+        v["notes"].as_str().unwrap().to_string(),
+    ))
+}
+
+fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objs.iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind}/{name} among {}", names(objs).join(", ")))
+}
+
+fn names(objs: &[Value]) -> Vec<String> {
+    objs.iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+fn container<'a>(obj: &'a Value, name: &str) -> &'a Value {
+    obj["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn args(c: &Value) -> Vec<String> {
+    c["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn env<'a>(c: &'a Value, name: &str) -> &'a Value {
+    c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("no env {name} in {}", c["name"]))
+}
+
+fn mounts(c: &Value) -> Vec<String> {
+    c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every `--flag=` the chart passes exists on that `sandbolt` subcommand
+/// (clap derives `--some-flag` from a `some_flag` field, or `long = "..."`).
+fn assert_real_flags(c: &Value) {
+    let a = args(c);
+    let sub = &a[1];
+    let src = std::fs::read_to_string(repo().join(format!("cli/src/{sub}_cmd.rs")))
+        .unwrap_or_else(|e| panic!("cli/src/{sub}_cmd.rs: {e}"));
+    for flag in &a[2..] {
+        let name = flag.trim_start_matches("--").split('=').next().unwrap();
+        let field = format!(" {}: ", name.replace('-', "_"));
+        let long = format!("long = \"{name}\"");
+        assert!(
+            src.contains(&field) || src.contains(&long),
+            "`sandbolt {sub}` has no flag --{name} (cli/src/{sub}_cmd.rs)"
+        );
+    }
+}
+
+/// Nothing secret is written into a pod spec: token-like variables come
+/// from a Secret.
+fn assert_tokens_from_secret(objs: &[Value], secret: &str) {
+    for o in objs.iter().filter(|o| o["spec"]["template"].is_object()) {
+        for c in o["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+        {
+            for e in c["env"].as_array().unwrap() {
+                let n = e["name"].as_str().unwrap();
+                if n.contains("TOKEN") || n.contains("API_KEY") {
+                    assert!(
+                        e.get("value").is_none(),
+                        "{n} is a literal in {}",
+                        c["name"]
+                    );
+                    assert_eq!(e["valueFrom"]["secretKeyRef"]["name"], secret, "{n}");
+                }
+            }
+        }
+    }
+}
+
+/// No RBAC rule grants `*`, and nothing may touch Secrets.
+fn assert_least_privilege(objs: &[Value]) {
+    for o in objs
+        .iter()
+        .filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole")
+    {
+        for r in o["rules"].as_array().unwrap() {
+            for key in ["apiGroups", "resources", "verbs"] {
+                assert!(
+                    !r[key].as_array().unwrap().contains(&json!("*")),
+                    "wildcard in {}",
+                    o["metadata"]["name"]
+                );
+            }
+            assert!(
+                !r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("secrets"))
+            );
+        }
+    }
+}
+
+#[test]
+fn default_values_lint_render_and_validate() {
+    let (objs, notes) = check(None, &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    let c = container(ctl, "controller");
+    assert_real_flags(c);
+    assert!(
+        args(c).contains(&"--consistency=strong".into()),
+        "{:?}",
+        args(c)
+    );
+    assert!(args(c).contains(&"--listen=0.0.0.0:9090".into()));
+    let l = container(ctl, "lifecycle");
+    assert_real_flags(l);
+    assert!(args(l).contains(&"--controller=http://127.0.0.1:9090".into()));
+    assert_eq!(
+        ctl["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"],
+        true
+    );
+    assert_eq!(
+        find(&objs, "Service", "sb-sandbolt-fastpath")["spec"]["ports"][0]["port"],
+        9090
+    );
+    assert_eq!(
+        find(&objs, "Service", "sb-sandbolt-lifecycle")["spec"]["ports"][0]["port"],
+        8080
+    );
+
+    let agent = find(&objs, "DaemonSet", "sb-sandbolt-agent-default");
+    let pod = &agent["spec"]["template"]["spec"];
+    assert_eq!(pod["hostPID"], true);
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    let a = container(agent, "agent");
+    assert_real_flags(a);
+    assert_eq!(a["securityContext"]["privileged"], true);
+    assert!(args(a).contains(&"--controller=http://sb-sandbolt-fastpath.sandbolt.svc:9090".into()));
+    assert!(args(a).contains(&"--pool=default".into()));
+    assert_eq!(
+        env(a, "SANDBOLT_NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    assert_eq!(
+        env(a, "SANDBOLT_POD_UID")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.uid"
+    );
+    assert_eq!(
+        env(a, "SANDBOLT_ADVERTISE_HOST")["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.podIP"
+    );
+    let ports: Vec<i64> = a["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["containerPort"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ports, [9091, 9092]);
+    let vols = pod["volumes"].as_array().unwrap();
+    let sock = vols
+        .iter()
+        .find(|v| v["hostPath"]["path"] == "/run/containerd/containerd.sock")
+        .expect("socket hostPath");
+    assert_eq!(sock["hostPath"]["type"], "Socket");
+    assert!(
+        vols.iter()
+            .any(|v| v["hostPath"]["path"] == "/var/lib/sandbolt/volumes"),
+        "volume root hostPath"
+    );
+    // Host paths keep their host path inside the pod (containerd resolves them).
+    for m in mounts(a) {
+        assert!(
+            vols.iter().any(|v| v["hostPath"]["path"] == m.as_str()),
+            "{m} mounted elsewhere than on the host"
+        );
+    }
+
+    let jan = find(&objs, "DaemonSet", "sb-sandbolt-janitor-default");
+    let j = container(jan, "janitor");
+    assert_real_flags(j);
+    assert_eq!(
+        mounts(j),
+        [
+            "/run/containerd",
+            "/var/lib/sandbolt/agent",
+            "/var/lib/sandbolt/janitor"
+        ]
+    );
+    assert!(jan["spec"]["template"]["spec"].get("hostPID").is_none());
+    assert!(jan["spec"]["template"]["spec"].get("hostNetwork").is_none());
+
+    let secret = find(&objs, "Secret", "sb-sandbolt-tokens");
+    let mut keys: Vec<&String> = secret["data"].as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["agent-token", "api-key", "fastpath-token"]);
+    assert_tokens_from_secret(&objs, "sb-sandbolt-tokens");
+    assert_least_privilege(&objs);
+    for sa in ["controller", "agent", "janitor"] {
+        find(&objs, "ServiceAccount", &format!("sb-sandbolt-{sa}"));
+    }
+    assert!(
+        !objs
+            .iter()
+            .any(|o| o["kind"] == "Role" && o["metadata"]["name"] == "sb-sandbolt-agent")
+    );
+    find(&objs, "NetworkPolicy", "sb-sandbolt-controller");
+
+    let pool = find(&objs, "SandboxPool", "default");
+    assert_eq!(pool["spec"]["runtime"], "runc");
+    assert_eq!(pool["spec"]["maxSandboxesPerAgent"], 256);
+
+    assert!(
+        notes.contains("kubectl -n sandbolt port-forward svc/sb-sandbolt-lifecycle 8080:8080"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("sb-sandbolt-fastpath.sandbolt.svc:9090"),
+        "{notes}"
+    );
+}
+
+#[test]
+fn non_default_values_lint_render_and_validate() {
+    let values = json!({
+        "image": {"repository": "registry.example/sandbolt", "tag": "1.2.3"},
+        "auth": {"existingSecret": "my-tokens"},
+        "controller": {
+            "consistency": "fast",
+            "fastpath": {"requireToken": true},
+            "persistence": {"enabled": true, "size": "5Gi", "storageClassName": "fast-ssd"}
+        },
+        "lifecycle": {"enabled": false},
+        "agent": {"hostNetwork": true, "proxyPort": 19092},
+        "networkPolicy": {"enabled": false},
+        "pools": [
+            {"name": "gpu", "nodeSelector": {"sandbolt.io/pool": "gpu"}, "maxSandboxesPerAgent": 8,
+             "runtime": "crun", "warmImages": ["docker.io/library/python:3.12"],
+             "capacity": {"minAgents": 2, "maxSandboxes": 12}},
+            {"name": "secure", "maxSandboxesPerAgent": 32, "runtime": "runsc"}
+        ]
+    });
+    let (objs, notes) =
+        check(Some(values), &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+
+    assert!(
+        !objs.iter().any(|o| o["kind"] == "Secret"),
+        "existingSecret: no Secret rendered"
+    );
+    assert_tokens_from_secret(&objs, "my-tokens");
+    assert_least_privilege(&objs);
+    assert!(!objs.iter().any(|o| o["kind"] == "NetworkPolicy"));
+    assert!(
+        !objs
+            .iter()
+            .any(|o| o["metadata"]["name"] == "sb-sandbolt-lifecycle")
+    );
+
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    let c = container(ctl, "controller");
+    assert_eq!(c["image"], "registry.example/sandbolt:1.2.3");
+    assert!(args(c).contains(&"--consistency=fast".into()));
+    assert_eq!(
+        env(c, "SANDBOLT_FASTPATH_TOKEN")["valueFrom"]["secretKeyRef"]["key"],
+        "fastpath-token"
+    );
+    assert_eq!(
+        ctl["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let pvc = find(&objs, "PersistentVolumeClaim", "sb-sandbolt-controller");
+    assert_eq!(pvc["spec"]["storageClassName"], "fast-ssd");
+
+    let gpu = find(&objs, "DaemonSet", "sb-sandbolt-agent-gpu");
+    assert_eq!(
+        gpu["spec"]["template"]["spec"]["nodeSelector"]["sandbolt.io/pool"],
+        "gpu"
+    );
+    assert_eq!(gpu["spec"]["template"]["spec"]["hostNetwork"], true);
+    let a = container(gpu, "agent");
+    assert!(
+        args(a).contains(&"--max-sandboxes=8".into()),
+        "{:?}",
+        args(a)
+    );
+    assert!(args(a).contains(&"--proxy-listen=0.0.0.0:19092".into()));
+    assert_eq!(
+        env(a, "SANDBOLT_ADVERTISE_HOST")["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.hostIP"
+    );
+    find(&objs, "DaemonSet", "sb-sandbolt-janitor-gpu");
+    find(&objs, "DaemonSet", "sb-sandbolt-agent-secure");
+    find(&objs, "DaemonSet", "sb-sandbolt-janitor-secure");
+
+    let pool = find(&objs, "SandboxPool", "gpu");
+    assert_eq!(pool["spec"]["runtime"], "crun");
+    assert_eq!(pool["spec"]["capacity"]["maxSandboxes"], 12);
+    assert_eq!(
+        pool["spec"]["warmImages"][0],
+        "docker.io/library/python:3.12"
+    );
+    assert_eq!(
+        find(&objs, "SandboxPool", "secure")["spec"]["runtime"],
+        "runsc"
+    );
+
+    assert!(notes.contains("gpu (crun), secure (runsc)"), "{notes}");
+    assert!(!notes.contains("lifecycle"), "{notes}");
+}
+
+#[test]
+fn invalid_values_are_refused() {
+    for (values, why) in [
+        (
+            json!({"controller": {"consistency": "eventual"}}),
+            "controller.consistency must be strong or fast",
+        ),
+        (
+            json!({"pools": [{"name": "p", "runtime": "kata"}]}),
+            "runtime must be runc, crun or runsc",
+        ),
+        (
+            json!({"pools": [{"name": "p"}, {"name": "p"}]}),
+            "pool \"p\" is listed twice",
+        ),
+        (
+            json!({"controller": {"replicas": 2}}),
+            "needs leader election",
+        ),
+    ] {
+        let err = check(Some(values.clone()), &[]).expect_err(&format!("{values} was accepted"));
+        assert!(err.contains(why), "{values}: expected {why:?} in:\n{err}");
+    }
+}
+
+#[test]
+fn validation_rejects_invalid_objects() {
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: bad}\nspec:\n  replicas: three\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec: {containers: [{name: c, image: i}]}\n";
+    let err = check(None, &[deployment]).expect_err("a Deployment with replicas: three passed");
+    assert!(
+        err.contains("Deployment/bad is invalid for Kubernetes 1.35.0: spec.replicas"),
+        "{err}"
+    );
+
+    let unknown =
+        "apiVersion: v1\nkind: Service\nmetadata: {name: typo}\nspec: {prots: [{port: 1}]}\n";
+    let err = check(None, &[unknown]).expect_err("an unknown field passed");
+    assert!(err.contains("Service/typo is invalid"), "{err}");
+
+    let pool = "apiVersion: sandbolt.io/v1alpha1\nkind: SandboxPool\nmetadata: {name: p}\nspec: {maxSandboxesPerAgent: 0, runtime: kata, extra: 1}\n";
+    let err = check(None, &[pool]).expect_err("a bad SandboxPool passed");
+    for part in [
+        "spec.maxSandboxesPerAgent",
+        "spec.runtime",
+        "'extra' was unexpected",
+    ] {
+        assert!(
+            err.contains("SandboxPool/p does not match its CRD") && err.contains(part),
+            "{part}: {err}"
+        );
+    }
+
+    let unknown_kind = "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n";
+    let err = check(None, &[unknown_kind]).expect_err("a kind without a schema passed");
+    assert!(err.contains("Widget/w: no schema"), "{err}");
+}

@@ -1,0 +1,247 @@
+//! The CRDs generated from the types: their shape, and the checked-in copies.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResourceExt;
+use sandbolt_deploy::crd;
+use sandbolt_deploy::pool::{CapacityBounds, OciRuntime};
+use sandbolt_deploy::sandbox::{
+    self, DataPlaneState, DataPlaneStatus, RuntimeState, RuntimeStatus,
+};
+use sandbolt_deploy::{Sandbox, SandboxPool, SandboxPoolSpec, SandboxSpec, SandboxStatus};
+
+#[test]
+fn checked_in_crds_match_the_types() {
+    let drift = crd::check_files(&crd::deploy_dir()).expect("reading the checked-in CRDs");
+    assert!(
+        drift.is_empty(),
+        "checked-in CRDs drifted from the Rust types:\n  {}\nregenerate with: {}",
+        drift.join("\n  "),
+        crd::REGENERATE
+    );
+}
+
+#[test]
+fn drift_and_stray_files_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    crd::write_files(dir.path()).unwrap();
+    assert!(crd::check_files(dir.path()).unwrap().is_empty());
+
+    let edited = dir.path().join("crds/sandboxes.sandbox.fast.io.yaml");
+    let text = std::fs::read_to_string(&edited).unwrap();
+    std::fs::write(&edited, text.replace("poolRef", "pool")).unwrap();
+    std::fs::remove_file(
+        dir.path()
+            .join("helm/sandbolt/crds/sandboxpools.sandbolt.io.yaml"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("crds/old.yaml"), "kind: Old\n").unwrap();
+    let drift = crd::check_files(dir.path()).unwrap();
+    assert_eq!(drift.len(), 3, "{drift:#?}");
+    assert!(
+        drift[0].contains("sandboxes.sandbox.fast.io.yaml differs"),
+        "{drift:#?}"
+    );
+    assert!(drift[1].contains("old.yaml is not generated"), "{drift:#?}");
+    assert!(
+        drift[2].contains("sandboxpools.sandbolt.io.yaml cannot be read"),
+        "{drift:#?}"
+    );
+
+    // Regenerating repairs everything, and removes the stray file.
+    crd::write_files(dir.path()).unwrap();
+    assert!(crd::check_files(dir.path()).unwrap().is_empty());
+    assert!(!dir.path().join("crds/old.yaml").exists());
+}
+
+fn yaml(v: &impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(v).unwrap()
+}
+
+#[test]
+fn sandbox_crd_has_the_shape_the_opensandbox_server_reads() {
+    let crd = yaml(&Sandbox::crd());
+    assert_eq!(crd["metadata"]["name"], "sandboxes.sandbox.fast.io");
+    assert_eq!(crd["spec"]["group"], "sandbox.fast.io");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(crd["spec"]["names"]["kind"], "Sandbox");
+    assert_eq!(crd["spec"]["names"]["plural"], "sandboxes");
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(v["name"], "v1alpha2");
+    assert_eq!(v["served"], true);
+    assert_eq!(v["storage"], true);
+    assert_eq!(v["subresources"]["status"], serde_json::json!({}));
+    let schema = &v["schema"]["openAPIV3Schema"]["properties"];
+    let spec = &schema["spec"];
+    for field in ["image", "command", "args", "poolRef", "expireTime"] {
+        assert!(
+            spec["properties"][field].is_object(),
+            "spec.{field} missing: {spec}"
+        );
+    }
+    assert_eq!(spec["required"], serde_json::json!(["image", "poolRef"]));
+    assert_eq!(spec["properties"]["expireTime"]["format"], "date-time");
+    let status = &schema["status"]["properties"];
+    for field in ["runtime", "dataPlane", "conditions", "observedGeneration"] {
+        assert!(
+            status[field].is_object(),
+            "status.{field} missing: {status}"
+        );
+    }
+    let states = &status["runtime"]["properties"]["state"]["enum"];
+    assert!(
+        states.as_array().unwrap().contains(&"Ready".into()),
+        "{states}"
+    );
+    assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
+    let cond = &status["conditions"]["items"]["properties"];
+    for field in ["type", "status", "observedGeneration", "reason", "message"] {
+        assert!(cond[field].is_object(), "condition.{field} missing: {cond}");
+    }
+    let columns: Vec<String> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "Image",
+            "Pool",
+            "Runtime",
+            "DataPlane",
+            "Ready",
+            "Node",
+            "Expires",
+            "Age"
+        ]
+    );
+}
+
+#[test]
+fn sandbox_pool_crd_has_spec_and_status_counts() {
+    let crd = yaml(&SandboxPool::crd());
+    assert_eq!(crd["metadata"]["name"], "sandboxpools.sandbolt.io");
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(v["name"], "v1alpha1");
+    assert_eq!(v["subresources"]["status"], serde_json::json!({}));
+    let props = &v["schema"]["openAPIV3Schema"]["properties"];
+    let spec = &props["spec"]["properties"];
+    assert_eq!(
+        spec["runtime"]["enum"],
+        serde_json::json!(["runc", "crun", "runsc"])
+    );
+    assert_eq!(spec["maxSandboxesPerAgent"]["minimum"].as_f64(), Some(1.0));
+    for field in ["nodeSelector", "warmImages", "capacity"] {
+        assert!(spec[field].is_object(), "spec.{field} missing: {spec}");
+    }
+    let status = &props["status"]["properties"];
+    for field in ["agents", "readyAgents", "sandboxes", "capacity"] {
+        assert_eq!(status[field]["type"], "integer", "status.{field}: {status}");
+    }
+}
+
+fn ready_sandbox(generation: i64, observed: i64, cond_observed: i64) -> Sandbox {
+    let mut sb = Sandbox::new(
+        "fsb-1",
+        SandboxSpec {
+            image: "busybox".into(),
+            command: vec!["sleep".into()],
+            args: vec!["60".into()],
+            pool_ref: "default".into(),
+            expire_time: None,
+        },
+    );
+    sb.metadata.generation = Some(generation);
+    sb.status = Some(SandboxStatus {
+        runtime: Some(RuntimeStatus {
+            state: RuntimeState::Ready,
+            message: None,
+            last_transition_time: None,
+        }),
+        data_plane: Some(DataPlaneStatus {
+            state: DataPlaneState::Ready,
+            endpoint: Some("10.0.0.1:9092/fsb-1".into()),
+            message: None,
+            last_transition_time: None,
+        }),
+        conditions: vec![Condition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            observed_generation: Some(cond_observed),
+            reason: "Running".into(),
+            message: String::new(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }],
+        observed_generation: Some(observed),
+        agent_id: None,
+        node_name: None,
+    });
+    sb
+}
+
+#[test]
+fn readiness_follows_the_opensandbox_server_rule() {
+    assert!(ready_sandbox(2, 2, 2).is_ready());
+    assert!(!ready_sandbox(2, 1, 2).is_ready(), "stale status");
+    assert!(!ready_sandbox(2, 2, 1).is_ready(), "stale condition");
+    let mut sb = ready_sandbox(1, 1, 1);
+    sb.status
+        .as_mut()
+        .unwrap()
+        .data_plane
+        .as_mut()
+        .unwrap()
+        .state = DataPlaneState::Publishing;
+    assert!(!sb.is_ready(), "data plane not ready");
+    let mut sb = ready_sandbox(1, 1, 1);
+    sb.status.as_mut().unwrap().conditions[0].status = "False".into();
+    assert!(!sb.is_ready(), "condition false");
+}
+
+#[test]
+fn sandbox_serializes_in_the_servers_field_names() {
+    let v = yaml(&ready_sandbox(1, 1, 1));
+    assert_eq!(v["apiVersion"], "sandbox.fast.io/v1alpha2");
+    assert_eq!(v["kind"], "Sandbox");
+    assert_eq!(v["spec"]["poolRef"], "default");
+    assert!(
+        v["spec"].get("expireTime").is_none(),
+        "absent, never null: {v}"
+    );
+    assert_eq!(v["status"]["runtime"]["state"], "Ready");
+    assert_eq!(v["status"]["dataPlane"]["state"], "Ready");
+    assert_eq!(v["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(v["status"]["observedGeneration"], 1);
+    assert!(sandbox::NAME_PREFIX == "fsb-" && v["metadata"]["name"] == "fsb-1");
+}
+
+#[test]
+fn metadata_round_trips_through_prefixed_labels() {
+    let md = BTreeMap::from([("team".to_string(), "a".to_string())]);
+    let mut labels = sandbox::metadata_to_labels(&md);
+    assert_eq!(labels["metadata.sandbox.fast.io/team"], "a");
+    labels.insert("app.kubernetes.io/name".into(), "x".into());
+    assert_eq!(sandbox::labels_to_metadata(&labels), md);
+}
+
+#[test]
+fn pool_capacity_is_bounded() {
+    let mut spec = SandboxPoolSpec {
+        node_selector: BTreeMap::new(),
+        max_sandboxes_per_agent: 10,
+        runtime: OciRuntime::Crun,
+        warm_images: vec![],
+        capacity: None,
+    };
+    assert_eq!(spec.capacity_for(3), 30);
+    spec.capacity = Some(CapacityBounds {
+        min_agents: Some(1),
+        max_sandboxes: Some(25),
+    });
+    assert_eq!(spec.capacity_for(3), 25);
+    assert_eq!(yaml(&spec)["runtime"], "crun");
+    assert_eq!(OciRuntime::default().as_str(), "runc");
+}
