@@ -124,6 +124,12 @@ pub fn markdown(out: &RunOutput, command: &str) -> String {
             let _ = writeln!(md, "- {name}: **{r:.2}×**");
         }
     }
+    if !out.retried.is_empty() {
+        let _ = writeln!(md, "\nFailed creates, each retried once under a new id:\n");
+        for s in &out.retried {
+            let _ = writeln!(md, "- {}: {}", s.system, s.reason);
+        }
+    }
     if !out.skipped.is_empty() {
         let _ = writeln!(md, "\nNot measured:\n");
         for s in &out.skipped {

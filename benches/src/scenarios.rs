@@ -22,6 +22,8 @@ pub struct RunOutput {
     pub samples: Vec<Sample>,
     pub bursts: Vec<Burst>,
     pub skipped: Vec<Skipped>,
+    /// Creates that failed once and were retried (reported, not hidden).
+    pub retried: Vec<Skipped>,
     pub seconds: f64,
 }
 
@@ -37,6 +39,7 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
     let mut bench = Bench::start().await?;
     let mut enabled: Vec<System> = System::ALL.to_vec();
     let mut skipped = Vec::new();
+    let mut retried = Vec::new();
     let mut samples = Vec::new();
     let mut bursts = Vec::new();
     let total = (opts.iterations as u64 + 1) * enabled.len() as u64
@@ -51,9 +54,36 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
         // Interleaved: every system once per iteration, so that a slow
         // moment of the machine hits all of them alike.
         for system in enabled.clone() {
-            let id = format!("seq{i}-{}", short(system));
             progress.step(&format!("sequential {i}: {}", system.name()));
-            match bench.create(system, &id).await {
+            // One retry under a fresh id: a transient failure of one create
+            // must not drop a baseline from the whole run. Every failure is
+            // reported (`retried`), and a second one in a row drops the system.
+            let mut outcome = None;
+            for attempt in 0..2 {
+                let id = match attempt {
+                    0 => format!("seq{i}-{}", short(system)),
+                    _ => format!("seq{i}-{}-retry", short(system)),
+                };
+                let result = bench.create(system, &id).await;
+                if let Err(e) = bench.remove(system, &id).await {
+                    tracing::debug!(system = system.name(), %id, error = %e, "cleanup failed");
+                }
+                match result {
+                    Ok(m) => {
+                        outcome = Some(Ok(m));
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(system = system.name(), attempt, error = %e, "create failed");
+                        retried.push(Skipped {
+                            system: format!("{} (iteration {i})", system.name()),
+                            reason: e.to_string(),
+                        });
+                        outcome = Some(Err(e));
+                    }
+                }
+            }
+            match outcome.expect("at least one attempt") {
                 Ok(m) => {
                     if i > 0 {
                         samples.push(Sample {
@@ -73,9 +103,6 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
                     });
                     enabled.retain(|s| *s != system);
                 }
-            }
-            if let Err(e) = bench.remove(system, &id).await {
-                tracing::warn!(system = system.name(), %id, error = %e, "cleanup failed");
             }
         }
     }
@@ -166,6 +193,7 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
         samples,
         bursts,
         skipped,
+        retried,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
