@@ -846,10 +846,13 @@ async fn janitor_killed_mid_cleanup_is_completed_by_next_scan() {
         half.containers.is_empty() && half.tasks.is_empty(),
         "the container went before the kill: {half:?}"
     );
-    assert_eq!(
-        half.snapshots,
-        vec![sid.clone()],
-        "the snapshot is left half-way: {half:?}"
+    // containerd's own GC may already have collected the snapshot once its
+    // container was gone (it is no longer referenced); whether it did is a
+    // matter of GC timing, so either state is a valid half-way point. The
+    // log file is the janitor's alone, and proves the cleanup was cut short.
+    assert!(
+        half.snapshots.is_empty() || half.snapshots == vec![sid.clone()],
+        "unexpected snapshots half-way: {half:?}"
     );
     assert_eq!(
         half.logs,
