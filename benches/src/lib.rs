@@ -77,6 +77,8 @@ pub struct Options {
     /// Rounds of the SDK scenario (`Sandbox.create` + `kill` on every
     /// lifecycle server); 0 leaves the scenario out.
     pub sdk_rounds: u32,
+    /// OCI runtime of sandbolt's agents (`runc`, `crun`, `runsc`).
+    pub runtime: String,
     pub out_dir: PathBuf,
     /// Draw a progress bar on stderr.
     pub progress: bool,
@@ -90,6 +92,7 @@ impl Options {
             burst: 4,
             churn: 3,
             sdk_rounds: 2,
+            runtime: "runc".into(),
             out_dir,
             progress: false,
         }
@@ -101,6 +104,7 @@ impl Options {
             burst: 16,
             churn: 20,
             sdk_rounds: 20,
+            runtime: "runc".into(),
             out_dir,
             progress: true,
         }

@@ -29,6 +29,10 @@ struct Args {
     /// on the OpenSandbox server (0 leaves the scenario out).
     #[arg(long)]
     sdk_rounds: Option<u32>,
+    /// OCI runtime of sandbolt's agents: runc, crun or runsc (one that
+    /// cannot run on this machine is reported as such).
+    #[arg(long, default_value = "runc")]
+    runtime: String,
     /// Where to write the results.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
@@ -52,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
     opts.burst = args.burst.unwrap_or(opts.burst);
     opts.churn = args.churn.unwrap_or(opts.churn);
     opts.sdk_rounds = args.sdk_rounds.unwrap_or(opts.sdk_rounds);
+    opts.runtime = args.runtime;
     opts.progress = std::io::IsTerminal::is_terminal(&std::io::stderr()) || !args.quick;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let out = scenarios::run(&opts).await.context("benchmark run")?;

@@ -36,7 +36,7 @@ const BURST_SYSTEMS: [System; 3] = [
 pub async fn run(opts: &Options) -> Result<RunOutput> {
     let started = Instant::now();
     let machine = machine::describe();
-    let mut bench = Bench::start().await?;
+    let mut bench = Bench::start(&opts.runtime).await?;
     let mut enabled: Vec<System> = System::ALL.to_vec();
     let mut skipped = Vec::new();
     let mut retried = Vec::new();
@@ -187,8 +187,8 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
     Ok(RunOutput {
         machine,
         options: format!(
-            "iterations={} burst={} churn={} sdk_rounds={}",
-            opts.iterations, opts.burst, opts.churn, opts.sdk_rounds
+            "iterations={} burst={} churn={} sdk_rounds={} runtime={}",
+            opts.iterations, opts.burst, opts.churn, opts.sdk_rounds, opts.runtime
         ),
         samples,
         bursts,

@@ -111,7 +111,10 @@ pub struct Bench {
 }
 
 impl Bench {
-    pub async fn start() -> Result<Bench> {
+    /// Starts everything; sandbolt's agents create with the OCI `runtime`
+    /// (`runc`, `crun`, `runsc`). A runtime that cannot run here makes the
+    /// sandbolt systems fail their first create, which the run reports.
+    pub async fn start(runtime: &str) -> Result<Bench> {
         let bed = tokio::task::spawn_blocking(|| -> Result<Testbed> {
             let bed = Testbed::start_with_docker()?;
             let image = busybox_image()?;
@@ -141,6 +144,7 @@ impl Bench {
             c.controller_token = Some(TOKEN.into());
             c.heartbeat_interval = Duration::from_millis(500);
             c.stop_grace_period = Duration::from_secs(1);
+            c.default_runtime = runtime.to_string();
             c
         };
         let agent = Agent::start(agent_config("bench-agent", None))
