@@ -204,6 +204,18 @@ fn apply_permission(p: &Path, perm: &Permission, db: &UserDb) -> Result<(), ApiE
 
 /// `POST /files/permissions` `{path: {owner, group, mode}}`
 pub async fn chmod(body: Bytes) -> Response {
+    with_permissions(body, |p| {
+        fs::symlink_metadata(p)
+            .map(|_| ())
+            .map_err(|e| ApiError::fs(p, "stat", &e))
+    })
+    .await
+}
+
+/// The shared body of the `{path: {owner, group, mode}}` routes: validate
+/// every entry first (nothing changes on a bad request), then per path run
+/// `prepare` and apply owner and mode.
+async fn with_permissions(body: Bytes, prepare: fn(&Path) -> Result<(), ApiError>) -> Response {
     let r = async {
         let req: HashMap<String, Permission> = parse_json(&body)?;
         let mut items = Vec::new();
@@ -216,7 +228,7 @@ pub async fn chmod(body: Bytes) -> Response {
         blocking(move || {
             let db = UserDb::load();
             for (p, perm) in items {
-                fs::symlink_metadata(&p).map_err(|e| ApiError::fs(&p, "stat", &e))?;
+                prepare(&p)?;
                 apply_permission(&p, &perm, &db)?;
             }
             Ok(())
@@ -495,30 +507,10 @@ fn walk(dir: &Path, level: u64, max: u64, db: &UserDb, out: &mut Vec<FileInfo>) 
 /// `POST /directories` `{path: {owner, group, mode}}`: `mkdir -p`, then mode and owner
 /// of the directory itself.
 pub async fn make_dirs(body: Bytes) -> Response {
-    let r = async {
-        let req: HashMap<String, Permission> = parse_json(&body)?;
-        let mut items = Vec::new();
-        for (k, v) in req {
-            if let Some(m) = v.mode {
-                mode_from_api(m)?;
-            }
-            items.push((resolve_path(&k)?, v));
-        }
-        blocking(move || {
-            let db = UserDb::load();
-            for (p, perm) in items {
-                fs::create_dir_all(&p).map_err(|e| ApiError::fs(&p, "mkdir", &e))?;
-                apply_permission(&p, &perm, &db)?;
-            }
-            Ok(())
-        })
-        .await
-    }
-    .await;
-    match r {
-        Ok(()) => ok_empty(),
-        Err(e) => e.into_response(),
-    }
+    with_permissions(body, |p| {
+        fs::create_dir_all(p).map_err(|e| ApiError::fs(p, "mkdir", &e))
+    })
+    .await
 }
 
 /// `DELETE /directories?path=...`: `rm -rf`; missing ones are fine.
