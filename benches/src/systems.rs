@@ -591,22 +591,6 @@ impl Bench {
             ))
             .await
             .map_err(e)?;
-        let mounts = self
-            .containerd
-            .snapshots()
-            .prepare(with_namespace!(
-                PrepareSnapshotRequest {
-                    snapshotter: "overlayfs".into(),
-                    key: id.into(),
-                    parent: self.chain_id.clone(),
-                    labels: Default::default(),
-                },
-                NAMESPACE
-            ))
-            .await
-            .map_err(e)?
-            .into_inner()
-            .mounts;
         let container = Container {
             id: id.into(),
             image: BUSYBOX_REF.into(),
@@ -632,6 +616,24 @@ impl Bench {
             ))
             .await
             .map_err(e)?;
+        // After the container: its reference keeps containerd's GC off the
+        // fresh active snapshot (the agent orders its calls the same way).
+        let mounts = self
+            .containerd
+            .snapshots()
+            .prepare(with_namespace!(
+                PrepareSnapshotRequest {
+                    snapshotter: "overlayfs".into(),
+                    key: id.into(),
+                    parent: self.chain_id.clone(),
+                    labels: Default::default(),
+                },
+                NAMESPACE
+            ))
+            .await
+            .map_err(e)?
+            .into_inner()
+            .mounts;
         let container_created = started.elapsed().as_micros() as u64;
         self.containerd
             .tasks()

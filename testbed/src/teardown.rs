@@ -110,7 +110,16 @@ pub(crate) fn sweep_stale() {
         let owner = fs::read_to_string(dir.join("owner.pid"))
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok());
-        let alive = owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        let alive = match owner {
+            Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
+            // A bed another process is creating right now has no owner file
+            // yet: only one that stayed without it for a minute is stale.
+            None => fs::metadata(&dir)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age < std::time::Duration::from_secs(60)),
+        };
         if !alive {
             tracing::warn!(dir = %dir.display(), "removing a test bed left by a dead process");
             clean_dir(&dir);

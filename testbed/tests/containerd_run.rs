@@ -38,25 +38,6 @@ async fn run_echo(bed: &Testbed, id: &str, text: &str) -> (u32, String) {
         .expect("image present");
     assert_eq!(image.name, BUSYBOX_REF);
 
-    // One layer: its chain id is its diff id. Prepare fails unless the
-    // import also unpacked the layer on the overlayfs snapshotter.
-    let parent = busybox_image().unwrap().diff_id();
-    let mounts = client
-        .snapshots()
-        .prepare(with_namespace!(
-            PrepareSnapshotRequest {
-                snapshotter: "overlayfs".into(),
-                key: id.into(),
-                parent,
-                labels: Default::default(),
-            },
-            NAMESPACE
-        ))
-        .await
-        .expect("prepare snapshot")
-        .into_inner()
-        .mounts;
-
     let spec = serde_json::json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -101,6 +82,27 @@ async fn run_echo(bed: &Testbed, id: &str, text: &str) -> (u32, String) {
         ))
         .await
         .expect("create container");
+
+    // After the container exists: it references the snapshot key, which keeps
+    // containerd's GC off the fresh active snapshot (unreferenced, it may be
+    // collected before the task mounts it). One layer: its chain id is its
+    // diff id. Prepare fails unless the import also unpacked the layer.
+    let parent = busybox_image().unwrap().diff_id();
+    let mounts = client
+        .snapshots()
+        .prepare(with_namespace!(
+            PrepareSnapshotRequest {
+                snapshotter: "overlayfs".into(),
+                key: id.into(),
+                parent,
+                labels: Default::default(),
+            },
+            NAMESPACE
+        ))
+        .await
+        .expect("prepare snapshot")
+        .into_inner()
+        .mounts;
 
     let out = bed.root().join(format!("{id}.out"));
     client
