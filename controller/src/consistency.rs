@@ -76,7 +76,7 @@ impl Core {
             assignment_attempt: 1,
             recovery_deadline_unix_ms: 0,
             events: Vec::new(),
-            revision: 0,
+            revision: String::new(),
         }
     }
 

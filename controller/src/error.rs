@@ -60,6 +60,7 @@ impl From<Error> for Status {
             },
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::Store(StoreError::NotFound(..)) => Code::NotFound,
+            Error::Store(StoreError::Invalid(_)) => Code::InvalidArgument,
             Error::Store(StoreError::AlreadyExists(_)) => Code::AlreadyExists,
             Error::Store(StoreError::Conflict(..)) => Code::Aborted,
             Error::Store(StoreError::Unavailable(_) | StoreError::Backend(_)) => Code::Unavailable,

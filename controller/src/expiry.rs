@@ -42,3 +42,24 @@ impl Core {
         deleted
     }
 }
+
+impl Core {
+    /// Deletes the sandboxes whose deletion was asked for in the store by
+    /// someone else (a `kubectl delete` of the Sandbox): the container goes
+    /// first, then the record. Failures are retried on the next sweep.
+    pub async fn sweep_deletion_requests(&self) -> Vec<(String, String)> {
+        let mut deleted = Vec::new();
+        for (ns, name) in self.store.deletions_requested() {
+            match self.delete(&ns, &name, "").await {
+                Ok(_) => {
+                    tracing::info!(sandbox = %name, namespace = %ns, "sandbox deleted through the store");
+                    deleted.push((ns, name));
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %name, namespace = %ns, error = %e, "requested deletion not done yet; will retry")
+                }
+            }
+        }
+        deleted
+    }
+}

@@ -23,7 +23,9 @@ mod consistency;
 pub mod error;
 mod expiry;
 pub mod fastpath;
+pub mod ha;
 pub mod image_ref;
+pub mod leader;
 mod ownership;
 pub mod placement;
 mod recovery;
@@ -137,6 +139,7 @@ impl Controller {
                     break;
                 }
                 c.sweep_expired().await;
+                c.sweep_deletion_requests().await;
             }
         });
         tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");

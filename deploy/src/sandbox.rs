@@ -37,7 +37,7 @@ pub const FINALIZER: &str = "sandbolt.io/sandbox-cleanup";
 pub const READY_CONDITION: &str = "Ready";
 
 /// What the user asked for.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "sandbox.fast.io",
     version = "v1alpha2",
@@ -74,6 +74,32 @@ pub struct SandboxSpec {
     /// When the sandbox expires; absent: it never does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expire_time: Option<Time>,
+    /// Environment of the sandbox's entrypoint (sandbolt; the OpenSandbox
+    /// server ignores it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of the entrypoint; absent: the image's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Ports published through the agent's data-plane proxy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<u32>,
+    /// What happens when the sandbox's agent is lost: `Manual` (default) or
+    /// `AutoRecreate` (recreated elsewhere within `recoveryTimeoutSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<FailurePolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_timeout_seconds: Option<i32>,
+    /// Changing it restarts the sandbox afresh (same id and token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_revision: Option<String>,
+}
+
+/// What the controller does when a sandbox's agent is lost.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum FailurePolicy {
+    Manual,
+    AutoRecreate,
 }
 
 /// What the controller observed.

@@ -188,6 +188,55 @@ fn default_values_lint_render_and_validate() {
         args(c)
     );
     assert!(args(c).contains(&"--listen=0.0.0.0:9090".into()));
+    // Kubernetes store by default: two replicas, a Lease, identity and
+    // namespace from the downward API, no liveness probe on a port only the
+    // leader opens, and no redb volume claim.
+    assert!(
+        args(c).contains(&"--store=kubernetes".into()),
+        "{:?}",
+        args(c)
+    );
+    assert!(args(c).contains(&"--lease-name=sb-sandbolt-controller".into()));
+    assert!(!args(c).iter().any(|a| a.starts_with("--data-dir")));
+    assert_eq!(ctl["spec"]["replicas"], 2);
+    assert_eq!(ctl["spec"]["strategy"]["type"], "RollingUpdate");
+    assert_eq!(
+        env(c, "SANDBOLT_POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert_eq!(
+        env(c, "SANDBOLT_POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert!(c.get("livenessProbe").is_none());
+    assert!(c["readinessProbe"].is_object());
+    assert!(!objs.iter().any(|o| o["kind"] == "PersistentVolumeClaim"));
+    // The store's API calls are granted: Sandboxes cluster-wide (they live
+    // in the requests' namespaces), Leases in the release namespace.
+    let cluster = find(
+        &objs,
+        "ClusterRole",
+        "sandbolt-sb-sandbolt-controller-nodes",
+    );
+    assert!(
+        cluster["rules"].as_array().unwrap().iter().any(|r| {
+            r["resources"] == json!(["sandboxes"])
+                && ["watch", "create", "update", "delete"]
+                    .iter()
+                    .all(|v| r["verbs"].as_array().unwrap().contains(&json!(v)))
+        }),
+        "{cluster}"
+    );
+    let role = find(&objs, "Role", "sb-sandbolt-controller");
+    assert!(
+        role["rules"].as_array().unwrap().iter().any(|r| {
+            r["resources"] == json!(["leases"])
+                && ["get", "list", "create", "update"]
+                    .iter()
+                    .all(|v| r["verbs"].as_array().unwrap().contains(&json!(v)))
+        }),
+        "{role}"
+    );
     let l = container(ctl, "lifecycle");
     assert_real_flags(l);
     assert!(args(l).contains(&"--controller=http://127.0.0.1:9090".into()));
@@ -262,6 +311,26 @@ fn default_values_lint_render_and_validate() {
             "/var/lib/sandbolt/janitor"
         ]
     );
+    // The agent-pod rule: this node's agent pods, read in the release's
+    // namespace with a selector that matches the agent pods' own labels.
+    assert_eq!(env(j, "SANDBOLT_KUBE")["value"], "true");
+    assert_eq!(
+        env(j, "SANDBOLT_POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert_eq!(
+        env(j, "SANDBOLT_NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    let selector = args(j)
+        .iter()
+        .find_map(|a| a.strip_prefix("--agent-pod-selector=").map(str::to_string))
+        .expect("--agent-pod-selector");
+    let agent_labels = &agent["spec"]["template"]["metadata"]["labels"];
+    for term in selector.split(',') {
+        let (k, v) = term.split_once('=').unwrap();
+        assert_eq!(agent_labels[k], v, "agent pods carry {term}");
+    }
     assert!(jan["spec"]["template"]["spec"].get("hostPID").is_none());
     assert!(jan["spec"]["template"]["spec"].get("hostNetwork").is_none());
 
@@ -301,6 +370,8 @@ fn non_default_values_lint_render_and_validate() {
         "image": {"repository": "registry.example/sandbolt", "tag": "1.2.3"},
         "auth": {"existingSecret": "my-tokens"},
         "controller": {
+            "store": "embedded",
+            "replicas": 1,
             "consistency": "fast",
             "fastpath": {"requireToken": true},
             "persistence": {"enabled": true, "size": "5Gi", "storageClassName": "fast-ssd"}
@@ -346,6 +417,10 @@ fn non_default_values_lint_render_and_validate() {
             .len(),
         1
     );
+    assert!(args(c).contains(&"--store=embedded".into()));
+    assert!(args(c).contains(&"--data-dir=/var/lib/sandbolt/controller".into()));
+    assert_eq!(ctl["spec"]["strategy"]["type"], "Recreate");
+    assert!(c["livenessProbe"].is_object());
     let pvc = find(&objs, "PersistentVolumeClaim", "sb-sandbolt-controller");
     assert_eq!(pvc["spec"]["storageClassName"], "fast-ssd");
 
@@ -402,8 +477,12 @@ fn invalid_values_are_refused() {
             "pool \"p\" is listed twice",
         ),
         (
-            json!({"controller": {"replicas": 2}}),
-            "needs leader election",
+            json!({"controller": {"store": "embedded", "replicas": 2}}),
+            "needs controller.store=kubernetes",
+        ),
+        (
+            json!({"controller": {"store": "etcd"}}),
+            "controller.store must be kubernetes or embedded",
         ),
     ] {
         let err = check(Some(values.clone()), &[]).expect_err(&format!("{values} was accepted"));

@@ -151,7 +151,7 @@ fn ready_sandbox(generation: i64, observed: i64, cond_observed: i64) -> Sandbox 
             command: vec!["sleep".into()],
             args: vec!["60".into()],
             pool_ref: "default".into(),
-            expire_time: None,
+            ..Default::default()
         },
     );
     sb.metadata.generation = Some(generation);

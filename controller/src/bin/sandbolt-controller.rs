@@ -8,8 +8,15 @@
 //! - `SANDBOLT_CONSISTENCY` = `strong` | `fast`
 //! - `SANDBOLT_HEARTBEAT_MS`, `SANDBOLT_LOST_AGENT_MS`, `SANDBOLT_EXPIRY_SWEEP_MS`
 //! - `SANDBOLT_CONTROLLER_FAILPOINT` (see `Failpoint`)
+//! - `SANDBOLT_STORE` = `embedded` (default) | `kubernetes`: records as
+//!   Sandbox resources, served only while holding the Lease
+//!   `SANDBOLT_LEASE_NAME` (default `sandbolt-controller`) in
+//!   `SANDBOLT_NAMESPACE`, as `SANDBOLT_IDENTITY`; `SANDBOLT_LEASE_MS` sets the
+//!   lease duration (renew deadline 2/3 of it, retry 1/5). The API server
+//!   comes from `KUBECONFIG` or the in-cluster service account.
 //!
-//! Prints `SANDBOLT_CONTROLLER_LISTENING <addr>` on stdout once serving.
+//! Prints `SANDBOLT_CONTROLLER_LISTENING <addr>` on stdout once serving
+//! (for a standby: once it leads).
 
 use std::time::Duration;
 
@@ -53,11 +60,52 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(d) = ms("SANDBOLT_EXPIRY_SWEEP_MS") {
         cfg.expiry_sweep_interval = d;
     }
+    if env("SANDBOLT_STORE").as_deref() == Some("kubernetes") {
+        return run_kubernetes(cfg).await;
+    }
     let handle = Controller::start(cfg).await?;
     println!("SANDBOLT_CONTROLLER_LISTENING {}", handle.local_addr());
     tokio::signal::ctrl_c().await?;
     handle.shutdown().await;
     Ok(())
+}
+
+async fn run_kubernetes(cfg: ControllerConfig) -> Result<(), Box<dyn std::error::Error>> {
+    use sandbolt_controller::ha::{ElectedExit, run_elected};
+    use sandbolt_controller::leader::{LeaderElector, LeaseConfig};
+    use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig};
+
+    let namespace = env("SANDBOLT_NAMESPACE").ok_or("SANDBOLT_NAMESPACE is required")?;
+    let identity = env("SANDBOLT_IDENTITY").ok_or("SANDBOLT_IDENTITY is required")?;
+    let lease_name = env("SANDBOLT_LEASE_NAME").unwrap_or_else(|| "sandbolt-controller".into());
+    let kube_config = kube::Config::infer().await?;
+    let client = kube::Client::try_from(kube_config.clone())?;
+    let mut lease = LeaseConfig::new(&namespace, lease_name, identity);
+    if let Some(d) = ms("SANDBOLT_LEASE_MS") {
+        lease = lease.with_timings(d, d * 2 / 3, d / 5);
+    }
+    let elector = LeaderElector::spawn(client, lease)?;
+    let exit = run_elected(
+        cfg,
+        elector,
+        move || {
+            let store = KubeStore::open(kube_config, KubeStoreConfig::new(namespace))?;
+            Ok(std::sync::Arc::new(store) as _)
+        },
+        |h| {
+            use std::io::Write;
+            println!("SANDBOLT_CONTROLLER_LISTENING {}", h.local_addr());
+            let _ = std::io::stdout().flush();
+        },
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        },
+    )
+    .await?;
+    match exit {
+        ElectedExit::Shutdown => Ok(()),
+        ElectedExit::LostLeadership => Err("lost the controller lease".into()),
+    }
 }
 
 fn tracing_subscriber_init() {

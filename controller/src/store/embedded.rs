@@ -35,6 +35,11 @@ fn decode(bytes: &[u8]) -> StoreResult<SandboxRecord> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
+fn parse_revision(r: &str) -> StoreResult<u64> {
+    r.parse()
+        .map_err(|_| StoreError::Corrupt(format!("revision {r:?} is not a number")))
+}
+
 fn encode<T: serde::Serialize>(v: &T) -> StoreResult<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
@@ -80,7 +85,7 @@ impl Store for RedbStore {
                     existing.value(),
                 )?)));
             }
-            out.revision = 1;
+            out.revision = "1".into();
             sandboxes
                 .insert(k.as_str(), encode(&out)?.as_slice())
                 .map_err(backend)?;
@@ -140,7 +145,7 @@ impl Store for RedbStore {
                     record.name.clone(),
                 ));
             }
-            out.revision = current.revision + 1;
+            out.revision = (parse_revision(&current.revision)? + 1).to_string();
             t.insert(k.as_str(), encode(&out)?.as_slice())
                 .map_err(backend)?;
         }
@@ -232,40 +237,8 @@ impl Store for RedbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Consistency, FailurePolicy, Phase};
-
-    pub(crate) fn record(ns: &str, name: &str, rid: &str) -> SandboxRecord {
-        SandboxRecord {
-            uid: format!("uid-{name}"),
-            name: name.into(),
-            namespace: ns.into(),
-            sandbox_id: format!("sb-{name}"),
-            agent_id: "agent-1".into(),
-            pool: "default".into(),
-            image: "busybox".into(),
-            command: vec!["sleep".into()],
-            args: vec!["1000".into()],
-            envs: [("A".to_string(), "1".to_string())].into(),
-            working_dir: "/".into(),
-            exposed_ports: vec![],
-            metadata: [("team".to_string(), "x".to_string())].into(),
-            expires_at: 0,
-            failure_policy: FailurePolicy::Manual,
-            recovery_timeout_seconds: 0,
-            reset_revision: String::new(),
-            generation: 1,
-            phase: Phase::Pending,
-            message: String::new(),
-            request_id: rid.into(),
-            access_token: "tok".into(),
-            consistency: Consistency::Strong,
-            created_at_unix_ms: 1,
-            assignment_attempt: 1,
-            recovery_deadline_unix_ms: 0,
-            events: vec![],
-            revision: 0,
-        }
-    }
+    use crate::store::Phase;
+    use crate::store::tests_support::record;
 
     #[test]
     fn crud_idempotency_and_restart() {
@@ -273,7 +246,7 @@ mod tests {
         {
             let s = RedbStore::open(dir.path()).unwrap();
             let r = s.create(&record("default", "a", "req-a")).unwrap();
-            assert_eq!(r.revision, 1);
+            assert_eq!(r.revision, "1");
             // Same request id under another name: the holder comes back.
             match s.create(&record("default", "other", "req-a")) {
                 Err(StoreError::AlreadyExists(h)) => assert_eq!(h.name, "a"),
@@ -288,7 +261,7 @@ mod tests {
             let mut upd = r.clone();
             upd.phase = Phase::Running;
             let upd = s.replace(&upd).unwrap();
-            assert_eq!(upd.revision, 2);
+            assert_eq!(upd.revision, "2");
             // A stale writer loses.
             assert!(matches!(s.replace(&r), Err(StoreError::Conflict(..))));
             s.create(&record("default", "b", "")).unwrap();
@@ -307,7 +280,7 @@ mod tests {
         // Reopen: everything is still there.
         let s = RedbStore::open(dir.path()).unwrap();
         let a = s.get("default", "a").unwrap().unwrap();
-        assert_eq!((a.phase, a.revision), (Phase::Running, 2));
+        assert_eq!((a.phase, a.revision.as_str()), (Phase::Running, "2"));
         let names = |v: Vec<SandboxRecord>| v.into_iter().map(|r| r.name).collect::<Vec<_>>();
         assert_eq!(names(s.list(Some("default"), None, 0).unwrap()), ["a", "b"]);
         assert_eq!(names(s.list(Some("default"), Some("a"), 0).unwrap()), ["b"]);

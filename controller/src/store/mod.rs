@@ -3,11 +3,18 @@
 //! The trait is the seam between the controller and where records live:
 //! [`embedded::RedbStore`] (one file, no server) now, Kubernetes custom
 //! resources later. It is shaped after what both can do cheaply: get/create/
-//! replace by key with optimistic concurrency (`revision` plays the part of
+//! replace by key with optimistic concurrency (`revision` is opaque, like
 //! Kubernetes' `resourceVersion`), an index by request id for idempotency, and
 //! listing by namespace in name order for pagination.
+//!
+//! The trait is synchronous on purpose. Both backends answer reads from
+//! memory (redb's page cache, the Kubernetes store's watch-fed cache), and
+//! the controller reads inside placement and ownership paths that must not
+//! yield. A write blocks its caller like the fsync it is: redb's commit, or
+//! one API round trip that [`kube::KubeStore`] runs on its own I/O runtime.
 
 pub mod embedded;
+pub mod kube;
 
 use std::collections::BTreeMap;
 
@@ -25,6 +32,10 @@ pub enum StoreError {
     Conflict(String, String),
     #[error("store backend: {0}")]
     Backend(String),
+    /// The backend refused the record as malformed (e.g. a name Kubernetes
+    /// does not accept).
+    #[error("invalid sandbox: {0}")]
+    Invalid(String),
     #[error("store record is corrupt: {0}")]
     Corrupt(String),
     /// Injected by tests (a store that refuses writes), never by a backend.
@@ -111,8 +122,9 @@ pub struct SandboxRecord {
     /// Recovering: give up (Failed) after this instant.
     pub recovery_deadline_unix_ms: i64,
     pub events: Vec<Event>,
-    /// Store-managed optimistic-concurrency token.
-    pub revision: u64,
+    /// Store-managed optimistic-concurrency token, opaque to the controller
+    /// (empty until the record is stored).
+    pub revision: String,
 }
 
 impl SandboxRecord {
@@ -174,4 +186,49 @@ pub trait Store: Send + Sync + 'static {
 
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()>;
     fn list_agents(&self) -> StoreResult<Vec<AgentRecord>>;
+
+    /// Records someone outside the controller asked to delete (a Kubernetes
+    /// `kubectl delete` leaves the object terminating behind its finalizer
+    /// until the controller removed the container and calls `delete`).
+    fn deletions_requested(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    pub(crate) fn record(ns: &str, name: &str, rid: &str) -> SandboxRecord {
+        SandboxRecord {
+            uid: format!("uid-{name}"),
+            name: name.into(),
+            namespace: ns.into(),
+            sandbox_id: format!("sb-{name}"),
+            agent_id: "agent-1".into(),
+            pool: "default".into(),
+            image: "busybox".into(),
+            command: vec!["sleep".into()],
+            args: vec!["1000".into()],
+            envs: [("A".to_string(), "1".to_string())].into(),
+            working_dir: "/".into(),
+            exposed_ports: vec![],
+            metadata: [("team".to_string(), "x".to_string())].into(),
+            expires_at: 0,
+            failure_policy: FailurePolicy::Manual,
+            recovery_timeout_seconds: 0,
+            reset_revision: String::new(),
+            generation: 1,
+            phase: Phase::Pending,
+            message: String::new(),
+            request_id: rid.into(),
+            access_token: "tok".into(),
+            consistency: Consistency::Strong,
+            created_at_unix_ms: 1,
+            assignment_attempt: 1,
+            recovery_deadline_unix_ms: 0,
+            events: vec![],
+            revision: String::new(),
+        }
+    }
 }

@@ -47,8 +47,11 @@ default
 {{- if not (has .Values.controller.consistency (list "strong" "fast")) -}}
 {{- fail (printf "controller.consistency must be strong or fast, not %q" .Values.controller.consistency) -}}
 {{- end -}}
-{{- if gt (int .Values.controller.replicas) 1 -}}
-{{- fail "controller.replicas > 1 needs leader election, which is not implemented yet" -}}
+{{- if not (has .Values.controller.store (list "kubernetes" "embedded")) -}}
+{{- fail (printf "controller.store must be kubernetes or embedded, not %q" .Values.controller.store) -}}
+{{- end -}}
+{{- if and (eq .Values.controller.store "embedded") (gt (int .Values.controller.replicas) 1) -}}
+{{- fail "controller.replicas > 1 needs controller.store=kubernetes (leader election); the embedded store has a single writer" -}}
 {{- end -}}
 {{- if and .Values.controller.fastpath.requireToken .Values.lifecycle.enabled -}}
 {{- fail "controller.fastpath.requireToken cannot be combined with lifecycle.enabled: sandbolt lifecycle cannot send a FastPath token yet" -}}

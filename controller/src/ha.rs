@@ -1,0 +1,98 @@
+//! Running the controller as one of several replicas: only the holder of
+//! the coordination Lease serves.
+//!
+//! A standby does not open the gRPC port at all (its pod stays unready, so
+//! the Services send nothing to it). When it wins the Lease it opens the
+//! store — for the Kubernetes store: a full list of Sandboxes into its cache
+//! — and starts the controller, which rebuilds its registry from the store
+//! *before* the port opens. Writes then wait, as after any restart, until
+//! the known agents have heartbeated (or `startup_grace` passed).
+//!
+//! A leader that loses the Lease (it could not renew within the renew
+//! deadline, e.g. cut off from the API server) stops serving at once and
+//! [`run_elected`] returns [`ElectedExit::LostLeadership`]: the process
+//! should exit and come back as a standby with fresh state, rather than try
+//! to reconcile what it believed with what the new leader did.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::leader::LeaderElector;
+use crate::{Controller, ControllerConfig, ControllerHandle, Error, Result, Store};
+
+/// Why [`run_elected`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElectedExit {
+    /// The shutdown future completed; the Lease was released.
+    Shutdown,
+    /// This replica led and lost the Lease; it stopped serving.
+    LostLeadership,
+}
+
+/// Campaigns with `elector`; while leading, runs a controller over the store
+/// `open_store` returns (called once per term, on a blocking thread: opening
+/// may wait for the API server). `on_serving` is told the listening address
+/// each time a term starts serving.
+pub async fn run_elected<S, F>(
+    config: ControllerConfig,
+    elector: LeaderElector,
+    open_store: S,
+    mut on_serving: impl FnMut(&ControllerHandle),
+    shutdown: F,
+) -> Result<ElectedExit>
+where
+    S: FnOnce() -> Result<Arc<dyn Store>> + Send + 'static,
+    F: Future<Output = ()>,
+{
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut state = elector.subscribe();
+    let identity = elector.identity().to_string();
+    tracing::info!(%identity, lease = %elector.config().name, "standing by for the controller lease");
+    tokio::select! {
+        _ = &mut shutdown => {
+            elector.release().await;
+            return Ok(ElectedExit::Shutdown);
+        }
+        r = wait_for(&mut state, true) => {
+            r.map_err(|_| Error::Internal("leader elector stopped".into()))?;
+        }
+    }
+    tracing::info!(%identity, "leading: opening the store and rebuilding the registry");
+    let store = tokio::task::spawn_blocking(open_store)
+        .await
+        .map_err(|e| Error::Internal(format!("opening the store: {e}")))??;
+    if !elector.is_leader() {
+        tracing::warn!(%identity, "lost the lease while opening the store; not serving");
+        return Ok(ElectedExit::LostLeadership);
+    }
+    let handle = Controller::start_with_store(config, store).await?;
+    on_serving(&handle);
+    tracing::info!(%identity, addr = %handle.local_addr(), "leader serving");
+    let exit = tokio::select! {
+        _ = &mut shutdown => ElectedExit::Shutdown,
+        _ = wait_for(&mut state, false) => ElectedExit::LostLeadership,
+    };
+    handle.shutdown().await;
+    match exit {
+        ElectedExit::Shutdown => {
+            elector.release().await;
+            tracing::info!(%identity, "stopped and released the lease");
+        }
+        ElectedExit::LostLeadership => {
+            tracing::error!(%identity, "lost the controller lease; stopped serving");
+        }
+    }
+    Ok(exit)
+}
+
+/// Waits until leadership is `leading`; the guard `wait_for` returns is not
+/// `Send` and must not live across the caller's awaits.
+async fn wait_for(
+    state: &mut tokio::sync::watch::Receiver<crate::leader::LeaderState>,
+    leading: bool,
+) -> std::result::Result<(), tokio::sync::watch::error::RecvError> {
+    state
+        .wait_for(|s| s.is_leader() == leading)
+        .await
+        .map(|_| ())
+}

@@ -1,0 +1,900 @@
+//! The Kubernetes store: every record is a `Sandbox` custom resource
+//! (`sandbox.fast.io/v1alpha2`), every known agent a `Lease`.
+//!
+//! # Where the record lives in the object
+//!
+//! - What the user asked for is the spec (image, command, args, pool, expiry,
+//!   env, …) and the user metadata are labels, in the shape the OpenSandbox
+//!   server reads.
+//! - What the controller decided (container id, agent, phase, token,
+//!   request id, events, its own generation) is one JSON annotation,
+//!   [`STATE_ANNOTATION`]. It lives on the main object, not in `status`, so a
+//!   record is always written in *one* request: a create or a phase change is
+//!   atomic, and the resourceVersion the controller holds is the object's.
+//! - `status` (runtime/data-plane states, the Ready condition,
+//!   observedGeneration) is derived from the record for readers — kubectl and
+//!   the OpenSandbox server. It is written through the status subresource
+//!   right after the main write, only when it changed; if that second write
+//!   fails, the record is still whole and the next write corrects the status.
+//!
+//! # Reads
+//!
+//! Reads come from a watch-fed cache (kube's reflector) plus an overlay of
+//! this store's own writes: the watch delivers a write some milliseconds
+//! after the API server acknowledged it, and the controller reads its own
+//! writes at once (read, modify, replace). An overlay entry is dropped when
+//! the watch delivers the same object version (same uid and
+//! resourceVersion, which are compared for equality only: resourceVersions
+//! are opaque) or, as a safety net, after [`OVERLAY_TTL`]. The overlay only
+//! saves round trips: correctness rests on the resourceVersion every write
+//! carries, so a stale read costs a `Conflict` and a re-read, never a lost
+//! update.
+//!
+//! # Deletes
+//!
+//! Every Sandbox carries the [`FINALIZER`]. `delete` asks the API server to
+//! delete (the object turns terminating) and then removes the finalizer, after
+//! the controller removed the container. A Sandbox deleted from outside
+//! (`kubectl delete`) stays terminating until the controller has cleaned up:
+//! [`Store::deletions_requested`] reports it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use parking_lot::Mutex;
+use sandbolt_deploy::sandbox::{
+    DataPlaneState, DataPlaneStatus, FINALIZER, FailurePolicy as CrFailurePolicy, READY_CONDITION,
+    RuntimeState, RuntimeStatus, labels_to_metadata, metadata_to_labels,
+};
+use sandbolt_deploy::{Sandbox, SandboxSpec, SandboxStatus};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    AgentRecord, Consistency, Event, FailurePolicy, Phase, SandboxRecord, Store, StoreError,
+    StoreResult,
+};
+
+/// Annotation holding the controller's part of the record (JSON).
+pub const STATE_ANNOTATION: &str = "sandbolt.io/state";
+/// Annotation holding an agent record on its Lease (JSON).
+pub const AGENT_ANNOTATION: &str = "sandbolt.io/agent";
+/// Label on the Leases that are agent records (not leader-election locks).
+pub const AGENT_RECORD_LABEL: &str = "sandbolt.io/agent-record";
+/// How long an own write shadows the watch cache at most.
+pub const OVERLAY_TTL: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct KubeStoreConfig {
+    /// Namespace of the agent-record Leases (the controller's own).
+    pub agents_namespace: String,
+    /// Deadline of one write (all of its API requests).
+    pub write_timeout: Duration,
+    /// How long `open` waits for the first full list of Sandboxes.
+    pub sync_timeout: Duration,
+}
+
+impl KubeStoreConfig {
+    pub fn new(agents_namespace: impl Into<String>) -> Self {
+        Self {
+            agents_namespace: agents_namespace.into(),
+            write_timeout: Duration::from_secs(10),
+            sync_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The controller's part of a record, as stored in [`STATE_ANNOTATION`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ControllerState {
+    uid: String,
+    sandbox_id: String,
+    agent_id: String,
+    phase: Phase,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    request_id: String,
+    access_token: String,
+    consistency: Consistency,
+    created_at_unix_ms: i64,
+    generation: i64,
+    #[serde(default)]
+    assignment_attempt: i64,
+    #[serde(default)]
+    recovery_deadline_unix_ms: i64,
+    #[serde(default)]
+    events: Vec<Event>,
+}
+
+/// An own write the watch has not delivered yet.
+enum Pending {
+    Present(Arc<Sandbox>),
+    Deleted { uid: String },
+}
+
+struct Overlay {
+    entries: HashMap<(String, String), (Pending, Instant)>,
+}
+
+impl Overlay {
+    fn fresh(&self, key: &(String, String)) -> Option<&Pending> {
+        self.entries
+            .get(key)
+            .filter(|(_, at)| at.elapsed() < OVERLAY_TTL)
+            .map(|(p, _)| p)
+    }
+
+    /// The watch delivered `obj` (`deleted`: as a DELETED event).
+    fn observed(&mut self, obj: &Sandbox, deleted: bool) {
+        let key = key_of(obj);
+        let uid = obj.metadata.uid.as_deref().unwrap_or_default();
+        let settled = match self.entries.get(&key) {
+            Some((Pending::Present(mine), _)) => {
+                mine.metadata.uid.as_deref() == Some(uid)
+                    && (deleted || mine.metadata.resource_version == obj.metadata.resource_version)
+            }
+            Some((Pending::Deleted { uid: gone }, _)) => deleted && gone == uid,
+            None => false,
+        };
+        if settled {
+            self.entries.remove(&key);
+        }
+        self.entries.retain(|_, (_, at)| at.elapsed() < OVERLAY_TTL);
+    }
+}
+
+pub struct KubeStore {
+    /// Runs every API request and the watch: the store is called from sync
+    /// code on any runtime (or none) and must never need the caller's.
+    runtime: Option<tokio::runtime::Runtime>,
+    sandboxes: Api<Sandbox>,
+    agents: Api<Lease>,
+    cache: reflector::Store<Sandbox>,
+    overlay: Arc<Mutex<Overlay>>,
+    /// Serializes request-id checks with creates: the API server has no
+    /// unique index on request ids, this store (one leader) provides it.
+    create_lock: Mutex<()>,
+    write_timeout: Duration,
+}
+
+fn key_of(obj: &Sandbox) -> (String, String) {
+    (obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl KubeStore {
+    /// Connects with `config`, starts the watch and waits until the cache
+    /// holds a full list of Sandboxes (all namespaces).
+    pub fn open(config: kube::Config, store_config: KubeStoreConfig) -> StoreResult<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kube-store")
+            .enable_all()
+            .build()
+            .map_err(backend)?;
+        let overlay = Arc::new(Mutex::new(Overlay {
+            entries: HashMap::new(),
+        }));
+        let ov = overlay.clone();
+        let sync_timeout = store_config.sync_timeout;
+        let ns = store_config.agents_namespace.clone();
+        let started = runtime.spawn(async move {
+            let client = Client::try_from(config).map_err(backend)?;
+            let sandboxes: Api<Sandbox> = Api::all(client.clone());
+            let agents: Api<Lease> = Api::namespaced(client, &ns);
+            let (cache, writer) = reflector::store();
+            let events = reflector::reflector(
+                writer,
+                watcher(sandboxes.clone(), watcher::Config::default()).default_backoff(),
+            );
+            tokio::spawn(async move {
+                let mut events = std::pin::pin!(events);
+                while let Some(ev) = events.next().await {
+                    match ev {
+                        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                            ov.lock().observed(&o, false)
+                        }
+                        Ok(watcher::Event::Delete(o)) => ov.lock().observed(&o, true),
+                        Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                        Err(e) => tracing::warn!(error = %e, "sandbox watch failed; retrying"),
+                    }
+                }
+            });
+            tokio::time::timeout(sync_timeout, cache.wait_until_ready())
+                .await
+                .map_err(|_| {
+                    StoreError::Unavailable(format!(
+                        "no full list of sandboxes from the API server within {sync_timeout:?}"
+                    ))
+                })?
+                .map_err(backend)?;
+            Ok::<_, StoreError>((sandboxes, agents, cache))
+        });
+        let (sandboxes, agents, cache) = wait(started)?;
+        tracing::info!(sandboxes = cache.len(), "kubernetes store synced");
+        Ok(Self {
+            runtime: Some(runtime),
+            sandboxes,
+            agents,
+            cache,
+            overlay,
+            create_lock: Mutex::new(()),
+            write_timeout: store_config.write_timeout,
+        })
+    }
+
+    /// Runs `fut` on the store's runtime under the write deadline and waits.
+    fn call<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        fut: impl Future<Output = Result<T, kube::Error>> + Send + 'static,
+    ) -> StoreResult<Result<T, kube::Error>> {
+        let timeout = self.write_timeout;
+        let rt = self
+            .runtime
+            .as_ref()
+            .expect("runtime lives as long as the store");
+        wait(rt.spawn(async move {
+            tokio::time::timeout(timeout, fut).await.map_err(|_| {
+                StoreError::Unavailable(format!("kubernetes API: {what} took over {timeout:?}"))
+            })
+        }))
+    }
+
+    fn lookup(&self, namespace: &str, name: &str) -> Option<Arc<Sandbox>> {
+        let key = (namespace.to_string(), name.to_string());
+        match self.overlay.lock().fresh(&key) {
+            Some(Pending::Present(o)) => return Some(o.clone()),
+            Some(Pending::Deleted { .. }) => return None,
+            None => {}
+        }
+        self.cache.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Every Sandbox as this store sees it, keyed by namespace and name.
+    fn snapshot(&self) -> BTreeMap<(String, String), Arc<Sandbox>> {
+        let mut all: BTreeMap<_, _> = self
+            .cache
+            .state()
+            .into_iter()
+            .map(|o| (key_of(&o), o))
+            .collect();
+        let overlay = self.overlay.lock();
+        for (key, (pending, at)) in &overlay.entries {
+            if at.elapsed() >= OVERLAY_TTL {
+                continue;
+            }
+            match pending {
+                Pending::Present(o) => {
+                    all.insert(key.clone(), o.clone());
+                }
+                Pending::Deleted { .. } => {
+                    all.remove(key);
+                }
+            }
+        }
+        all
+    }
+
+    /// Shadows the cache with an own write until the watch delivers it.
+    ///
+    /// Under the overlay lock, which the watch task also takes *after* the
+    /// reflector applied an event: either the cache already holds this
+    /// version (the watch was faster than our caller) and no entry is made,
+    /// or the watch task finds the entry when the event comes and drops it.
+    fn remember(&self, obj: Sandbox) -> Arc<Sandbox> {
+        let obj = Arc::new(obj);
+        let key = key_of(&obj);
+        let mut overlay = self.overlay.lock();
+        let cached = self.cache.get(&ObjectRef::new(&key.1).within(&key.0));
+        let delivered = cached.is_some_and(|c| {
+            c.metadata.uid == obj.metadata.uid
+                && c.metadata.resource_version == obj.metadata.resource_version
+        });
+        if delivered {
+            overlay.entries.remove(&key);
+        } else {
+            overlay
+                .entries
+                .insert(key, (Pending::Present(obj.clone()), Instant::now()));
+        }
+        obj
+    }
+
+    /// Shadows the cache with an own delete until the watch delivers it.
+    fn forget(&self, obj: &Sandbox) {
+        let key = key_of(obj);
+        let mut overlay = self.overlay.lock();
+        let cached = self.cache.get(&ObjectRef::new(&key.1).within(&key.0));
+        if cached.is_some_and(|c| c.metadata.uid == obj.metadata.uid) {
+            let uid = obj.metadata.uid.clone().unwrap_or_default();
+            overlay
+                .entries
+                .insert(key, (Pending::Deleted { uid }, Instant::now()));
+        } else {
+            overlay.entries.remove(&key);
+        }
+    }
+
+    /// Writes the status derived from `record` if it differs from `written`'s;
+    /// returns the newest object.
+    fn sync_status(&self, record: &SandboxRecord, written: Sandbox) -> Sandbox {
+        let status = derive_status(record, written.metadata.generation.unwrap_or(1));
+        if written.status.as_ref() == Some(&status) {
+            return written;
+        }
+        let mut desired = written.clone();
+        desired.status = Some(status);
+        let api = self.sandboxes_in(&record.namespace);
+        let name = record.name.clone();
+        match self.call("status write", async move {
+            api.replace_status(&name, &PostParams::default(), &desired)
+                .await
+        }) {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => {
+                tracing::warn!(sandbox = %record.name, namespace = %record.namespace, error = %e, "status not written; the next write retries");
+                written
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %record.name, namespace = %record.namespace, error = %e, "status not written; the next write retries");
+                written
+            }
+        }
+    }
+
+    fn sandboxes_in(&self, namespace: &str) -> Api<Sandbox> {
+        Api::namespaced(self.sandboxes.clone().into_client(), namespace)
+    }
+}
+
+impl Drop for KubeStore {
+    fn drop(&mut self) {
+        // A runtime may not be dropped (blocking) inside another one.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Waits for a task of the store's runtime from sync code on any thread.
+fn wait<T: Send + 'static>(task: tokio::task::JoinHandle<StoreResult<T>>) -> StoreResult<T> {
+    let join = move || futures::executor::block_on(task);
+    let joined = match tokio::runtime::Handle::try_current() {
+        // Lets the caller's runtime move its other tasks to other workers
+        // while this one waits for the API server.
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(join)
+        }
+        _ => join(),
+    };
+    joined.map_err(|e| StoreError::Backend(format!("kube store task: {e}")))?
+}
+
+/// Maps an API error of a request about `namespace/name`.
+fn api_error(e: kube::Error, namespace: &str, name: &str) -> StoreError {
+    match &e {
+        kube::Error::Api(s) if s.code == 404 => StoreError::NotFound(namespace.into(), name.into()),
+        kube::Error::Api(s) if s.code == 409 && s.reason == "Conflict" => {
+            StoreError::Conflict(namespace.into(), name.into())
+        }
+        kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
+            StoreError::Invalid(s.message.clone())
+        }
+        _ => StoreError::Backend(format!("kubernetes API: {e}")),
+    }
+}
+
+fn to_time(unix_seconds: i64) -> Option<Time> {
+    Timestamp::from_second(unix_seconds).ok().map(Time)
+}
+
+/// The object for `record`, on top of `base` (the stored object: keeps its
+/// finalizers, foreign labels and annotations, and resourceVersion source).
+fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sandbox> {
+    let mut obj = base.cloned().unwrap_or_else(|| {
+        let mut o = Sandbox::new(&record.name, SandboxSpec::default());
+        o.metadata.namespace = Some(record.namespace.clone());
+        o.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
+        o
+    });
+    obj.spec = SandboxSpec {
+        image: record.image.clone(),
+        command: record.command.clone(),
+        args: record.args.clone(),
+        pool_ref: record.pool.clone(),
+        expire_time: (record.expires_at > 0)
+            .then(|| to_time(record.expires_at))
+            .flatten(),
+        env: record.envs.clone(),
+        working_dir: (!record.working_dir.is_empty()).then(|| record.working_dir.clone()),
+        exposed_ports: record.exposed_ports.clone(),
+        failure_policy: Some(match record.failure_policy {
+            FailurePolicy::Manual => CrFailurePolicy::Manual,
+            FailurePolicy::AutoRecreate => CrFailurePolicy::AutoRecreate,
+        }),
+        recovery_timeout_seconds: (record.recovery_timeout_seconds > 0)
+            .then_some(record.recovery_timeout_seconds),
+        reset_revision: (!record.reset_revision.is_empty()).then(|| record.reset_revision.clone()),
+    };
+    let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.retain(|k, _| !k.starts_with(sandbolt_deploy::sandbox::METADATA_LABEL_PREFIX));
+    labels.extend(metadata_to_labels(&record.metadata));
+    let state = ControllerState {
+        uid: record.uid.clone(),
+        sandbox_id: record.sandbox_id.clone(),
+        agent_id: record.agent_id.clone(),
+        phase: record.phase,
+        message: record.message.clone(),
+        request_id: record.request_id.clone(),
+        access_token: record.access_token.clone(),
+        consistency: record.consistency,
+        created_at_unix_ms: record.created_at_unix_ms,
+        generation: record.generation,
+        assignment_attempt: record.assignment_attempt,
+        recovery_deadline_unix_ms: record.recovery_deadline_unix_ms,
+        events: record.events.clone(),
+    };
+    obj.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(
+            STATE_ANNOTATION.into(),
+            serde_json::to_string(&state).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        );
+    if base.is_some() {
+        obj.metadata.resource_version = Some(record.revision.clone());
+    }
+    Ok(obj)
+}
+
+/// The record in `obj`; `None` for a Sandbox the controller did not write
+/// (no state annotation).
+fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
+    let Some(raw) = obj.annotations().get(STATE_ANNOTATION) else {
+        return Ok(None);
+    };
+    let state: ControllerState = serde_json::from_str(raw).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "sandbox {}/{}: annotation {STATE_ANNOTATION}: {e}",
+            obj.namespace().unwrap_or_default(),
+            obj.name_any()
+        ))
+    })?;
+    let spec = &obj.spec;
+    Ok(Some(SandboxRecord {
+        uid: state.uid,
+        name: obj.name_any(),
+        namespace: obj.namespace().unwrap_or_default(),
+        sandbox_id: state.sandbox_id,
+        agent_id: state.agent_id,
+        pool: spec.pool_ref.clone(),
+        image: spec.image.clone(),
+        command: spec.command.clone(),
+        args: spec.args.clone(),
+        envs: spec.env.clone(),
+        working_dir: spec.working_dir.clone().unwrap_or_default(),
+        exposed_ports: spec.exposed_ports.clone(),
+        metadata: labels_to_metadata(obj.labels()),
+        expires_at: spec
+            .expire_time
+            .as_ref()
+            .map(|t| t.0.as_second())
+            .unwrap_or(0),
+        failure_policy: match spec.failure_policy {
+            Some(CrFailurePolicy::AutoRecreate) => FailurePolicy::AutoRecreate,
+            Some(CrFailurePolicy::Manual) | None => FailurePolicy::Manual,
+        },
+        recovery_timeout_seconds: spec.recovery_timeout_seconds.unwrap_or(0),
+        reset_revision: spec.reset_revision.clone().unwrap_or_default(),
+        generation: state.generation,
+        phase: state.phase,
+        message: state.message,
+        request_id: state.request_id,
+        access_token: state.access_token,
+        consistency: state.consistency,
+        created_at_unix_ms: state.created_at_unix_ms,
+        assignment_attempt: state.assignment_attempt,
+        recovery_deadline_unix_ms: state.recovery_deadline_unix_ms,
+        events: state.events,
+        revision: obj.resource_version().unwrap_or_default(),
+    }))
+}
+
+/// Status for readers of the Sandbox, derived from the record.
+fn derive_status(record: &SandboxRecord, generation: i64) -> SandboxStatus {
+    let (runtime, data_plane) = match record.phase {
+        Phase::Pending => (RuntimeState::Pending, DataPlaneState::Pending),
+        Phase::Running => (RuntimeState::Ready, DataPlaneState::Ready),
+        Phase::Paused => (RuntimeState::Paused, DataPlaneState::Unavailable),
+        Phase::Recovering => (RuntimeState::Creating, DataPlaneState::Unavailable),
+        Phase::Failed => (RuntimeState::Failed, DataPlaneState::Failed),
+    };
+    let ready = runtime == RuntimeState::Ready;
+    let message = (!record.message.is_empty()).then(|| record.message.clone());
+    SandboxStatus {
+        runtime: Some(RuntimeStatus {
+            state: runtime,
+            message: message.clone(),
+            last_transition_time: None,
+        }),
+        data_plane: Some(DataPlaneStatus {
+            state: data_plane,
+            endpoint: None,
+            message: None,
+            last_transition_time: None,
+        }),
+        conditions: vec![Condition {
+            type_: READY_CONDITION.into(),
+            status: if ready { "True" } else { "False" }.into(),
+            observed_generation: Some(generation),
+            reason: format!("{:?}", record.phase),
+            message: message.unwrap_or_default(),
+            // The phase change is the transition; its time is the record's
+            // creation until the record keeps transition times itself.
+            last_transition_time: Time(
+                Timestamp::from_millisecond(record.created_at_unix_ms).unwrap_or_default(),
+            ),
+        }],
+        observed_generation: Some(generation),
+        agent_id: (!record.agent_id.is_empty()).then(|| record.agent_id.clone()),
+        node_name: None,
+    }
+}
+
+/// Lease name of an agent record: a DNS-1123 subdomain, unique per agent id.
+fn agent_lease_name(agent_id: &str) -> String {
+    let mut clean: String = agent_id
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if clean != agent_id || clean.len() > 200 {
+        // Lossy: keep it unique with a digest of the real id.
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        agent_id.hash(&mut h);
+        clean.truncate(200);
+        clean = format!(
+            "{}-{:016x}",
+            clean.trim_matches(|c| c == '-' || c == '.'),
+            h.finish()
+        );
+    }
+    format!("sandbolt-agent-{clean}")
+}
+
+impl Store for KubeStore {
+    fn create(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
+        let _serial = self.create_lock.lock();
+        if !record.request_id.is_empty()
+            && let Some(holder) = self.get_by_request_id(&record.request_id)?
+        {
+            return Err(StoreError::AlreadyExists(Box::new(holder)));
+        }
+        let obj = to_object(record, None)?;
+        let api = self.sandboxes_in(&record.namespace);
+        let name = record.name.clone();
+        let created = match self.call("create", async move {
+            api.create(&PostParams::default(), &obj).await
+        })? {
+            Ok(o) => o,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Taken (perhaps still terminating): report the holder.
+                let api = self.sandboxes_in(&record.namespace);
+                let name = record.name.clone();
+                let holder = self
+                    .call("get", async move { api.get(&name).await })?
+                    .map_err(|e| api_error(e, &record.namespace, &record.name))?;
+                let holder = from_object(&holder)?.ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "sandbox {}/{} exists and was not made by sandbolt",
+                        record.namespace, record.name
+                    ))
+                })?;
+                return Err(StoreError::AlreadyExists(Box::new(holder)));
+            }
+            Err(e) => return Err(api_error(e, &record.namespace, &name)),
+        };
+        let newest = self.sync_status(record, created);
+        let obj = self.remember(newest);
+        from_object(&obj)?.ok_or_else(|| StoreError::Corrupt("written without state".into()))
+    }
+
+    fn get(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>> {
+        match self.lookup(namespace, name) {
+            Some(o) => from_object(&o),
+            None => Ok(None),
+        }
+    }
+
+    fn get_by_request_id(&self, request_id: &str) -> StoreResult<Option<SandboxRecord>> {
+        // A scan of the cache: request ids are arbitrary strings (no label
+        // value can hold them) and creates with one are rare next to reads.
+        for obj in self.snapshot().values() {
+            if let Some(raw) = obj.annotations().get(STATE_ANNOTATION)
+                && raw.contains(request_id)
+                && let Some(r) = from_object(obj)?
+                && r.request_id == request_id
+            {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    fn replace(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
+        let Some(current) = self.lookup(&record.namespace, &record.name) else {
+            return Err(StoreError::NotFound(
+                record.namespace.clone(),
+                record.name.clone(),
+            ));
+        };
+        if let Some(stored) = from_object(&current)?
+            && stored.uid != record.uid
+        {
+            return Err(StoreError::Conflict(
+                record.namespace.clone(),
+                record.name.clone(),
+            ));
+        }
+        let obj = to_object(record, Some(&current))?;
+        let api = self.sandboxes_in(&record.namespace);
+        let name = record.name.clone();
+        let written = self
+            .call("replace", async move {
+                api.replace(&name, &PostParams::default(), &obj).await
+            })?
+            .map_err(|e| api_error(e, &record.namespace, &record.name))?;
+        let newest = self.sync_status(record, written);
+        let obj = self.remember(newest);
+        from_object(&obj)?.ok_or_else(|| StoreError::Corrupt("written without state".into()))
+    }
+
+    fn delete(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>> {
+        let api = self.sandboxes_in(namespace);
+        let n = name.to_string();
+        let current = match self.lookup(namespace, name) {
+            Some(o) => o,
+            None => match self.call("get", async move { api.get_opt(&n).await })? {
+                Ok(Some(o)) => Arc::new(o),
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(api_error(e, namespace, name)),
+            },
+        };
+        let record = from_object(&current)?;
+        let api = self.sandboxes_in(namespace);
+        let n = name.to_string();
+        let terminating = current.metadata.deletion_timestamp.is_some();
+        let has_finalizer = current.finalizers().iter().any(|f| f == FINALIZER);
+        let uid = current.metadata.uid.clone();
+        let outcome = self.call("delete", async move {
+            if !terminating {
+                let dp = DeleteParams {
+                    preconditions: uid.map(|uid| kube::api::Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(&n, &dp).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+            if has_finalizer {
+                // The finalizer list as the server holds it now, minus ours;
+                // guarded by resourceVersion so a concurrent change is not lost.
+                loop {
+                    let Some(o) = api.get_opt(&n).await? else {
+                        return Ok(());
+                    };
+                    let rest: Vec<String> = o
+                        .finalizers()
+                        .iter()
+                        .filter(|f| *f != FINALIZER)
+                        .cloned()
+                        .collect();
+                    let patch = serde_json::json!({
+                        "metadata": {
+                            "finalizers": rest,
+                            "resourceVersion": o.resource_version(),
+                        }
+                    });
+                    match api
+                        .patch(&n, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(_) => return Ok(()),
+                        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                        Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        outcome.map_err(|e| api_error(e, namespace, name))?;
+        self.forget(&current);
+        Ok(record)
+    }
+
+    fn list(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<SandboxRecord>> {
+        let mut out = Vec::new();
+        for ((ns, name), obj) in self.snapshot() {
+            if namespace.is_some_and(|want| want != ns) {
+                continue;
+            }
+            if namespace.is_some() && after.is_some_and(|a| name.as_str() <= a) {
+                continue;
+            }
+            match from_object(&obj) {
+                Ok(Some(r)) => out.push(r),
+                Ok(None) => {
+                    tracing::debug!(sandbox = %name, namespace = %ns, "skipping a Sandbox sandbolt did not write")
+                }
+                Err(e) => return Err(e),
+            }
+            if limit > 0 && out.len() == limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()> {
+        let name = agent_lease_name(&agent.agent_id);
+        let now = MicroTime(Timestamp::now());
+        let lease = Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([(
+                    AGENT_RECORD_LABEL.to_string(),
+                    "true".to_string(),
+                )])),
+                annotations: Some(BTreeMap::from([(
+                    AGENT_ANNOTATION.to_string(),
+                    serde_json::to_string(agent).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                )])),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(agent.agent_id.clone()),
+                renew_time: Some(now),
+                ..Default::default()
+            }),
+        };
+        let api = self.agents.clone();
+        let id = agent.agent_id.clone();
+        self.call("agent record", async move {
+            // Last writer wins: an agent record is replaced, never merged
+            // (no resourceVersion on the replace).
+            match api.get_opt(&name).await? {
+                None => match api.create(&PostParams::default(), &lease).await {
+                    Ok(_) => Ok(()),
+                    // Created meanwhile (a previous attempt that timed out).
+                    Err(kube::Error::Api(s)) if s.code == 409 => api
+                        .replace(&name, &PostParams::default(), &lease)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e),
+                },
+                Some(_) => api
+                    .replace(&name, &PostParams::default(), &lease)
+                    .await
+                    .map(|_| ()),
+            }
+        })?
+        .map_err(|e| StoreError::Backend(format!("agent record {id}: {e}")))
+    }
+
+    fn list_agents(&self) -> StoreResult<Vec<AgentRecord>> {
+        let api = self.agents.clone();
+        let leases = self
+            .call("list agent records", async move {
+                api.list(&ListParams::default().labels(&format!("{AGENT_RECORD_LABEL}=true")))
+                    .await
+            })?
+            .map_err(|e| StoreError::Backend(format!("agent records: {e}")))?;
+        leases
+            .items
+            .iter()
+            .filter_map(|l| l.annotations().get(AGENT_ANNOTATION))
+            .map(|raw| {
+                serde_json::from_str(raw)
+                    .map_err(|e| StoreError::Corrupt(format!("agent record: {e}")))
+            })
+            .collect()
+    }
+
+    fn deletions_requested(&self) -> Vec<(String, String)> {
+        self.snapshot()
+            .into_iter()
+            .filter(|(_, o)| {
+                o.metadata.deletion_timestamp.is_some()
+                    && o.finalizers().iter().any(|f| f == FINALIZER)
+                    && o.annotations().contains_key(STATE_ANNOTATION)
+            })
+            .map(|(k, _)| k)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_lease_names_are_valid_and_distinct() {
+        assert_eq!(agent_lease_name("node-1"), "sandbolt-agent-node-1");
+        let a = agent_lease_name("Node_1");
+        let b = agent_lease_name("node_1");
+        assert_ne!(a, b);
+        for n in [&a, &b] {
+            assert!(
+                n.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'),
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn status_is_ready_only_when_running() {
+        let mut r = crate::store::tests_support::record("default", "fsb-1", "");
+        r.phase = Phase::Running;
+        let mut obj = to_object(&r, None).unwrap();
+        obj.metadata.generation = Some(1);
+        obj.status = Some(derive_status(&r, 1));
+        assert!(obj.is_ready());
+        r.phase = Phase::Pending;
+        obj.status = Some(derive_status(&r, 1));
+        assert!(!obj.is_ready());
+    }
+
+    #[test]
+    fn record_survives_the_object_round_trip() {
+        let mut r = crate::store::tests_support::record("default", "fsb-2", "");
+        r.metadata.insert("team".into(), "a".into());
+        r.envs.insert("K".into(), "V".into());
+        r.expires_at = 1_900_000_000;
+        r.failure_policy = FailurePolicy::AutoRecreate;
+        r.recovery_timeout_seconds = 30;
+        r.exposed_ports = vec![8080];
+        r.request_id = "req-1".into();
+        let mut obj = to_object(&r, None).unwrap();
+        obj.metadata.resource_version = Some("7".into());
+        let mut back = from_object(&obj).unwrap().unwrap();
+        assert_eq!(back.revision, "7");
+        back.revision = r.revision.clone();
+        assert_eq!(back, r);
+        assert_eq!(obj.labels()["metadata.sandbox.fast.io/team"], "a");
+        assert_eq!(obj.finalizers(), [FINALIZER.to_string()]);
+    }
+}

@@ -1,0 +1,319 @@
+//! Controller HA on Kubernetes: two `sandbolt-controller` processes over
+//! the Kubernetes store, a Lease between them, a real agent on the test bed.
+//! The API server is the in-process double (no real one can be installed
+//! here); the controllers reach it over HTTP through a kubeconfig, as they
+//! would a cluster.
+//!
+//! Both replicas are configured with the same listen address, the way a
+//! Service fronts them: only the leader binds it, so the agent's heartbeats
+//! follow the leadership without knowing about it.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use sandbolt_deploy::Sandbox;
+use sandbolt_kube_double::ApiDouble;
+use sandbolt_proto::fastpath::v2;
+use support::bed::{
+    V2, containers, eventually, free_port, reference, running_tasks, sandbox_id, start_agent,
+    start_bed, wait_agents,
+};
+
+const TOKEN: &str = "ha-agent-token";
+const NAMESPACE: &str = "sandbolt-system";
+const LEASE: &str = "sandbolt-controller";
+
+/// A controller replica as a child process; killed on drop.
+struct Replica {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Replica {
+    fn spawn(identity: &str, listen: SocketAddr, kubeconfig: &Path) -> Replica {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sandbolt-controller"))
+            .env("SANDBOLT_STORE", "kubernetes")
+            .env("SANDBOLT_NAMESPACE", NAMESPACE)
+            .env("SANDBOLT_IDENTITY", identity)
+            .env("SANDBOLT_LEASE_MS", "3000")
+            .env("KUBECONFIG", kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env(
+                "SANDBOLT_CONTROLLER_DATA_DIR",
+                "/nonexistent-kube-store-needs-none",
+            )
+            .env("SANDBOLT_CONTROLLER_LISTEN", listen.to_string())
+            .env("SANDBOLT_AGENT_TOKEN", TOKEN)
+            .env("SANDBOLT_CONSISTENCY", "strong")
+            .env("SANDBOLT_HEARTBEAT_MS", "100")
+            .env("SANDBOLT_LOST_AGENT_MS", "3000")
+            .env("SANDBOLT_EXPIRY_SWEEP_MS", "100")
+            .env("RUST_LOG", "sandbolt_controller=info")
+            .env_remove("SANDBOLT_CONTROLLER_FAILPOINT")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sandbolt-controller");
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let tag = identity.to_string();
+        let tx2 = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[{tag}] {line}");
+                let _ = tx2.send(line);
+            }
+        });
+        Replica { child, lines }
+    }
+
+    /// Waits (up to `timeout`) for the replica to say it serves.
+    fn wait_serving(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.starts_with("SANDBOLT_CONTROLLER_LISTENING") => return true,
+                Ok(_) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGINT (the graceful stop), then the exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGINT);
+        }
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn kubeconfig(api: &ApiDouble, dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {}\n\
+             contexts:\n- name: double\n  context:\n    cluster: double\n    user: double\n    namespace: {NAMESPACE}\n\
+             current-context: double\nusers:\n- name: double\n  user:\n    token: {}\n",
+            api.url(),
+            api.token()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+async fn holder(api: &ApiDouble) -> (Option<String>, i32) {
+    let lease = Api::<Lease>::namespaced(api.client(), NAMESPACE)
+        .get(LEASE)
+        .await
+        .expect("the controller lease exists");
+    let spec = lease.spec.unwrap_or_default();
+    (spec.holder_identity, spec.lease_transitions.unwrap_or(0))
+}
+
+async fn create(c: &mut V2, name: &str) -> v2::CreateSandboxResponse {
+    c.create_sandbox(v2::CreateSandboxRequest {
+        request_id: name.into(),
+        image: "busybox".into(),
+        command: vec!["sleep".into(), "3600".into()],
+        completion: v2::CreateCompletion::Ready as i32,
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("create {name}: {e:?}"))
+    .into_inner()
+}
+
+async fn connect(addr: SocketAddr) -> V2 {
+    V2::connect(format!("http://{addr}"))
+        .await
+        .expect("connect to the leader")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_from_a_killed_leader_with_the_records() {
+    let bed = start_bed().await;
+    let api = ApiDouble::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = kubeconfig(&api, dir.path());
+    let listen = free_port();
+
+    let mut a = Replica::spawn("replica-a", listen, &kubeconfig);
+    assert!(a.wait_serving(Duration::from_secs(30)), "replica-a leads");
+    let b = Replica::spawn("replica-b", listen, &kubeconfig);
+    // The standby campaigns but does not serve while the leader renews.
+    assert!(
+        !b.wait_serving(Duration::from_secs(4)),
+        "the standby must not serve while the leader holds the lease"
+    );
+    assert_eq!(holder(&api).await.0.as_deref(), Some("replica-a"));
+
+    let state = tempfile::tempdir().unwrap();
+    let _agent = start_agent(
+        &bed,
+        "agent-ha",
+        state.path(),
+        listen,
+        TOKEN,
+        8,
+        Duration::from_millis(100),
+    )
+    .await;
+    let mut c = connect(listen).await;
+    wait_agents(&c, 1).await;
+    let first = create(&mut c, "fsb-ha-1").await;
+    assert!(first.sandbox.unwrap().ready);
+    let first_id = sandbox_id(&mut c, "fsb-ha-1").await;
+    let sandboxes: Api<Sandbox> = Api::namespaced(api.client(), "default");
+    assert!(sandboxes.get("fsb-ha-1").await.unwrap().is_ready());
+
+    // The leader dies without a word.
+    let (_, term_before) = holder(&api).await;
+    a.kill9();
+    assert!(
+        b.wait_serving(Duration::from_secs(30)),
+        "the standby takes over once the lease expires"
+    );
+    let (who, term) = holder(&api).await;
+    assert_eq!(who.as_deref(), Some("replica-b"));
+    assert_eq!(term, term_before + 1, "one leadership transition");
+
+    // The new leader rebuilt its registry from the Sandbox resources.
+    let mut c = connect(listen).await;
+    let got = c
+        .get_sandbox(v2::GetSandboxRequest {
+            sandbox: reference("fsb-ha-1"),
+            expected_generation: 0,
+        })
+        .await
+        .expect("the record survives the leader")
+        .into_inner();
+    assert_eq!(
+        got.sandbox.unwrap().runtime.unwrap().state,
+        v2::RuntimeState::Ready as i32
+    );
+    assert_eq!(sandbox_id(&mut c, "fsb-ha-1").await, first_id);
+    assert!(running_tasks(&bed).await.contains_key(&first_id));
+
+    // And it writes: a new sandbox, then a delete that empties the resource.
+    wait_agents(&c, 1).await;
+    let second = create(&mut c, "fsb-ha-2").await;
+    assert!(second.sandbox.unwrap().ready);
+    c.delete_sandbox(v2::DeleteRequest {
+        sandbox: reference("fsb-ha-1"),
+    })
+    .await
+    .expect("delete through the new leader");
+    assert!(sandboxes.get_opt("fsb-ha-1").await.unwrap().is_none());
+    assert!(!containers(&bed).await.contains(&first_id));
+
+    // kubectl delete: the leader removes the container, then the resource.
+    let second_id = sandbox_id(&mut c, "fsb-ha-2").await;
+    sandboxes
+        .delete("fsb-ha-2", &Default::default())
+        .await
+        .unwrap();
+    eventually(
+        "kubectl delete reaches the container",
+        Duration::from_secs(20),
+        || {
+            let sandboxes = sandboxes.clone();
+            let bed = &bed;
+            let second_id = second_id.clone();
+            async move {
+                sandboxes.get_opt("fsb-ha-2").await.unwrap().is_none()
+                    && !containers(bed).await.contains(&second_id)
+            }
+        },
+    )
+    .await;
+
+    // A graceful stop hands the lease back at once.
+    let mut b = b;
+    assert!(b.stop().success(), "a graceful stop exits 0");
+    assert_eq!(holder(&api).await.0, None, "the lease was released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_stops_serving() {
+    use sandbolt_controller::ControllerConfig;
+    use sandbolt_controller::ha::{ElectedExit, run_elected};
+    use sandbolt_controller::leader::{LeaderElector, LeaseConfig};
+    use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig};
+
+    support::bed::init_tracing();
+    let api = ApiDouble::start().await;
+    let lease = LeaseConfig::new(NAMESPACE, LEASE, "in-process").with_timings(
+        Duration::from_millis(1500),
+        Duration::from_millis(1000),
+        Duration::from_millis(200),
+    );
+    let elector = LeaderElector::spawn(api.client(), lease).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ControllerConfig::new(free_port(), dir.path(), TOKEN);
+    let (serving_tx, serving_rx) = tokio::sync::oneshot::channel();
+    let mut serving_tx = Some(serving_tx);
+    let kube_config = api.config();
+    let run = tokio::spawn(run_elected(
+        cfg,
+        elector,
+        move || {
+            let store = KubeStore::open(kube_config, KubeStoreConfig::new(NAMESPACE))?;
+            Ok(std::sync::Arc::new(store) as _)
+        },
+        move |h| {
+            if let Some(tx) = serving_tx.take() {
+                let _ = tx.send(h.local_addr());
+            }
+        },
+        std::future::pending(),
+    ));
+    let addr = tokio::time::timeout(Duration::from_secs(20), serving_rx)
+        .await
+        .expect("leads and serves")
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_ok());
+
+    api.set_unavailable(true);
+    let exit = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the cut-off leader gives up")
+        .unwrap()
+        .unwrap();
+    assert_eq!(exit, ElectedExit::LostLeadership);
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the port is closed once leadership is lost"
+    );
+    api.set_unavailable(false);
+    api.shutdown().await;
+}

@@ -1,0 +1,303 @@
+//! The Kubernetes store against the in-process Kubernetes API double
+//! (`sandbolt-kube-double`): no real API server can be installed here. The
+//! double keeps the API's semantics (resourceVersion conflicts, finalizers,
+//! the status subresource, watch), and these tests check the store through
+//! them — and, with a real agent on the test bed, the controller on top.
+//!
+//! The store blocks its caller for API round trips, so the tests run on the
+//! multi-threaded runtime (the double serves on the same process).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig, STATE_ANNOTATION};
+use sandbolt_controller::store::{
+    AgentRecord, Consistency, FailurePolicy, Phase, SandboxRecord, Store, StoreError,
+};
+use sandbolt_deploy::Sandbox;
+use sandbolt_deploy::sandbox::FINALIZER;
+use sandbolt_kube_double::ApiDouble;
+
+fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
+    SandboxRecord {
+        uid: format!("uid-{name}"),
+        name: name.into(),
+        namespace: ns.into(),
+        sandbox_id: String::new(),
+        agent_id: "agent-1".into(),
+        pool: "default".into(),
+        image: "docker.io/library/busybox:latest".into(),
+        command: vec!["sleep".into()],
+        args: vec!["1000".into()],
+        envs: BTreeMap::from([("A".to_string(), "1".to_string())]),
+        working_dir: "/".into(),
+        exposed_ports: vec![8080],
+        metadata: BTreeMap::from([("team".to_string(), "red".to_string())]),
+        expires_at: 1_900_000_000,
+        failure_policy: FailurePolicy::AutoRecreate,
+        recovery_timeout_seconds: 30,
+        reset_revision: String::new(),
+        generation: 1,
+        phase: Phase::Pending,
+        message: String::new(),
+        request_id: request_id.into(),
+        access_token: "tok".into(),
+        consistency: Consistency::Strong,
+        created_at_unix_ms: 1_700_000_000_000,
+        assignment_attempt: 1,
+        recovery_deadline_unix_ms: 0,
+        events: vec![],
+        revision: String::new(),
+    }
+}
+
+fn open(api: &ApiDouble) -> KubeStore {
+    let mut cfg = KubeStoreConfig::new("sandbolt-system");
+    cfg.write_timeout = Duration::from_secs(5);
+    KubeStore::open(api.config(), cfg).expect("kube store opens on the double")
+}
+
+/// Polls `f` (sync) every 20 ms until it holds; panics after 10 s.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_sandbox_resources_with_conflicts_and_finalizers() {
+    let api = ApiDouble::start().await;
+    let store = open(&api);
+    let sandboxes: Api<Sandbox> = Api::namespaced(api.client(), "team-a");
+
+    // Create: one Sandbox with the spec, labels, finalizer, state annotation.
+    let created = store.create(&record("team-a", "fsb-one", "req-1")).unwrap();
+    assert!(!created.revision.is_empty());
+    let obj = sandboxes.get("fsb-one").await.unwrap();
+    assert_eq!(obj.spec.image, "docker.io/library/busybox:latest");
+    assert_eq!(obj.spec.pool_ref, "default");
+    assert_eq!(obj.spec.env["A"], "1");
+    assert_eq!(
+        obj.metadata.labels.as_ref().unwrap()["metadata.sandbox.fast.io/team"],
+        "red"
+    );
+    assert_eq!(obj.metadata.finalizers.clone().unwrap(), vec![FINALIZER]);
+    assert!(
+        obj.metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .contains_key(STATE_ANNOTATION)
+    );
+    // The status subresource was written: Pending, not ready.
+    assert_eq!(
+        obj.metadata.resource_version.as_deref(),
+        Some(created.revision.as_str())
+    );
+    assert!(!obj.is_ready());
+    assert!(obj.status.is_some(), "status written through /status");
+
+    // Read-your-writes, before or after the watch caught up.
+    assert_eq!(store.get("team-a", "fsb-one").unwrap().unwrap(), created);
+
+    // Name and request id are unique; the holder comes back.
+    match store.create(&record("team-a", "fsb-one", "")) {
+        Err(StoreError::AlreadyExists(holder)) => assert_eq!(holder.uid, "uid-fsb-one"),
+        other => panic!("name reuse: {other:?}"),
+    }
+    match store.create(&record("team-a", "fsb-other", "req-1")) {
+        Err(StoreError::AlreadyExists(holder)) => assert_eq!(holder.name, "fsb-one"),
+        other => panic!("request id reuse: {other:?}"),
+    }
+    assert_eq!(
+        store.get_by_request_id("req-1").unwrap().unwrap().name,
+        "fsb-one"
+    );
+
+    // Replace: the status follows the phase; the Sandbox turns ready.
+    let mut running = created.clone();
+    running.phase = Phase::Running;
+    running.sandbox_id = "sb-1".into();
+    let running = store.replace(&running).unwrap();
+    assert_ne!(running.revision, created.revision);
+    let obj = sandboxes.get("fsb-one").await.unwrap();
+    assert!(obj.is_ready(), "{:?}", obj.status);
+    assert_eq!(obj.metadata.resource_version.unwrap(), running.revision);
+
+    // A stale revision conflicts.
+    let mut stale = created.clone();
+    stale.message = "stale".into();
+    assert!(matches!(
+        store.replace(&stale),
+        Err(StoreError::Conflict(..))
+    ));
+
+    // Someone else writes (kubectl label): the watch brings the new version
+    // and the old one conflicts; the new one replaces.
+    sandboxes
+        .patch(
+            "fsb-one",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"owner": "ops"}}})),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.replace(&running),
+        Err(StoreError::Conflict(..))
+    ));
+    eventually("the watch delivers the foreign write", || {
+        store.get("team-a", "fsb-one").unwrap().unwrap().revision != running.revision
+    })
+    .await;
+    let mut fresh = store.get("team-a", "fsb-one").unwrap().unwrap();
+    fresh.message = "after a foreign write".into();
+    store.replace(&fresh).unwrap();
+    let obj = sandboxes.get("fsb-one").await.unwrap();
+    assert_eq!(
+        obj.metadata.labels.unwrap()["owner"],
+        "ops",
+        "foreign label kept"
+    );
+
+    // Listing: namespace, order, pagination.
+    for n in ["fsb-b", "fsb-a", "fsb-c"] {
+        store.create(&record("team-b", n, "")).unwrap();
+    }
+    let names = |rs: Vec<SandboxRecord>| rs.into_iter().map(|r| r.name).collect::<Vec<_>>();
+    assert_eq!(
+        names(store.list(Some("team-b"), None, 2).unwrap()),
+        ["fsb-a", "fsb-b"]
+    );
+    assert_eq!(
+        names(store.list(Some("team-b"), Some("fsb-b"), 0).unwrap()),
+        ["fsb-c"]
+    );
+    assert_eq!(store.list(None, None, 0).unwrap().len(), 4);
+
+    // Delete: terminating behind the finalizer, then gone.
+    let deleted = store.delete("team-b", "fsb-a").unwrap().unwrap();
+    assert_eq!(deleted.name, "fsb-a");
+    let team_b: Api<Sandbox> = Api::namespaced(api.client(), "team-b");
+    assert!(team_b.get_opt("fsb-a").await.unwrap().is_none());
+    assert!(store.get("team-b", "fsb-a").unwrap().is_none());
+    assert!(store.delete("team-b", "fsb-a").unwrap().is_none());
+
+    // kubectl delete: the object waits for the controller, which sees it.
+    team_b
+        .delete("fsb-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    let obj = team_b.get("fsb-b").await.unwrap();
+    assert!(obj.metadata.deletion_timestamp.is_some());
+    eventually("the deletion request is seen", || {
+        store.deletions_requested() == vec![("team-b".to_string(), "fsb-b".to_string())]
+    })
+    .await;
+    store.delete("team-b", "fsb-b").unwrap();
+    assert!(team_b.get_opt("fsb-b").await.unwrap().is_none());
+    eventually("the deletion request is gone", || {
+        store.deletions_requested().is_empty()
+    })
+    .await;
+
+    // Agents: Leases, listed back.
+    let agent = AgentRecord {
+        agent_id: "Node_1".into(),
+        namespace: "default".into(),
+        pool: "default".into(),
+        api_endpoint: "10.0.0.1:9091".into(),
+        proxy_endpoint: "10.0.0.1:9092".into(),
+        capacity: 8,
+        node_name: "node-1".into(),
+    };
+    store.put_agent(&agent).unwrap();
+    let mut moved = agent.clone();
+    moved.api_endpoint = "10.0.0.2:9091".into();
+    store.put_agent(&moved).unwrap();
+    assert_eq!(store.list_agents().unwrap(), vec![moved]);
+
+    // A second store (a new leader) rebuilds the same records.
+    let other = open(&api);
+    let mut a = store.list(None, None, 0).unwrap();
+    let mut b = other.list(None, None, 0).unwrap();
+    a.sort_by(|x, y| (&x.namespace, &x.name).cmp(&(&y.namespace, &y.name)));
+    b.sort_by(|x, y| (&x.namespace, &x.name).cmp(&(&y.namespace, &y.name)));
+    assert_eq!(a, b);
+    assert_eq!(b.len(), 2);
+    drop(other);
+    drop(store);
+    api.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_failures_surface_as_store_errors_and_the_cache_survives_lost_watches() {
+    let api = ApiDouble::start().await;
+    let store = open(&api);
+
+    // An invalid name is the caller's fault, not an outage.
+    match store.create(&record("default", "Not_A_Name", "")) {
+        Err(StoreError::Invalid(msg)) => assert!(!msg.is_empty()),
+        other => panic!("invalid name: {other:?}"),
+    }
+    // A failing API server is a backend error, and nothing is remembered.
+    api.fail_next("create", "sandboxes", 500, 1);
+    assert!(matches!(
+        store.create(&record("default", "fsb-x", "")),
+        Err(StoreError::Backend(_))
+    ));
+    assert!(store.get("default", "fsb-x").unwrap().is_none());
+    // A failed status write leaves the record whole (the next write fixes
+    // the status).
+    api.fail_next("update", "sandboxes", 500, 1);
+    let r = store.create(&record("default", "fsb-x", "")).unwrap();
+    let mut running = r.clone();
+    running.phase = Phase::Running;
+    store.replace(&running).unwrap();
+    let obj = Api::<Sandbox>::namespaced(api.client(), "default")
+        .get("fsb-x")
+        .await
+        .unwrap();
+    assert!(obj.is_ready());
+
+    // Watches break and history is compacted: the cache relists and still
+    // sees writes made meanwhile by others.
+    api.close_watches();
+    api.compact();
+    Api::<Sandbox>::namespaced(api.client(), "default")
+        .patch(
+            "fsb-x",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"labels": {"metadata.sandbox.fast.io/k": "v"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually("the relisted cache sees the foreign write", || {
+        store
+            .get("default", "fsb-x")
+            .unwrap()
+            .is_some_and(|r| r.metadata.get("k").map(String::as_str) == Some("v"))
+    })
+    .await;
+
+    // While the API server is down, writes fail (reads keep coming from
+    // the cache).
+    api.set_unavailable(true);
+    let mut r = store.get("default", "fsb-x").unwrap().unwrap();
+    r.message = "x".into();
+    assert!(store.replace(&r).is_err());
+    assert!(store.get("default", "fsb-x").unwrap().is_some());
+    api.set_unavailable(false);
+    drop(store);
+    api.shutdown().await;
+}
