@@ -126,6 +126,8 @@ async fn run_kubernetes(config: ControllerConfig, args: ControllerArgs) -> anyho
         .await
         .context("no Kubernetes API configuration (in-cluster service account or KUBECONFIG)")?;
     let client = kube::Client::try_from(kube_config.clone()).context("Kubernetes client")?;
+    // SandboxPools live in the controller's namespace (the chart's).
+    let pools = kube::Api::namespaced(client.clone(), &namespace);
     let lease = LeaseConfig::new(&namespace, &args.lease_name, &identity).with_timings(
         args.lease_duration,
         args.renew_deadline,
@@ -140,6 +142,7 @@ async fn run_kubernetes(config: ControllerConfig, args: ControllerArgs) -> anyho
             let store = KubeStore::open(kube_config, KubeStoreConfig::new(namespace))?;
             Ok(Arc::new(store) as _)
         },
+        Some(pools),
         |h| tracing::info!(fastpath = %h.local_addr(), "leader: serving FastPath v1 + v2 and RegistryService"),
         crate::shutdown_signal(),
     )

@@ -17,8 +17,14 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use kube::Api;
+use sandbolt_deploy::SandboxPool;
+
 use crate::leader::LeaderElector;
 use crate::{Controller, ControllerConfig, ControllerHandle, Error, Result, Store};
+
+/// How often the leader refreshes the SandboxPool status counts.
+pub const POOL_STATUS_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why [`run_elected`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,12 +37,13 @@ pub enum ElectedExit {
 
 /// Campaigns with `elector`; while leading, runs a controller over the store
 /// `open_store` returns (called once per term, on a blocking thread: opening
-/// may wait for the API server). `on_serving` is told the listening address
-/// each time a term starts serving.
+/// may wait for the API server) and keeps the status of the `pools`
+/// resources. `on_serving` is told when a term starts serving.
 pub async fn run_elected<S, F>(
     config: ControllerConfig,
     elector: LeaderElector,
     open_store: S,
+    pools: Option<Api<SandboxPool>>,
     mut on_serving: impl FnMut(&ControllerHandle),
     shutdown: F,
 ) -> Result<ElectedExit>
@@ -66,12 +73,17 @@ where
         return Ok(ElectedExit::LostLeadership);
     }
     let handle = Controller::start_with_store(config, store).await?;
+    let pool_status =
+        pools.map(|api| crate::pool_status::spawn(handle.core().clone(), api, POOL_STATUS_PERIOD));
     on_serving(&handle);
     tracing::info!(%identity, addr = %handle.local_addr(), "leader serving");
     let exit = tokio::select! {
         _ = &mut shutdown => ElectedExit::Shutdown,
         _ = wait_for(&mut state, false) => ElectedExit::LostLeadership,
     };
+    if let Some(task) = pool_status {
+        task.abort();
+    }
     handle.shutdown().await;
     match exit {
         ElectedExit::Shutdown => {

@@ -28,6 +28,7 @@ pub mod image_ref;
 pub mod leader;
 mod ownership;
 pub mod placement;
+pub mod pool_status;
 mod recovery;
 pub mod registry;
 pub mod registry_server;

@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use sandbolt_deploy::Sandbox;
+use sandbolt_deploy::pool::CapacityBounds;
+use sandbolt_deploy::{Sandbox, SandboxPool, SandboxPoolSpec};
 use sandbolt_kube_double::ApiDouble;
 use sandbolt_proto::fastpath::v2;
 use support::bed::{
@@ -167,6 +168,28 @@ async fn a_standby_takes_over_from_a_killed_leader_with_the_records() {
     let kubeconfig = kubeconfig(&api, dir.path());
     let listen = free_port();
 
+    // The chart's pool resource: the leader keeps its status counts.
+    let pools: Api<SandboxPool> = Api::namespaced(api.client(), NAMESPACE);
+    pools
+        .create(
+            &Default::default(),
+            &SandboxPool::new(
+                "default",
+                SandboxPoolSpec {
+                    node_selector: Default::default(),
+                    max_sandboxes_per_agent: 8,
+                    runtime: Default::default(),
+                    warm_images: vec![],
+                    capacity: Some(CapacityBounds {
+                        min_agents: None,
+                        max_sandboxes: Some(6),
+                    }),
+                },
+            ),
+        )
+        .await
+        .unwrap();
+
     let mut a = Replica::spawn("replica-a", listen, &kubeconfig);
     assert!(a.wait_serving(Duration::from_secs(30)), "replica-a leads");
     let b = Replica::spawn("replica-b", listen, &kubeconfig);
@@ -195,6 +218,20 @@ async fn a_standby_takes_over_from_a_killed_leader_with_the_records() {
     let first_id = sandbox_id(&mut c, "fsb-ha-1").await;
     let sandboxes: Api<Sandbox> = Api::namespaced(api.client(), "default");
     assert!(sandboxes.get("fsb-ha-1").await.unwrap().is_ready());
+    eventually(
+        "the pool status counts the agent and the sandbox",
+        Duration::from_secs(20),
+        || {
+            let pools = pools.clone();
+            async move {
+                let status = pools.get("default").await.unwrap().status;
+                status.is_some_and(|s| {
+                    (s.agents, s.ready_agents, s.sandboxes, s.capacity) == (1, 1, 1, 6)
+                })
+            }
+        },
+    )
+    .await;
 
     // The leader dies without a word.
     let (_, term_before) = holder(&api).await;
@@ -290,6 +327,7 @@ async fn a_leader_cut_off_from_the_api_server_stops_serving() {
             let store = KubeStore::open(kube_config, KubeStoreConfig::new(NAMESPACE))?;
             Ok(std::sync::Arc::new(store) as _)
         },
+        None,
         move |h| {
             if let Some(tx) = serving_tx.take() {
                 let _ = tx.send(h.local_addr());

@@ -80,6 +80,7 @@ async fn run_kubernetes(cfg: ControllerConfig) -> Result<(), Box<dyn std::error:
     let lease_name = env("SANDBOLT_LEASE_NAME").unwrap_or_else(|| "sandbolt-controller".into());
     let kube_config = kube::Config::infer().await?;
     let client = kube::Client::try_from(kube_config.clone())?;
+    let pools = kube::Api::namespaced(client.clone(), &namespace);
     let mut lease = LeaseConfig::new(&namespace, lease_name, identity);
     if let Some(d) = ms("SANDBOLT_LEASE_MS") {
         lease = lease.with_timings(d, d * 2 / 3, d / 5);
@@ -92,6 +93,7 @@ async fn run_kubernetes(cfg: ControllerConfig) -> Result<(), Box<dyn std::error:
             let store = KubeStore::open(kube_config, KubeStoreConfig::new(namespace))?;
             Ok(std::sync::Arc::new(store) as _)
         },
+        Some(pools),
         |h| {
             use std::io::Write;
             println!("SANDBOLT_CONTROLLER_LISTENING {}", h.local_addr());
