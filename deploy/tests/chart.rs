@@ -362,6 +362,10 @@ fn default_values_lint_render_and_validate() {
         notes.contains("sb-sandbolt-fastpath.sandbolt.svc:9090"),
         "{notes}"
     );
+    assert!(
+        notes.contains("get lease sb-sandbolt-controller"),
+        "{notes}"
+    );
 }
 
 #[test]
@@ -459,6 +463,7 @@ fn non_default_values_lint_render_and_validate() {
 
     assert!(notes.contains("gpu (crun), secure (runsc)"), "{notes}");
     assert!(!notes.contains("lifecycle"), "{notes}");
+    assert!(!notes.contains("Lease"), "{notes}");
 }
 
 #[test]
