@@ -23,6 +23,15 @@ pub(crate) struct LifecycleArgs {
     /// sandboxes run on Docker (--docker-socket).
     #[arg(long, env = "SANDBOLT_CONTROLLER")]
     controller: Option<String>,
+    /// Bearer token for the controller's FastPath API, when it requires one
+    /// (`sandbolt controller --fastpath-token`).
+    #[arg(
+        long,
+        env = "SANDBOLT_FASTPATH_TOKEN",
+        hide_env_values = true,
+        requires = "controller"
+    )]
+    fastpath_token: Option<String>,
     #[arg(
         long,
         env = "SANDBOLT_DOCKER_SOCKET",
@@ -84,7 +93,11 @@ pub(crate) fn config(
 pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     check_auth(&args.api_key, args.insecure)?;
     let backend = match args.controller {
-        Some(c) => BackendConfig::FastPath(FastPathConfig::new(c)),
+        Some(c) => {
+            let mut f = FastPathConfig::new(c);
+            f.token = args.fastpath_token;
+            BackendConfig::FastPath(f)
+        }
         None => {
             let mut d = DockerConfig::new(
                 args.docker_socket,

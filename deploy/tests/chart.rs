@@ -240,6 +240,17 @@ fn default_values_lint_render_and_validate() {
     let l = container(ctl, "lifecycle");
     assert_real_flags(l);
     assert!(args(l).contains(&"--controller=http://127.0.0.1:9090".into()));
+    // FastPath requires a token by default, and the bundled lifecycle API
+    // sends it: both from the same Secret key.
+    for c in [c, l] {
+        assert_eq!(
+            env(c, "SANDBOLT_FASTPATH_TOKEN")["valueFrom"]["secretKeyRef"]["key"],
+            "fastpath-token",
+            "{}",
+            c["name"]
+        );
+    }
+    assert_tokens_from_secret(&objs, "sb-sandbolt-tokens");
     assert_eq!(
         ctl["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"],
         true

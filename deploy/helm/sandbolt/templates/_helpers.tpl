@@ -53,9 +53,6 @@ default
 {{- if and (eq .Values.controller.store "embedded") (gt (int .Values.controller.replicas) 1) -}}
 {{- fail "controller.replicas > 1 needs controller.store=kubernetes (leader election); the embedded store has a single writer" -}}
 {{- end -}}
-{{- if and .Values.controller.fastpath.requireToken .Values.lifecycle.enabled -}}
-{{- fail "controller.fastpath.requireToken cannot be combined with lifecycle.enabled: sandbolt lifecycle cannot send a FastPath token yet" -}}
-{{- end -}}
 {{- if not .Values.pools -}}
 {{- fail "pools must name at least one pool" -}}
 {{- end -}}
