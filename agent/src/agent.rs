@@ -73,7 +73,17 @@ impl Agent {
         }
         let sandboxes = Arc::new(Sandboxes::new(cfg.clone(), ctrd, runtimes));
         let recovered = sandboxes.recover().await?;
-        tracing::info!(recovered, agent_id = %cfg.agent_id, %instance_id, "agent state recovered from containerd");
+        // Recovery also re-labelled adopted containers with this pod's UID;
+        // only now may the agent serve (and so turn its pod Ready).
+        tracing::info!(
+            recovered,
+            agent_id = %cfg.agent_id,
+            %instance_id,
+            pod_uid = cfg.pod_uid().unwrap_or(""),
+            pod = cfg.pod_name.as_deref().unwrap_or(""),
+            pod_namespace = cfg.pod_namespace.as_deref().unwrap_or(""),
+            "agent state recovered from containerd"
+        );
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = vec![(

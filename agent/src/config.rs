@@ -11,6 +11,13 @@ pub struct AgentConfig {
     /// every container so a restarted agent finds its own sandboxes.
     pub agent_id: String,
     pub node_name: String,
+    /// UID of the agent's Kubernetes pod (downward API), `None` outside
+    /// Kubernetes. Labels every container ([`crate::labels::AGENT_POD_UID`]);
+    /// recovery moves adopted containers to it before serving.
+    pub pod_uid: Option<String>,
+    /// The agent's pod name and namespace, for logs only.
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
     pub pool: String,
     /// Namespace of the pool (FastPath namespaces, not containerd's): pools
     /// are namespaced, and `sandbolt up`'s pool is `default/default`.
@@ -70,6 +77,9 @@ impl AgentConfig {
         Self {
             node_name: agent_id.clone(),
             agent_id,
+            pod_uid: None,
+            pod_name: None,
+            pod_namespace: None,
             pool: "default".into(),
             pool_namespace: "default".into(),
             containerd_socket: containerd_socket.into(),
@@ -94,6 +104,11 @@ impl AgentConfig {
             execd_ready_timeout: Duration::from_secs(15),
             execd_port: 44772,
         }
+    }
+
+    /// The pod UID, if one was given and is not empty.
+    pub fn pod_uid(&self) -> Option<&str> {
+        self.pod_uid.as_deref().filter(|u| !u.is_empty())
     }
 
     pub fn logs_dir(&self) -> PathBuf {

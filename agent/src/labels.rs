@@ -18,6 +18,11 @@ pub const IMAGE: &str = "io.sandbolt.image";
 pub const RUNTIME: &str = "io.sandbolt.runtime";
 /// Comma-separated ports.
 pub const EXPOSED_PORTS: &str = "io.sandbolt.exposed-ports";
+/// UID of the Kubernetes pod of the agent that owns the container now (set
+/// at create, rewritten by a new agent pod's recovery). The janitor reaps
+/// containers whose agent pod is gone from the node by it. Absent outside
+/// Kubernetes.
+pub const AGENT_POD_UID: &str = "io.sandbolt.agent-pod-uid";
 
 /// Prefix reserved for the agent's own labels; user labels may not use it.
 pub const RESERVED_PREFIX: &str = "io.sandbolt.";

@@ -9,7 +9,7 @@ use containerd_client::services::v1::snapshots::{PrepareSnapshotRequest, RemoveS
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
     DeleteTaskRequest, GetContainerRequest, GetRequest, KillRequest, ListContainersRequest,
-    PauseTaskRequest, ResumeTaskRequest, StartRequest, WaitRequest,
+    PauseTaskRequest, ResumeTaskRequest, StartRequest, UpdateContainerRequest, WaitRequest,
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use parking_lot::RwLock;
@@ -444,6 +444,9 @@ impl Sandboxes {
         if !spec.record_uid.is_empty() {
             container_labels.insert(labels::RECORD_UID.into(), spec.record_uid.clone());
         }
+        if let Some(uid) = self.cfg.pod_uid() {
+            container_labels.insert(labels::AGENT_POD_UID.into(), uid.to_string());
+        }
         if !spec.exposed_ports.is_empty() {
             container_labels.insert(
                 labels::EXPOSED_PORTS.into(),
@@ -827,6 +830,7 @@ impl Sandboxes {
             .containers;
         let mut n = 0;
         for c in containers {
+            self.adopt(&c).await?;
             let entry = entry_from_labels(&c);
             let mut entry = match entry {
                 Some(e) => e,
@@ -841,6 +845,43 @@ impl Sandboxes {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Moves a recovered container to this agent pod: rewrites its
+    /// [`labels::AGENT_POD_UID`] when it names another pod (the one this pod
+    /// replaced). Recovery runs before the agent serves, and the agent pod
+    /// turns Ready only once it serves, so the janitor — which reaps by this
+    /// label only while a Ready agent pod exists — never sees a stale label
+    /// it could mistake for an abandoned sandbox. A failure is an error: an
+    /// agent that serves with stale labels would expose its sandboxes to
+    /// that rule.
+    async fn adopt(&self, c: &Container) -> Result<()> {
+        let Some(uid) = self.cfg.pod_uid() else {
+            return Ok(());
+        };
+        let old = c.labels.get(labels::AGENT_POD_UID).map(String::as_str);
+        if old == Some(uid) {
+            return Ok(());
+        }
+        // Only the one label: the mask keeps every other field (and label)
+        // exactly as containerd has it.
+        let update = Container {
+            id: c.id.clone(),
+            labels: HashMap::from([(labels::AGENT_POD_UID.to_string(), uid.to_string())]),
+            ..Default::default()
+        };
+        self.ctrd
+            .containers()
+            .update(self.ctrd.req(UpdateContainerRequest {
+                container: Some(update),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec![format!("labels.{}", labels::AGENT_POD_UID)],
+                }),
+            }))
+            .await
+            .map_err(AgentError::containerd("containers.Update"))?;
+        tracing::info!(sandbox = %c.id, from = old.unwrap_or(""), to = uid, "adopted sandbox into this agent pod");
+        Ok(())
     }
 
     /// Sets phase/pid/exit code from the task's state in containerd.

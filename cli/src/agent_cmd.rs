@@ -12,6 +12,17 @@ pub(crate) struct AgentArgs {
     /// Node name reported to the controller (default: host name).
     #[arg(long, env = "SANDBOLT_NODE_NAME")]
     node_name: Option<String>,
+    /// UID of this agent's Kubernetes pod (downward API `metadata.uid`):
+    /// labels every container, and recovery moves the containers of a
+    /// replaced pod to it, so the janitor can tell an abandoned sandbox from
+    /// an adopted one.
+    #[arg(long, env = "SANDBOLT_POD_UID")]
+    pod_uid: Option<String>,
+    /// This agent's pod name and namespace (logged only).
+    #[arg(long, env = "SANDBOLT_POD_NAME")]
+    pod_name: Option<String>,
+    #[arg(long, env = "SANDBOLT_POD_NAMESPACE")]
+    pod_namespace: Option<String>,
     /// Pool this agent serves.
     #[arg(long, env = "SANDBOLT_POOL", default_value = "default")]
     pool: String,
@@ -87,6 +98,9 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.token.clone(),
     );
     config.node_name = args.node_name.unwrap_or(host);
+    config.pod_uid = args.pod_uid.filter(|u| !u.is_empty());
+    config.pod_name = args.pod_name.filter(|u| !u.is_empty());
+    config.pod_namespace = args.pod_namespace.filter(|u| !u.is_empty());
     config.pool = args.pool;
     config.containerd_namespace = args.containerd_namespace;
     config.grpc_listen = args.listen;

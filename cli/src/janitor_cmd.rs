@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use sandbolt_janitor::{Janitor, JanitorConfig, ScanReport};
+use sandbolt_janitor::agent_pods::DEFAULT_SELECTOR;
+use sandbolt_janitor::{AgentPods, Janitor, JanitorConfig, ScanReport};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct JanitorArgs {
@@ -57,6 +58,19 @@ pub(crate) struct JanitorArgs {
         default_value = "/var/lib/sandbolt/janitor"
     )]
     state_dir: PathBuf,
+    /// Read this node's agent pods from the Kubernetes API (in-cluster
+    /// configuration): a sandbox whose agent pod left the node is reaped like
+    /// one whose agent stopped heartbeating.
+    #[arg(long, env = "SANDBOLT_KUBE")]
+    kube: bool,
+    /// Namespace of the agent pods (with --kube).
+    #[arg(long, env = "SANDBOLT_POD_NAMESPACE")]
+    agent_pod_namespace: Option<String>,
+    /// Label selector of the agent pods (with --kube). Every agent pod that
+    /// may run on this node must match: a sandbox whose agent pod does not is
+    /// taken for abandoned.
+    #[arg(long, env = "SANDBOLT_AGENT_POD_SELECTOR", default_value = DEFAULT_SELECTOR)]
+    agent_pod_selector: String,
     /// Run one scan, print what it did, and exit.
     #[arg(long)]
     once: bool,
@@ -96,6 +110,9 @@ pub(crate) fn print_report(r: &ScanReport) {
     for e in &r.errors {
         println!("error {e}");
     }
+    if let Some(e) = &r.agent_pods_error {
+        println!("agent-pods-unavailable {e}");
+    }
     println!(
         "scan containers={} reaped={} kept={} errors={} controller_ready={}",
         r.containers,
@@ -106,12 +123,41 @@ pub(crate) fn print_report(r: &ScanReport) {
     );
 }
 
+/// The agent pods' namespace when `--kube` is on; an error when it is on
+/// without one (checked before anything connects).
+fn agent_pod_namespace(args: &JanitorArgs) -> anyhow::Result<Option<String>> {
+    if !args.kube {
+        return Ok(None);
+    }
+    let namespace = args
+        .agent_pod_namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .context("--kube needs --agent-pod-namespace (SANDBOLT_POD_NAMESPACE)")?;
+    Ok(Some(namespace))
+}
+
+/// The janitor, with the agent-pod rule when `--kube` says so.
+async fn janitor(args: &JanitorArgs, cfg: JanitorConfig) -> anyhow::Result<Janitor> {
+    let namespace = agent_pod_namespace(args)?;
+    let timeout = cfg.rpc_timeout;
+    let janitor = Janitor::new(cfg).await.context("starting the janitor")?;
+    let Some(namespace) = namespace else {
+        return Ok(janitor);
+    };
+    let pods = AgentPods::from_environment(&namespace, &args.agent_pod_selector, timeout)
+        .await
+        .context("connecting to the Kubernetes API")?;
+    tracing::info!(%namespace, selector = %args.agent_pod_selector, "reading this node's agent pods");
+    Ok(janitor.with_agent_pods(pods))
+}
+
 pub(crate) async fn run(args: JanitorArgs) -> anyhow::Result<()> {
     let cfg = config(&args);
     std::fs::create_dir_all(&cfg.state_dir)
         .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
+    let janitor = janitor(&args, cfg).await?;
     if args.once {
-        let janitor = Janitor::new(cfg).await.context("starting the janitor")?;
         let report = janitor
             .scan_once()
             .await
@@ -124,8 +170,42 @@ pub(crate) async fn run(args: JanitorArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let handle = Janitor::start(cfg).await.context("starting the janitor")?;
+    let handle = Janitor::spawn(std::sync::Arc::new(janitor));
     crate::shutdown_signal().await;
     handle.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: JanitorArgs,
+    }
+
+    fn parse(extra: &[&str]) -> JanitorArgs {
+        let mut argv = vec!["janitor", "--controller", "http://c:9090", "--token", "t"];
+        argv.extend_from_slice(extra);
+        Cmd::try_parse_from(argv).expect("parses").args
+    }
+
+    #[test]
+    fn the_agent_pod_rule_is_off_unless_asked_and_needs_a_namespace() {
+        let off = parse(&[]);
+        assert!(!off.kube);
+        assert_eq!(agent_pod_namespace(&off).unwrap(), None);
+        let on = parse(&["--kube", "--agent-pod-namespace", "sandbolt"]);
+        assert_eq!(on.agent_pod_selector, DEFAULT_SELECTOR);
+        assert_eq!(
+            agent_pod_namespace(&on).unwrap().as_deref(),
+            Some("sandbolt")
+        );
+        let no_ns = parse(&["--kube"]);
+        assert!(agent_pod_namespace(&no_ns).is_err());
+    }
 }

@@ -18,6 +18,10 @@ pub enum JanitorError {
     /// reaps nothing when this happens.
     #[error("ownership source unavailable: {0}")]
     OwnershipUnavailable(String),
+    /// The agent pods of this node could not be listed: no container is
+    /// reaped because its agent pod is gone (the other rules still apply).
+    #[error("agent pods unavailable: {0}")]
+    AgentPodsUnavailable(String),
     #[error("{what} {}: {source}", path.display())]
     Io {
         what: &'static str,

@@ -8,7 +8,9 @@
 //! removes task, container, snapshot, log file and leftover mounts. It also
 //! finishes sandboxes that were removed half-way (a snapshot or log file
 //! whose container is gone), and its own interrupted cleanups ([`journal`]).
-//! When the ownership source cannot be asked, it reaps nothing.
+//! When the ownership source cannot be asked, it reaps nothing. On
+//! Kubernetes it can also read the agent pods of its node ([`AgentPods`]):
+//! a container whose agent pod is gone counts as one whose agent is gone.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), sandbolt_janitor::JanitorError> {
@@ -21,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod agent_pods;
 pub mod config;
 pub mod error;
 pub mod journal;
@@ -31,6 +34,7 @@ pub mod rules;
 mod run;
 mod scan;
 
+pub use agent_pods::AgentPods;
 pub use config::{FAILPOINT_ENV, Failpoint, JanitorConfig};
 pub use error::{JanitorError, Result};
 pub use metrics::Metrics;

@@ -19,6 +19,8 @@ pub struct Metrics {
     /// Scans that reaped nothing because ownership could not be established.
     fail_safe: Counter,
     cleanup_errors: Counter,
+    /// Agent pod lists that failed (the agent-pod rule was skipped).
+    agent_pods_unavailable: Counter,
 }
 
 impl Default for Metrics {
@@ -34,6 +36,7 @@ impl Metrics {
         let scans = Counter::default();
         let fail_safe = Counter::default();
         let cleanup_errors = Counter::default();
+        let agent_pods_unavailable = Counter::default();
         registry.register(
             "sandbolt_janitor_reaped",
             "Sandboxes removed by the janitor, by reason",
@@ -50,12 +53,18 @@ impl Metrics {
             "Cleanups that failed and are retried by the next scan",
             cleanup_errors.clone(),
         );
+        registry.register(
+            "sandbolt_janitor_agent_pods_unavailable",
+            "Agent pod lists that failed: no sandbox was reaped because its agent pod is gone",
+            agent_pods_unavailable.clone(),
+        );
         Self {
             registry,
             reaped,
             scans,
             fail_safe,
             cleanup_errors,
+            agent_pods_unavailable,
         }
     }
 
@@ -77,6 +86,14 @@ impl Metrics {
 
     pub(crate) fn cleanup_error(&self) {
         self.cleanup_errors.inc();
+    }
+
+    pub(crate) fn agent_pods_unavailable(&self) {
+        self.agent_pods_unavailable.inc();
+    }
+
+    pub fn agent_pods_unavailable_count(&self) -> u64 {
+        self.agent_pods_unavailable.get()
     }
 
     pub fn reaped_count(&self, reason: ReapReason) -> u64 {

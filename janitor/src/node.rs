@@ -11,8 +11,8 @@ use containerd_client::services::v1::snapshots::{
     Info as SnapshotInfo, Kind, ListSnapshotsRequest, RemoveSnapshotRequest,
 };
 use containerd_client::services::v1::{
-    Container, DeleteContainerRequest, DeleteTaskRequest, GetRequest, KillRequest,
-    ListContainersRequest, ResumeTaskRequest,
+    Container, DeleteContainerRequest, DeleteTaskRequest, GetContainerRequest, GetRequest,
+    KillRequest, ListContainersRequest, ResumeTaskRequest,
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use futures::StreamExt;
@@ -80,6 +80,20 @@ impl Node {
             .map_err(JanitorError::containerd("containers.List"))?
             .into_inner()
             .containers)
+    }
+
+    /// One container, `None` when it is gone.
+    pub async fn container(&self, id: &str) -> Result<Option<Container>> {
+        match self
+            .ctrd
+            .containers()
+            .get(self.ctrd.req(GetContainerRequest { id: id.into() }))
+            .await
+        {
+            Ok(r) => Ok(r.into_inner().container),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(JanitorError::containerd("containers.Get")(s)),
+        }
     }
 
     /// Active (writable) snapshots of the agent's snapshotter.

@@ -25,7 +25,26 @@
 //! without an in-flight set, e.g. Kubernetes later); the default (90 s) is
 //! above the controller's fast-mode commit deadline (create deadline 60 s
 //! plus commit retries), which the controller reports in every answer.
+//!
+//! # Agent pods (Kubernetes)
+//!
+//! Where the janitor may read the agent pods of its node, a fourth signal
+//! joins rule 3: a container whose agent-pod-uid label names no agent pod on
+//! this node lost its agent ([`ReapReason::AgentPodGone`]), exactly as if its
+//! agent had stopped heartbeating — rules 1 and 2 and the controller's
+//! readiness still apply. A new agent pod adopts the containers of the pod it
+//! replaced by rewriting that label during its recovery, which it finishes
+//! before it serves and so before its pod turns Ready (the readiness probe is
+//! the agent's gRPC port). The rule therefore only counts with
+//! [`PodEvidence`]: one pod list read *before* the container's labels, in
+//! which an agent pod was Ready (its re-labelling was done before the labels
+//! were read, so a stale uid there is not one it is about to rewrite), and
+//! one read *after* them, in which that pod is still Ready and the
+//! container's pod is absent (a UID never comes back, so a pod absent after
+//! the label was read is gone for good). Without both lists — the API could
+//! not be asked — the rule does not apply.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
@@ -38,6 +57,8 @@ pub struct ContainerFacts {
     /// From the record-uid label (empty if the agent was given none).
     pub record_uid: String,
     pub agent_id: String,
+    /// From the agent-pod-uid label (empty outside Kubernetes).
+    pub agent_pod_uid: String,
     /// Unix ms: the later of the created-at label and containerd's creation
     /// time; `None` when neither can be read.
     pub created_at_ms: Option<i64>,
@@ -67,6 +88,42 @@ impl AgentFacts {
     }
 }
 
+/// The agent pods on this node, as one list call returned them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AgentPodList {
+    /// Every agent pod on the node that can still run an agent.
+    pub uids: BTreeSet<String>,
+    /// Those whose Ready condition is True.
+    pub ready: BTreeSet<String>,
+}
+
+impl AgentPodList {
+    /// Ready pods of `self` that are still Ready in `later`.
+    fn still_ready_in(&self, later: &AgentPodList) -> bool {
+        self.ready.intersection(&later.ready).next().is_some()
+    }
+}
+
+/// Two agent pod lists bracketing the read of a container's labels (see
+/// the module header).
+#[derive(Debug, Clone, Copy)]
+pub struct PodEvidence<'a> {
+    /// Listed before the container's labels were read.
+    pub before: &'a AgentPodList,
+    /// Listed after the container's labels were read.
+    pub after: &'a AgentPodList,
+}
+
+impl PodEvidence<'_> {
+    /// The container's agent pod is gone from the node, and an agent pod that
+    /// had finished its recovery before the label was read still runs.
+    pub fn agent_pod_gone(&self, label_uid: &str) -> bool {
+        !label_uid.is_empty()
+            && !self.after.uids.contains(label_uid)
+            && self.before.still_ready_in(self.after)
+    }
+}
+
 /// What the ownership source says about one sandbox id.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct OwnershipAnswer {
@@ -93,6 +150,9 @@ pub struct OwnershipReport {
 pub enum ReapReason {
     /// The container's agent is not registered or not heartbeating.
     AgentGone,
+    /// The agent pod named by the container's label is no longer on this
+    /// node, and a Ready agent pod that did not adopt the container is.
+    AgentPodGone,
     /// No record owns the container (after the grace period).
     NoRecord,
     /// The record has another uid (deleted and recreated under the same
@@ -106,6 +166,7 @@ impl ReapReason {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::AgentGone => "agent-gone",
+            Self::AgentPodGone => "agent-pod-gone",
             Self::NoRecord => "no-record",
             Self::UidMismatch => "uid-mismatch",
             Self::Terminal => "terminal",
@@ -115,6 +176,7 @@ impl ReapReason {
     pub fn parse(s: &str) -> Option<Self> {
         [
             Self::AgentGone,
+            Self::AgentPodGone,
             Self::NoRecord,
             Self::UidMismatch,
             Self::Terminal,
@@ -140,8 +202,9 @@ pub enum KeepReason {
     InFlight,
     /// Its record and its agent are live.
     Owned,
-    /// Only its agent's liveness speaks against it, and the controller
-    /// does not know that yet (restarted, waiting for heartbeats).
+    /// Only its agent's liveness (or its agent pod) speaks against it, and
+    /// the controller does not know agent liveness yet (restarted, waiting
+    /// for heartbeats).
     ControllerNotReady,
 }
 
@@ -170,13 +233,16 @@ fn record_rule(sandbox_id: &str, label_uid: &str, o: &OwnershipAnswer) -> Option
     }
 }
 
-/// Decides about one managed container.
+/// Decides about one managed container. `pods`: agent pod evidence for
+/// this container's labels, `None` when the janitor does not (or could not)
+/// read agent pods.
 pub fn evaluate(
     c: &ContainerFacts,
     o: &OwnershipAnswer,
     ready: bool,
     now_ms: i64,
     grace: Duration,
+    pods: Option<PodEvidence<'_>>,
 ) -> Verdict {
     if let Some(k) = young(c.created_at_ms, now_ms, grace) {
         return Verdict::Keep(k);
@@ -187,14 +253,20 @@ pub fn evaluate(
     if let Some(r) = record_rule(&c.sandbox_id, &c.record_uid, o) {
         return Verdict::Reap(r);
     }
-    if !o.agent.alive() {
-        return if ready {
-            Verdict::Reap(ReapReason::AgentGone)
-        } else {
-            Verdict::Keep(KeepReason::ControllerNotReady)
-        };
+    let gone = if !o.agent.alive() {
+        Some(ReapReason::AgentGone)
+    } else if pods.is_some_and(|p| p.agent_pod_gone(&c.agent_pod_uid)) {
+        Some(ReapReason::AgentPodGone)
+    } else {
+        None
+    };
+    match gone {
+        // The same caution for both signals: the agent's record of this
+        // sandbox may be a live one the controller cannot vouch for yet.
+        Some(r) if ready => Verdict::Reap(r),
+        Some(_) => Verdict::Keep(KeepReason::ControllerNotReady),
+        None => Verdict::Keep(KeepReason::Owned),
     }
-    Verdict::Keep(KeepReason::Owned)
 }
 
 /// Decides about the remains of a sandbox whose container is gone (a
@@ -234,6 +306,7 @@ mod tests {
             namespace: "default".into(),
             record_uid: "uid-1".into(),
             agent_id: "a1".into(),
+            agent_pod_uid: "pod-old".into(),
             created_at_ms: Some(NOW - 60_000),
         }
     }
@@ -260,7 +333,7 @@ mod tests {
     }
 
     fn eval(c: &ContainerFacts, o: &OwnershipAnswer) -> Verdict {
-        evaluate(c, o, true, NOW, GRACE)
+        evaluate(c, o, true, NOW, GRACE, None)
     }
 
     #[test]
@@ -379,7 +452,7 @@ mod tests {
             ..owned()
         };
         assert_eq!(
-            evaluate(&container(), &lost, false, NOW, GRACE),
+            evaluate(&container(), &lost, false, NOW, GRACE, None),
             Verdict::Keep(KeepReason::ControllerNotReady)
         );
         // Records are complete after a restart: those rules still apply.
@@ -389,7 +462,7 @@ mod tests {
             ..owned()
         };
         assert_eq!(
-            evaluate(&container(), &no_record, false, NOW, GRACE),
+            evaluate(&container(), &no_record, false, NOW, GRACE, None),
             Verdict::Reap(ReapReason::NoRecord)
         );
     }
@@ -440,10 +513,147 @@ mod tests {
         );
     }
 
+    fn pods(all: &[&str], ready: &[&str]) -> AgentPodList {
+        AgentPodList {
+            uids: all.iter().map(|s| s.to_string()).collect(),
+            ready: ready.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn eval_pods(
+        c: &ContainerFacts,
+        o: &OwnershipAnswer,
+        ready: bool,
+        before: &AgentPodList,
+        after: &AgentPodList,
+    ) -> Verdict {
+        evaluate(c, o, ready, NOW, GRACE, Some(PodEvidence { before, after }))
+    }
+
+    #[test]
+    fn a_container_whose_agent_pod_is_gone_is_reaped_when_another_agent_pod_is_ready() {
+        let new = pods(&["pod-new"], &["pod-new"]);
+        assert_eq!(
+            eval_pods(&container(), &owned(), true, &new, &new),
+            Verdict::Reap(ReapReason::AgentPodGone)
+        );
+        // A dead agent is still reported as such.
+        let lost = OwnershipAnswer {
+            agent: AgentFacts::default(),
+            ..owned()
+        };
+        assert_eq!(
+            eval_pods(&container(), &lost, true, &new, &new),
+            Verdict::Reap(ReapReason::AgentGone)
+        );
+        // The record rules come first.
+        let no_record = OwnershipAnswer {
+            record: RecordState::Absent,
+            ..owned()
+        };
+        assert_eq!(
+            eval_pods(&container(), &no_record, true, &new, &new),
+            Verdict::Reap(ReapReason::NoRecord)
+        );
+    }
+
+    #[test]
+    fn a_container_whose_agent_pod_is_on_the_node_is_kept() {
+        // Still there, Ready or not (a replaced pod still terminating).
+        for after in [
+            pods(&["pod-old", "pod-new"], &["pod-new"]),
+            pods(&["pod-old", "pod-new"], &["pod-old", "pod-new"]),
+            pods(&["pod-old"], &["pod-old"]),
+        ] {
+            assert_eq!(
+                eval_pods(&container(), &owned(), true, &after, &after),
+                Verdict::Keep(KeepReason::Owned),
+                "{after:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_agent_pod_rule_waits_for_a_ready_agent_pod_that_was_ready_before_the_labels_were_read() {
+        let c = container();
+        // No agent pod at all, or none Ready: a new pod may be re-labelling.
+        let none = pods(&[], &[]);
+        let starting = pods(&["pod-new"], &[]);
+        let ready = pods(&["pod-new"], &["pod-new"]);
+        for (before, after) in [
+            (&none, &none),
+            (&starting, &starting),
+            // Ready only after the labels were read: its re-labelling may
+            // have finished between the read and the list.
+            (&starting, &ready),
+            (&none, &ready),
+            // Ready before, but gone or not Ready after.
+            (&ready, &none),
+            (&ready, &starting),
+        ] {
+            assert_eq!(
+                eval_pods(&c, &owned(), true, before, after),
+                Verdict::Keep(KeepReason::Owned),
+                "{before:?} / {after:?}"
+            );
+        }
+        // A different Ready pod before and after is no proof either: the
+        // one Ready after may have re-labelled in between.
+        let other = pods(&["pod-other"], &["pod-other"]);
+        assert_eq!(
+            eval_pods(&c, &owned(), true, &other, &ready),
+            Verdict::Keep(KeepReason::Owned)
+        );
+    }
+
+    #[test]
+    fn the_agent_pod_rule_is_fenced_like_agent_liveness() {
+        let ready = pods(&["pod-new"], &["pod-new"]);
+        assert_eq!(
+            eval_pods(&container(), &owned(), false, &ready, &ready),
+            Verdict::Keep(KeepReason::ControllerNotReady)
+        );
+        let young = ContainerFacts {
+            created_at_ms: Some(NOW - 1),
+            ..container()
+        };
+        assert_eq!(
+            eval_pods(&young, &owned(), true, &ready, &ready),
+            Verdict::Keep(KeepReason::Young)
+        );
+        let pending = OwnershipAnswer {
+            create_in_flight: true,
+            ..owned()
+        };
+        assert_eq!(
+            eval_pods(&container(), &pending, true, &ready, &ready),
+            Verdict::Keep(KeepReason::InFlight)
+        );
+    }
+
+    #[test]
+    fn containers_without_a_pod_label_or_without_pod_evidence_are_not_judged_by_pods() {
+        let ready = pods(&["pod-new"], &["pod-new"]);
+        let unlabelled = ContainerFacts {
+            agent_pod_uid: String::new(),
+            ..container()
+        };
+        assert_eq!(
+            eval_pods(&unlabelled, &owned(), true, &ready, &ready),
+            Verdict::Keep(KeepReason::Owned)
+        );
+        // The pod list could not be read: fail safe.
+        assert_eq!(
+            evaluate(&container(), &owned(), true, NOW, GRACE, None),
+            Verdict::Keep(KeepReason::Owned)
+        );
+    }
+
     #[test]
     fn reasons_round_trip_through_their_names() {
         for r in [
             ReapReason::AgentGone,
+            ReapReason::AgentPodGone,
             ReapReason::NoRecord,
             ReapReason::UidMismatch,
             ReapReason::Terminal,

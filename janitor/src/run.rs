@@ -98,7 +98,11 @@ async fn run(janitor: Arc<Janitor>, mut stop: watch::Receiver<bool>, kick: Arc<N
     let mut next_scan = Instant::now();
     let mut next_poll = Instant::now() + poll;
     let mut agents: HashMap<String, (String, bool)> = HashMap::new();
-    tracing::info!(node = %cfg.node_name, interval = ?cfg.interval, grace = ?cfg.grace_period, controller = %cfg.controller_endpoint, "janitor running");
+    let agent_pods = janitor
+        .agent_pods()
+        .map(|p| format!("{} ({})", p.namespace(), p.selector()))
+        .unwrap_or_else(|| "not read".into());
+    tracing::info!(node = %cfg.node_name, interval = ?cfg.interval, grace = ?cfg.grace_period, controller = %cfg.controller_endpoint, %agent_pods, "janitor running");
     loop {
         let mut scan = false;
         tokio::select! {

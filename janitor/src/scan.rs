@@ -8,13 +8,17 @@ use containerd_client::services::v1::Container;
 use parking_lot::Mutex;
 use sandbolt_agent::labels;
 
+use crate::agent_pods::AgentPods;
 use crate::config::JanitorConfig;
 use crate::error::{JanitorError, Result};
 use crate::journal::{self, Journal};
 use crate::metrics::Metrics;
 use crate::node::{self, Node};
 use crate::ownership::{ControllerOwnership, OwnershipSource};
-use crate::rules::{self, ContainerFacts, KeepReason, OwnershipReport, ReapReason, Verdict};
+use crate::rules::{
+    self, AgentPodList, ContainerFacts, KeepReason, OwnershipReport, PodEvidence, ReapReason,
+    Verdict,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reaped {
@@ -42,6 +46,10 @@ pub struct ScanReport {
     /// fences that could not be checked.
     pub errors: Vec<String>,
     pub controller_ready: bool,
+    /// Why the agent pods could not be listed (then no container was
+    /// reaped because its agent pod is gone); `None` when they were, or
+    /// when the janitor does not read them.
+    pub agent_pods_error: Option<String>,
 }
 
 impl ScanReport {
@@ -72,6 +80,8 @@ pub struct Janitor {
     cfg: JanitorConfig,
     node: Node,
     owner: Arc<dyn OwnershipSource>,
+    /// The agent pods of this node (Kubernetes only).
+    agent_pods: Option<AgentPods>,
     journal: Journal,
     metrics: Arc<Metrics>,
     /// Scans never overlap (periodic, triggered and `scan_once` callers).
@@ -106,6 +116,7 @@ fn facts_of(c: &Container) -> Option<ContainerFacts> {
         namespace: get(labels::NAMESPACE),
         record_uid: get(labels::RECORD_UID),
         agent_id: get(labels::AGENT_ID),
+        agent_pod_uid: get(labels::AGENT_POD_UID),
         created_at_ms,
     })
 }
@@ -135,12 +146,24 @@ impl Janitor {
             cfg,
             node,
             owner,
+            agent_pods: None,
             journal,
             metrics: Arc::new(Metrics::new()),
             scan_lock: tokio::sync::Mutex::new(()),
             seen_agents: Mutex::new(HashSet::new()),
             warned_grace: AtomicBool::new(false),
         })
+    }
+
+    /// Adds the agent-pod rule: containers whose agent pod left this node
+    /// are reaped like those of a dead agent (see [`crate::rules`]).
+    pub fn with_agent_pods(mut self, pods: AgentPods) -> Self {
+        self.agent_pods = Some(pods);
+        self
+    }
+
+    pub fn agent_pods(&self) -> Option<&AgentPods> {
+        self.agent_pods.as_ref()
     }
 
     pub fn config(&self) -> &JanitorConfig {
@@ -165,7 +188,19 @@ impl Janitor {
         let pending = self.journal.pending()?;
         let logs = self.node.log_files()?;
         let snapshots = self.node.active_snapshots().await?;
+        // The agent pods are listed on both sides of the container listing:
+        // the rule needs a Ready pod from before the labels were read and
+        // the pods still there after (see `rules`).
+        let pods_before = self.list_agent_pods(&mut report).await;
         let containers = self.node.containers().await?;
+        let pods_after = match pods_before {
+            Some(_) => self.list_agent_pods(&mut report).await,
+            None => None,
+        };
+        let evidence = pods_before
+            .as_ref()
+            .zip(pods_after.as_ref())
+            .map(|(before, after)| PodEvidence { before, after });
 
         let container_ids: HashSet<&str> = containers.iter().map(|c| c.id.as_str()).collect();
         let referenced: HashSet<(&str, &str)> = containers
@@ -257,13 +292,16 @@ impl Janitor {
 
         let (container_answers, leftover_answers) = answer.answers.split_at(managed.len());
         for ((c, facts), o) in managed.iter().zip(container_answers) {
-            match rules::evaluate(facts, o, answer.ready, now, grace) {
+            match rules::evaluate(facts, o, answer.ready, now, grace, evidence) {
                 Verdict::Keep(k) => report.kept.push(Kept {
                     sandbox_id: facts.sandbox_id.clone(),
                     reason: k,
                 }),
                 Verdict::Reap(reason) => {
-                    if !self.reap_container(c, facts, reason, &mut report).await {
+                    if !self
+                        .reap_container(c, facts, reason, pods_after.as_ref(), &mut report)
+                        .await
+                    {
                         return Ok(report);
                     }
                 }
@@ -293,6 +331,27 @@ impl Janitor {
             }
         }
         Ok(report)
+    }
+
+    /// `None` when the janitor does not read agent pods or could not (then
+    /// the agent-pod rule does not apply: fail safe).
+    async fn list_agent_pods(&self, report: &mut ScanReport) -> Option<AgentPodList> {
+        let pods = self.agent_pods.as_ref()?;
+        match pods.list(&self.cfg.node_name).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                self.metrics.agent_pods_unavailable();
+                tracing::warn!(
+                    error = %e,
+                    namespace = pods.namespace(),
+                    selector = pods.selector(),
+                    node = %self.cfg.node_name,
+                    "cannot list this node's agent pods: no sandbox is reaped because its agent pod is gone this scan (fail safe)"
+                );
+                report.agent_pods_error.get_or_insert(e.to_string());
+                None
+            }
+        }
     }
 
     fn check_grace(&self, a: &OwnershipReport) {
@@ -335,18 +394,64 @@ impl Janitor {
     }
 
     /// Returns false when the scan must stop reaping (fence unavailable).
+    /// `pods_before`: the scan's agent pod list taken after the containers
+    /// were listed, and so before the fence re-reads the labels.
     async fn reap_container(
         &self,
         c: &Container,
         facts: &ContainerFacts,
         first: ReapReason,
+        pods_before: Option<&AgentPodList>,
         report: &mut ScanReport,
     ) -> bool {
+        let mut c = c.clone();
+        let mut facts = facts.clone();
+        let mut pods_after = None;
+        if self.agent_pods.is_some() {
+            // The agent-pod rule judges a label a new agent pod may have
+            // rewritten since the listing: read it again, then the pods.
+            match self.node.container(&facts.sandbox_id).await {
+                Ok(Some(fresh)) => match facts_of(&fresh) {
+                    Some(f)
+                        if fresh
+                            .labels
+                            .get(labels::MANAGED)
+                            .is_some_and(|v| v == "true") =>
+                    {
+                        c = fresh;
+                        facts = f;
+                    }
+                    _ => return true,
+                },
+                Ok(None) => {
+                    tracing::info!(sandbox = %facts.sandbox_id, "gone before the fence; nothing to reap");
+                    return true;
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %facts.sandbox_id, error = %e, "fence: cannot re-read the container: reaping NOTHING more this scan (fail safe)");
+                    report
+                        .errors
+                        .push(format!("{}: fence: {e}", facts.sandbox_id));
+                    return false;
+                }
+            }
+            pods_after = self.list_agent_pods(report).await;
+        }
+        let (c, facts) = (&c, &facts);
+        let evidence = pods_before
+            .zip(pods_after.as_ref())
+            .map(|(before, after)| PodEvidence { before, after });
         let Some((o, ready)) = self.fence(facts, report).await else {
             return false;
         };
-        let reason = match rules::evaluate(facts, &o, ready, node::now_ms(), self.cfg.grace_period)
-        {
+        let reason = match rules::evaluate(
+            facts,
+            &o,
+            ready,
+            node::now_ms(),
+            self.cfg.grace_period,
+            evidence,
+        ) {
             Verdict::Reap(r) => r,
             Verdict::Keep(k) => {
                 tracing::info!(sandbox = %facts.sandbox_id, first = %first, now = ?k, "fence: no longer an orphan; kept");
