@@ -62,6 +62,9 @@ pub(crate) struct AgentArgs {
     controller: Option<String>,
     #[arg(long, env = "SANDBOLT_MAX_SANDBOXES", default_value_t = 256)]
     max_sandboxes: u32,
+    /// OCI runtime of sandboxes whose request names none (the pool's).
+    #[arg(long, env = "SANDBOLT_RUNTIME", default_value = "runc", value_parser = ["runc", "crun", "runsc"])]
+    runtime: String,
     /// Host directory that host-path volume bindings may lie under (repeatable).
     #[arg(
         long = "allow-host-path",
@@ -109,6 +112,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.controller_endpoint = args.controller;
     config.controller_token = Some(args.token);
     config.max_sandboxes = args.max_sandboxes;
+    config.default_runtime = args.runtime;
     config.allowed_host_paths = args.allow_host_path;
     let handle = Agent::start(config).await.context("starting the agent")?;
     tracing::info!(grpc = %handle.grpc_addr(), proxy = %handle.proxy_addr(), "agent serving");
