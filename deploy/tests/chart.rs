@@ -151,6 +151,16 @@ fn assert_tokens_from_secret(objs: &[Value], secret: &str) {
     }
 }
 
+/// Whether one rule of `role` grants all of `verbs` on exactly `resource`.
+fn grants(role: &Value, resource: &str, verbs: &[&str]) -> bool {
+    role["rules"].as_array().unwrap().iter().any(|r| {
+        r["resources"] == json!([resource])
+            && verbs
+                .iter()
+                .all(|v| r["verbs"].as_array().unwrap().contains(&json!(v)))
+    })
+}
+
 /// No RBAC rule grants `*`, and nothing may touch Secrets.
 fn assert_least_privilege(objs: &[Value]) {
     for o in objs
@@ -219,22 +229,16 @@ fn default_values_lint_render_and_validate() {
         "sandbolt-sb-sandbolt-controller-nodes",
     );
     assert!(
-        cluster["rules"].as_array().unwrap().iter().any(|r| {
-            r["resources"] == json!(["sandboxes"])
-                && ["watch", "create", "update", "delete"]
-                    .iter()
-                    .all(|v| r["verbs"].as_array().unwrap().contains(&json!(v)))
-        }),
+        grants(
+            cluster,
+            "sandboxes",
+            &["watch", "create", "update", "delete"]
+        ),
         "{cluster}"
     );
     let role = find(&objs, "Role", "sb-sandbolt-controller");
     assert!(
-        role["rules"].as_array().unwrap().iter().any(|r| {
-            r["resources"] == json!(["leases"])
-                && ["get", "list", "create", "update"]
-                    .iter()
-                    .all(|v| r["verbs"].as_array().unwrap().contains(&json!(v)))
-        }),
+        grants(role, "leases", &["get", "list", "create", "update"]),
         "{role}"
     );
     let l = container(ctl, "lifecycle");
