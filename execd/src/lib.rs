@@ -8,6 +8,7 @@
 //! * [`router`] is the bare axum router over an [`AppState`], for in-process tests.
 
 mod commands;
+mod drain;
 mod error;
 mod files;
 mod init;

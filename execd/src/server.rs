@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 use crate::error::{ApiError, code, json_error};
 use crate::state::AppState;
-use crate::{commands, files, metrics, proxy, session};
+use crate::{commands, drain, files, metrics, proxy, session};
 
 /// Header carrying the access token.
 pub const ACCESS_TOKEN_HEADER: &str = "x-execd-access-token";
@@ -89,6 +89,9 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        // Outermost, so that answers produced before any body is read (auth, unknown
+        // routes) are covered too; see `drain` for why every route needs it.
+        .layer(middleware::from_fn(drain::drain_request_body))
         .with_state(state)
 }
 
