@@ -18,7 +18,7 @@ use crate::error::{AgentError, Result};
 use crate::heartbeat::Heartbeat;
 use crate::sandbox::Sandboxes;
 use crate::server::{AgentApi, BearerAuth, Identity};
-use crate::{events, proxy, runtime};
+use crate::{events, proxy, runtime, warm};
 
 /// How long `Agent::start` waits for containerd to answer.
 const CONTAINERD_START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,6 +55,7 @@ impl Agent {
                 config.execd_binary.display()
             )));
         }
+        warm::validate(&config)?;
         let logs = config.logs_dir();
         std::fs::create_dir_all(&logs)
             .map_err(AgentError::io(format!("creating {}", logs.display())))?;
@@ -171,7 +172,20 @@ impl Agent {
                 tokio::spawn(hb.into_task(api.clone(), shutdown_rx.clone())?),
             ));
         }
-        tracing::info!(%grpc_addr, %proxy_addr, "agent started");
+        // Warm images are ensured in the background: a slow or unreachable
+        // registry must delay neither serving nor creates of other images.
+        for reference in &cfg.warm_images {
+            tasks.push((
+                "warm-image",
+                tokio::spawn(warm::keep_warm(
+                    sandboxes.clone(),
+                    cfg.warm_recheck_interval,
+                    reference.clone(),
+                    shutdown_rx.clone(),
+                )),
+            ));
+        }
+        tracing::info!(%grpc_addr, %proxy_addr, warm_images = ?cfg.warm_images, "agent started");
         Ok(AgentHandle {
             grpc_addr,
             proxy_addr,

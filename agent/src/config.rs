@@ -58,6 +58,16 @@ pub struct AgentConfig {
     pub stop_grace_period: Duration,
     /// Upper bound for pulling a missing image (separate from create deadlines).
     pub pull_timeout: Duration,
+    /// Images this agent keeps present on its node (its SandboxPool's
+    /// `warmImages`), so the first sandbox of such an image pulls nothing.
+    /// Ensured in the background after start (see [`crate::warm`]).
+    pub warm_images: Vec<String>,
+    /// Registry hosts (`host[:port]`, e.g. `registry.cache.svc:5000`) pulled
+    /// from over plain HTTP: private in-cluster registries often have no TLS.
+    pub plain_http_registries: Vec<String>,
+    /// How often a warm image that is present is looked up again, and pulled
+    /// again when something (the kubelet, an operator) removed it.
+    pub warm_recheck_interval: Duration,
     /// How long `wait_for_execd` creates wait for execd's `/ping`.
     pub execd_ready_timeout: Duration,
     /// TCP port execd listens on inside the sandbox.
@@ -101,6 +111,9 @@ impl AgentConfig {
             default_pids_limit: 1024,
             stop_grace_period: Duration::from_secs(10),
             pull_timeout: Duration::from_secs(60),
+            warm_images: Vec::new(),
+            plain_http_registries: Vec::new(),
+            warm_recheck_interval: Duration::from_secs(60),
             execd_ready_timeout: Duration::from_secs(15),
             execd_port: 44772,
         }

@@ -138,7 +138,25 @@ pub struct Images {
     unpacked: Mutex<std::collections::HashSet<String>>,
     /// Serializes unpacks (two creates of a fresh image must not both extract).
     unpack_lock: tokio::sync::Mutex<()>,
+    /// One pull per normalized name at a time (see [`Images::resolve_or_pull`]).
+    pull_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
+
+/// How [`Images::resolve_or_pull`] pulls a missing image.
+#[derive(Debug, Clone, Copy)]
+pub struct PullOptions<'a> {
+    /// Bound on one `ctr images pull`.
+    pub timeout: Duration,
+    /// Registry hosts pulled from over plain HTTP (see [`pull`]).
+    pub plain_http_registries: &'a [String],
+}
+
+/// Label containerd's CRI plugin reads as "pinned": the kubelet's image
+/// garbage collection never removes a pinned image (it is how containerd
+/// keeps the pause image). Warm images get it so a node under disk pressure
+/// does not evict the images its pool promised to keep warm.
+pub const CRI_PINNED_LABEL: &str = "io.cri-containerd.pinned";
+const CRI_PINNED_VALUE: &str = "pinned";
 
 impl Images {
     pub fn new(ctrd: Containerd, snapshotter: String) -> Self {
@@ -148,7 +166,89 @@ impl Images {
             by_digest: Mutex::new(HashMap::new()),
             unpacked: Mutex::new(Default::default()),
             unpack_lock: tokio::sync::Mutex::new(()),
+            pull_locks: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Resolves `reference`, pulling it first when it is missing. Pulls of
+    /// one name are serialized and the image is looked up again under the
+    /// lock: a create that needs an image a warm-up is already pulling waits
+    /// for that pull instead of starting a second one.
+    pub async fn resolve_or_pull(
+        &self,
+        reference: &str,
+        opts: PullOptions<'_>,
+    ) -> Result<Arc<ResolvedImage>> {
+        let key = ImageRef::parse(reference)
+            .map_err(|e| AgentError::InvalidArgument(e.to_string()))?
+            .to_string();
+        let lock = self
+            .pull_locks
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let result = async {
+            let _guard = lock.lock().await;
+            match self.resolve(reference).await {
+                Err(AgentError::ImageNotFound { .. }) => {
+                    pull(
+                        &self.ctrd,
+                        &self.snapshotter,
+                        reference,
+                        opts.timeout,
+                        opts.plain_http_registries,
+                    )
+                    .await?;
+                    self.resolve(reference).await
+                }
+                other => other,
+            }
+        }
+        .await;
+        // The map keeps a lock only while someone holds or waits for it.
+        let mut locks = self.pull_locks.lock();
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(&key);
+        }
+        result
+    }
+
+    /// Labels the image record `name` as pinned for the CRI plugin
+    /// ([`CRI_PINNED_LABEL`]); a no-op when it already is.
+    pub async fn pin(&self, name: &str) -> Result<()> {
+        let image = self
+            .ctrd
+            .images()
+            .get(self.ctrd.req(GetImageRequest {
+                name: name.to_string(),
+            }))
+            .await
+            .map_err(AgentError::containerd("images.Get"))?
+            .into_inner()
+            .image
+            .ok_or_else(|| AgentError::ImageNotFound {
+                reference: name.to_string(),
+            })?;
+        if image.labels.get(CRI_PINNED_LABEL).map(String::as_str) == Some(CRI_PINNED_VALUE) {
+            return Ok(());
+        }
+        let mut labels = image.labels.clone();
+        labels.insert(CRI_PINNED_LABEL.into(), CRI_PINNED_VALUE.into());
+        self.ctrd
+            .images()
+            .update(self.ctrd.req(UpdateImageRequest {
+                image: Some(Image { labels, ..image }),
+                // Only this label: the target and other labels stay as they
+                // are even if someone updates the image meanwhile.
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec![format!("labels.{CRI_PINNED_LABEL}")],
+                }),
+                source_date_epoch: None,
+            }))
+            .await
+            .map_err(AgentError::containerd("images.Update"))?;
+        Ok(())
     }
 
     /// Finds the image in the store (no pull) and returns what a create needs.
@@ -733,29 +833,42 @@ impl Images {
 /// Pulls `reference` with containerd's own client (`ctr images pull`),
 /// bounded by `timeout`: the agent needs no registry client of its own for
 /// the rare miss, and a dead registry turns into a clear error, not a hang.
+///
+/// A reference whose registry host (`host[:port]`, compared without case)
+/// is in `plain_http_registries` is pulled over plain HTTP: private
+/// in-cluster registries (a pull-through cache, a registry Service) often
+/// serve no TLS, and `ctr` would otherwise insist on HTTPS. Only the hosts
+/// named get this; every other registry still needs TLS.
 pub async fn pull(
     ctrd: &Containerd,
     snapshotter: &str,
     reference: &str,
     timeout: Duration,
+    plain_http_registries: &[String],
 ) -> Result<()> {
     let name =
         ImageRef::parse(reference).map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
-    let ImageRef::Named { .. } = name else {
+    let ImageRef::Named { domain, .. } = &name else {
         return Err(AgentError::PullFailed {
             reference: reference.to_string(),
             reason: "a bare digest names no registry to pull from".into(),
         });
     };
+    let plain_http = plain_http_registries
+        .iter()
+        .any(|h| h.trim().eq_ignore_ascii_case(domain));
     let name = name.to_string();
-    tracing::info!(image = %name, ?timeout, "pulling missing image");
+    tracing::info!(image = %name, ?timeout, plain_http, "pulling missing image");
     let mut cmd = tokio::process::Command::new("ctr");
     cmd.arg("--address")
         .arg(ctrd.socket())
         .arg("--namespace")
         .arg(ctrd.namespace())
-        .args(["images", "pull", "--snapshotter", snapshotter])
-        .arg(&name)
+        .args(["images", "pull", "--snapshotter", snapshotter]);
+    if plain_http {
+        cmd.arg("--plain-http");
+    }
+    cmd.arg(&name)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

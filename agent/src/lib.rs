@@ -23,6 +23,7 @@ pub mod sandbox;
 pub mod server;
 pub mod spec;
 pub mod volumes;
+pub mod warm;
 
 pub use agent::{Agent, AgentHandle};
 pub use config::AgentConfig;

@@ -131,6 +131,14 @@ fn validate_id(id: &str) -> Result<()> {
 }
 
 impl Sandboxes {
+    /// How this agent pulls a missing image (creates and warm images alike).
+    pub fn pull_options(&self) -> images::PullOptions<'_> {
+        images::PullOptions {
+            timeout: self.cfg.pull_timeout,
+            plain_http_registries: &self.cfg.plain_http_registries,
+        }
+    }
+
     pub fn new(cfg: Arc<AgentConfig>, ctrd: Containerd, runtimes: Vec<RuntimeInfo>) -> Self {
         Self {
             images: Images::new(ctrd.clone(), cfg.snapshotter.clone()),
@@ -360,17 +368,13 @@ impl Sandboxes {
                 })
                 .collect();
 
+        // The common case (the image is here) takes no pull lock.
         let image = match self.images.resolve(&spec.image).await {
             Ok(i) => i,
             Err(AgentError::ImageNotFound { .. }) => {
-                images::pull(
-                    &self.ctrd,
-                    &self.cfg.snapshotter,
-                    &spec.image,
-                    self.cfg.pull_timeout,
-                )
-                .await?;
-                self.images.resolve(&spec.image).await?
+                self.images
+                    .resolve_or_pull(&spec.image, self.pull_options())
+                    .await?
             }
             Err(e) => return Err(e),
         };

@@ -72,6 +72,23 @@ pub(crate) struct AgentArgs {
         value_delimiter = ','
     )]
     allow_host_path: Vec<PathBuf>,
+    /// Image to keep present on this node (repeatable; the pool's
+    /// `warmImages`): pulled in the background after start when missing,
+    /// retried until it is here, and never blocking start-up or creates.
+    #[arg(
+        long = "warm-image",
+        env = "SANDBOLT_WARM_IMAGES",
+        value_delimiter = ','
+    )]
+    warm_image: Vec<String>,
+    /// Registry host (`host[:port]`) to pull from over plain HTTP instead of
+    /// HTTPS (repeatable), e.g. an in-cluster registry without TLS.
+    #[arg(
+        long = "plain-http-registry",
+        env = "SANDBOLT_PLAIN_HTTP_REGISTRIES",
+        value_delimiter = ','
+    )]
+    plain_http_registry: Vec<String>,
 }
 
 /// `--execd-bin`, else `execd` beside the running binary.
@@ -88,6 +105,16 @@ pub(crate) fn resolve_execd(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf
         candidate.display()
     );
     Ok(candidate)
+}
+
+/// Trimmed, without empty entries: `SANDBOLT_WARM_IMAGES=""` (an empty
+/// Helm value) or a trailing comma names no image.
+fn non_empty(values: Vec<String>) -> Vec<String> {
+    values
+        .into_iter()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect()
 }
 
 pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -114,9 +141,55 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.max_sandboxes = args.max_sandboxes;
     config.default_runtime = args.runtime;
     config.allowed_host_paths = args.allow_host_path;
+    config.warm_images = non_empty(args.warm_image);
+    config.plain_http_registries = non_empty(args.plain_http_registry);
     let handle = Agent::start(config).await.context("starting the agent")?;
     tracing::info!(grpc = %handle.grpc_addr(), proxy = %handle.proxy_addr(), "agent serving");
     crate::shutdown_signal().await;
     handle.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: AgentArgs,
+    }
+
+    fn parse(extra: &[&str]) -> AgentArgs {
+        let mut argv = vec!["agent", "--token", "t"];
+        argv.extend_from_slice(extra);
+        Cmd::try_parse_from(argv).expect("parses").args
+    }
+
+    #[test]
+    fn warm_images_and_plain_http_registries_repeat_and_split_on_commas() {
+        let none = parse(&[]);
+        assert!(none.warm_image.is_empty() && none.plain_http_registry.is_empty());
+        let args = parse(&[
+            "--warm-image=docker.io/library/python:3.12",
+            "--warm-image",
+            "busybox, registry.local:5000/a:1,",
+            "--plain-http-registry=registry.local:5000",
+            "--plain-http-registry=127.0.0.1:5000",
+        ]);
+        assert_eq!(
+            non_empty(args.warm_image),
+            [
+                "docker.io/library/python:3.12",
+                "busybox",
+                "registry.local:5000/a:1"
+            ]
+        );
+        assert_eq!(
+            non_empty(args.plain_http_registry),
+            ["registry.local:5000", "127.0.0.1:5000"]
+        );
+    }
 }

@@ -457,6 +457,11 @@ fn non_default_values_lint_render_and_validate() {
     );
     assert!(args(a).contains(&"--proxy-listen=0.0.0.0:19092".into()));
     assert!(args(a).contains(&"--runtime=crun".into()), "{:?}", args(a));
+    assert!(
+        args(a).contains(&"--warm-image=docker.io/library/python:3.12".into()),
+        "{:?}",
+        args(a)
+    );
     assert_eq!(
         env(a, "SANDBOLT_ADVERTISE_HOST")["valueFrom"]["fieldRef"]["fieldPath"],
         "status.hostIP"

@@ -28,6 +28,21 @@ enum Entry {
     Symlink { target: String },
 }
 
+/// Media type of an OCI image manifest.
+pub const MT_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+/// Media type of an OCI image index.
+pub const MT_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+
+/// The JSON documents of an [`OciImage`]: the index (what a tag names)
+/// points at the one linux/amd64 manifest, which points at the config and
+/// the single uncompressed layer ([`OciImage::rootfs_tar`]).
+#[derive(Clone, Debug)]
+pub struct OciDocuments {
+    pub config: Vec<u8>,
+    pub manifest: Vec<u8>,
+    pub index: Vec<u8>,
+}
+
 /// A locally built single-layer image.
 #[derive(Clone, Debug)]
 pub struct OciImage {
@@ -79,8 +94,10 @@ impl OciImage {
         format!("sha256:{}", hex::encode(Sha256::digest(&self.rootfs)))
     }
 
-    /// Writes the image as an OCI image layout tar.
-    pub fn write_oci_archive(&self, path: &Path) -> Result<(), TestbedError> {
+    /// The image's JSON documents (config, manifest, index), exactly as
+    /// [`OciImage::write_oci_archive`] writes them and
+    /// [`crate::LocalRegistry`] serves them.
+    pub fn documents(&self) -> OciDocuments {
         let diff_id = self.diff_id();
         let mut config_section = serde_json::Map::new();
         config_section.insert("Env".into(), json!(self.env));
@@ -103,7 +120,7 @@ impl OciImage {
         .expect("static JSON");
         let manifest = serde_json::to_vec(&json!({
             "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "mediaType": MT_OCI_MANIFEST,
             "config": {
                 "mediaType": "application/vnd.oci.image.config.v1+json",
                 "digest": sha256_digest(&config),
@@ -118,9 +135,9 @@ impl OciImage {
         .expect("static JSON");
         let index = serde_json::to_vec(&json!({
             "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "mediaType": MT_OCI_INDEX,
             "manifests": [{
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "mediaType": MT_OCI_MANIFEST,
                 "digest": sha256_digest(&manifest),
                 "size": manifest.len(),
                 "platform": {"architecture": "amd64", "os": "linux"},
@@ -132,7 +149,20 @@ impl OciImage {
             }],
         }))
         .expect("static JSON");
+        OciDocuments {
+            config,
+            manifest,
+            index,
+        }
+    }
 
+    /// Writes the image as an OCI image layout tar.
+    pub fn write_oci_archive(&self, path: &Path) -> Result<(), TestbedError> {
+        let OciDocuments {
+            config,
+            manifest,
+            index,
+        } = self.documents();
         let file = fs::File::create(path).map_err(TestbedError::io(path))?;
         let mut tar = tar::Builder::new(file);
         let blob = |data: &[u8]| format!("blobs/sha256/{}", hex::encode(Sha256::digest(data)));
@@ -387,6 +417,6 @@ fn build_busybox() -> Result<OciImage, TestbedError> {
     builder.build()
 }
 
-fn sha256_digest(data: &[u8]) -> String {
+pub(crate) fn sha256_digest(data: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(data)))
 }

@@ -8,21 +8,27 @@
 //! tears everything down: tasks and shims, daemons, mounts, the directory.
 //!
 //! No registry is reachable from the machines sandbolt is tested on, so
-//! images are built locally ([`OciImage`], [`busybox_image`]) and imported.
+//! images are built locally ([`OciImage`], [`busybox_image`]) and imported,
+//! or served by a [`LocalRegistry`] on loopback for tests of the pull path.
 
 mod daemon;
 mod error;
 mod execd;
 mod image;
 mod packages;
+mod registry;
 mod sandbolt_image;
 mod teardown;
 
 pub use daemon::{DOCKER_NAMESPACE, Testbed};
 pub use error::TestbedError;
 pub use execd::{STATIC_TARGET, execd_binary};
-pub use image::{BUSYBOX_REF, OciImage, OciImageBuilder, busybox_image};
+pub use image::{
+    BUSYBOX_REF, MT_OCI_INDEX, MT_OCI_MANIFEST, OciDocuments, OciImage, OciImageBuilder,
+    busybox_image,
+};
 pub use packages::ensure_packages;
+pub use registry::LocalRegistry;
 pub use sandbolt_image::{
     SANDBOLT_IMAGE_BIN, SANDBOLT_IMAGE_EXECD, SANDBOLT_IMAGE_REF, sandbolt_image, static_binaries,
 };

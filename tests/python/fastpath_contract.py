@@ -1,7 +1,8 @@
 """FastPath v1 and v2 driven by clients that are not sandbolt's Rust code.
 
 Stubs are generated at test time with grpcio-tools from the *contract* files
-(/work/shared/contracts/fastpath or $FASTPATH_CONTRACTS), not from the
+(proto/contracts/fastpath, a verbatim copy of shared/contracts/fastpath, or
+$FASTPATH_CONTRACTS), not from the
 project's own protos: the point is that a client built from the contract
 works against the controller. The channel is insecure with no token, as the
 OpenSandbox server's FastPath client uses it.
@@ -23,7 +24,10 @@ import uuid
 import grpc
 import pytest
 
-CONTRACTS = os.environ.get("FASTPATH_CONTRACTS", "/work/shared/contracts/fastpath")
+CONTRACTS = os.environ.get(
+    "FASTPATH_CONTRACTS",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto", "contracts", "fastpath"),
+)
 
 
 @pytest.fixture(scope="session")

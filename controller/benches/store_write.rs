@@ -1,0 +1,94 @@
+//! What one record costs in each store: the life of a strong-mode record
+//! (create Pending → replace Running → read → delete) in the embedded redb
+//! store (fsync per write) and in the Kubernetes store against the
+//! in-process API double (HTTP + JSON per request, finalizer and status
+//! writes included), in the same process, so the ratio is meaningful.
+//!
+//! The double keeps objects in memory: a real API server adds etcd's
+//! consensus and fsync to every write. The ratio says what the Kubernetes
+//! store's protocol costs, not what a cluster costs.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use sandbolt_controller::store::embedded::RedbStore;
+use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig};
+use sandbolt_controller::store::{Consistency, FailurePolicy, Phase, SandboxRecord, Store};
+use sandbolt_kube_double::ApiDouble;
+
+fn record(name: &str) -> SandboxRecord {
+    SandboxRecord {
+        uid: format!("uid-{name}"),
+        name: name.into(),
+        namespace: "default".into(),
+        sandbox_id: String::new(),
+        agent_id: "agent-1".into(),
+        pool: "default".into(),
+        image: "docker.io/library/busybox:latest".into(),
+        command: vec!["sleep".into(), "3600".into()],
+        args: vec![],
+        envs: BTreeMap::new(),
+        working_dir: String::new(),
+        exposed_ports: vec![],
+        metadata: BTreeMap::from([("team".to_string(), "bench".to_string())]),
+        expires_at: 0,
+        failure_policy: FailurePolicy::Manual,
+        recovery_timeout_seconds: 0,
+        reset_revision: String::new(),
+        generation: 1,
+        phase: Phase::Pending,
+        message: String::new(),
+        request_id: String::new(),
+        access_token: "token".into(),
+        consistency: Consistency::Strong,
+        created_at_unix_ms: 1_700_000_000_000,
+        assignment_attempt: 1,
+        recovery_deadline_unix_ms: 0,
+        events: vec![],
+        revision: String::new(),
+    }
+}
+
+/// One record's life; names never repeat, so no run waits on another's
+/// terminating object.
+fn life(store: &dyn Store, seq: &AtomicU64) {
+    let name = format!("fsb-bench-{}", seq.fetch_add(1, Ordering::Relaxed));
+    let created = store.create(&record(&name)).expect("create");
+    let mut running = created;
+    running.phase = Phase::Running;
+    running.sandbox_id = format!("sb-{name}");
+    store.replace(&running).expect("replace");
+    assert!(store.get("default", &name).expect("get").is_some());
+    store.delete("default", &name).expect("delete");
+}
+
+fn stores(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = rt.block_on(ApiDouble::start());
+    let kube = KubeStore::open(api.config(), KubeStoreConfig::new("sandbolt-system"))
+        .expect("kube store on the double");
+    let dir = tempfile::tempdir().unwrap();
+    let redb = RedbStore::open(dir.path()).unwrap();
+    let seq = AtomicU64::new(0);
+
+    let mut g = c.benchmark_group("record_life");
+    g.sample_size(30);
+    g.bench_function("embedded_redb", |b| b.iter(|| life(&redb, &seq)));
+    g.bench_function("kubernetes_api_double", |b| b.iter(|| life(&kube, &seq)));
+    g.finish();
+    drop(kube);
+    rt.block_on(api.shutdown());
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_secs(1));
+    targets = stores
+}
+criterion_main!(benches);
