@@ -49,6 +49,33 @@ pub enum AgentError {
 
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
 
+impl From<crate::teardown::TeardownError> for AgentError {
+    fn from(e: crate::teardown::TeardownError) -> Self {
+        use crate::teardown::TeardownError as T;
+        match e {
+            T::Containerd { op, status } => AgentError::Containerd {
+                op,
+                status: *status,
+            },
+            T::Io { what, path, source } => AgentError::Io {
+                context: format!("{what} {}", path.display()),
+                source,
+            },
+            // Reported as before the teardown was shared: a wait that ran out.
+            T::StillRunning { after } => AgentError::Containerd {
+                op: "tasks.Wait",
+                status: Status::deadline_exceeded(format!(
+                    "task did not exit {after:?} after SIGKILL"
+                )),
+            },
+            T::Unmount { mount, errno } => AgentError::Io {
+                context: format!("umount {mount}"),
+                source: std::io::Error::from_raw_os_error(errno as i32),
+            },
+        }
+    }
+}
+
 impl AgentError {
     /// Wraps a containerd call's failure with the call's name.
     pub fn containerd(op: &'static str) -> impl FnOnce(Status) -> AgentError {

@@ -26,7 +26,7 @@ use tonic::Code;
 
 use crate::containerd::Containerd;
 use crate::error::{AgentError, Result};
-use crate::reference::{ImageRef, normalize};
+use sandbolt_image_ref::{ImageRef, normalize};
 
 const MT_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MT_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";

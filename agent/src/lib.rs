@@ -17,11 +17,11 @@ pub mod images;
 pub mod labels;
 pub mod netns;
 pub mod proxy;
-pub mod reference;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;
 pub mod spec;
+pub mod teardown;
 pub mod volumes;
 pub mod warm;
 

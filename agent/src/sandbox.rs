@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use containerd_client::services::v1::snapshots::{PrepareSnapshotRequest, RemoveSnapshotRequest};
+use containerd_client::services::v1::snapshots::PrepareSnapshotRequest;
 use containerd_client::services::v1::{
-    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteTaskRequest, GetContainerRequest, GetRequest, KillRequest, ListContainersRequest,
-    PauseTaskRequest, ResumeTaskRequest, StartRequest, UpdateContainerRequest, WaitRequest,
+    Container, CreateContainerRequest, CreateTaskRequest, GetContainerRequest, GetRequest,
+    ListContainersRequest, PauseTaskRequest, ResumeTaskRequest, StartRequest,
+    UpdateContainerRequest,
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use parking_lot::RwLock;
@@ -22,9 +22,10 @@ use crate::containerd::Containerd;
 use crate::error::{AgentError, Result};
 use crate::images::{self, Images};
 use crate::labels;
-use crate::reference::normalize;
 use crate::runtime::RuntimeInfo;
+use crate::teardown::{SnapshotRef, Stop, Teardown};
 use crate::{hardening, proxy, spec, volumes};
+use sandbolt_image_ref::normalize;
 
 /// OCI spec type URL containerd expects on `Container.spec`.
 const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
@@ -92,6 +93,8 @@ pub struct Sandboxes {
     /// Per-sandbox operation locks: a create and a delete of one id never
     /// interleave; different sandboxes never wait on each other.
     locks: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Task, container, snapshot and log removal (shared with the janitor).
+    teardown: Teardown,
 }
 
 pub fn now_ms() -> i64 {
@@ -142,6 +145,7 @@ impl Sandboxes {
     pub fn new(cfg: Arc<AgentConfig>, ctrd: Containerd, runtimes: Vec<RuntimeInfo>) -> Self {
         Self {
             images: Images::new(ctrd.clone(), cfg.snapshotter.clone()),
+            teardown: Teardown::new(ctrd.clone(), (!cfg.keep_logs).then(|| cfg.logs_dir())),
             cfg,
             ctrd,
             runtimes,
@@ -594,9 +598,10 @@ impl Sandboxes {
         Ok(existed)
     }
 
-    /// SIGTERM, grace, SIGKILL; then task, container, snapshot, log file.
-    /// Every step tolerates "already gone", so a half-created or
-    /// half-deleted sandbox is finished off too. Containers without the
+    /// SIGTERM, grace, SIGKILL; then task, container, leftover bundle
+    /// mounts, snapshot, log file ([`crate::teardown`]). Every step
+    /// tolerates "already gone", so a half-created or half-deleted sandbox
+    /// is finished off too. Containers without the
     /// managed label are never touched; a snapshot without a container is
     /// only removed when `ours` (known to the table or made by this create).
     async fn stop_and_remove(&self, id: &str, grace: Duration, ours: bool) -> Result<bool> {
@@ -618,128 +623,18 @@ impl Sandboxes {
         if container.is_none() && !ours {
             return Ok(false);
         }
-        let mut existed = false;
-        let task = match self
-            .ctrd
-            .tasks()
-            .get(self.ctrd.req(GetRequest {
-                container_id: id.to_string(),
-                exec_id: String::new(),
-            }))
-            .await
-        {
-            Ok(r) => r.into_inner().process,
-            Err(s) if s.code() == Code::NotFound => None,
-            Err(s) => return Err(AgentError::containerd("tasks.Get")(s)),
-        };
-        if let Some(task) = task {
-            existed = true;
-            let status = TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unknown);
-            if matches!(status, TaskStatus::Paused | TaskStatus::Pausing) {
-                // A frozen process cannot act on SIGTERM.
-                let _ = self
-                    .ctrd
-                    .tasks()
-                    .resume(self.ctrd.req(ResumeTaskRequest {
-                        container_id: id.to_string(),
-                    }))
-                    .await;
-            }
-            if status != TaskStatus::Stopped {
-                self.terminate(id, grace).await?;
-            }
-            match self
-                .ctrd
-                .tasks()
-                .delete(self.ctrd.req(DeleteTaskRequest {
-                    container_id: id.to_string(),
-                }))
-                .await
-            {
-                Ok(_) => {}
-                Err(s) if s.code() == Code::NotFound => {}
-                Err(s) => return Err(AgentError::containerd("tasks.Delete")(s)),
-            }
-        }
-        match self
-            .ctrd
-            .containers()
-            .delete(self.ctrd.req(DeleteContainerRequest { id: id.to_string() }))
-            .await
-        {
-            Ok(_) => existed = true,
-            Err(s) if s.code() == Code::NotFound => {}
-            Err(s) => return Err(AgentError::containerd("containers.Delete")(s)),
-        }
-        match self
-            .ctrd
-            .snapshots()
-            .remove(self.ctrd.req(RemoveSnapshotRequest {
-                snapshotter: self.cfg.snapshotter.clone(),
-                key: id.to_string(),
-            }))
-            .await
-        {
-            Ok(_) => existed = true,
-            Err(s) if s.code() == Code::NotFound => {}
-            Err(s) => return Err(AgentError::containerd("snapshots.Remove")(s)),
-        }
-        if !self.cfg.keep_logs {
-            let log = self.cfg.log_path(id);
-            match std::fs::remove_file(&log) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(AgentError::io(format!("removing {}", log.display()))(e)),
-            }
-        }
-        Ok(existed)
-    }
-
-    async fn terminate(&self, id: &str, grace: Duration) -> Result<()> {
-        let kill = |signal: u32, all: bool| async move {
-            match self
-                .ctrd
-                .tasks()
-                .kill(self.ctrd.req(KillRequest {
-                    container_id: id.to_string(),
-                    exec_id: String::new(),
-                    signal,
-                    all,
-                }))
-                .await
-            {
-                Ok(_) => Ok(()),
-                // Already exited between Get and Kill.
-                Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => Ok(()),
-                Err(s) => Err(AgentError::containerd("tasks.Kill")(s)),
-            }
-        };
-        let wait = || {
-            let mut tasks = self.ctrd.tasks();
-            let req = self.ctrd.req(WaitRequest {
-                container_id: id.to_string(),
-                exec_id: String::new(),
-            });
-            async move { tasks.wait(req).await }
-        };
-        // Register the wait before signalling, so a fast exit is not missed.
-        let waiter = tokio::spawn(wait());
-        kill(libc::SIGTERM as u32, false).await?;
-        match tokio::time::timeout(grace, waiter).await {
-            Ok(_) => return Ok(()),
-            Err(_) => {
-                tracing::info!(sandbox = %id, ?grace, "grace period over; SIGKILL");
-            }
-        }
-        kill(libc::SIGKILL as u32, true).await?;
-        match tokio::time::timeout(Duration::from_secs(10), wait()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(s)) if s.code() == Code::NotFound => Ok(()),
-            Ok(Err(s)) => Err(AgentError::containerd("tasks.Wait")(s)),
-            Err(_) => Err(AgentError::containerd("tasks.Wait")(
-                tonic::Status::deadline_exceeded("task did not exit 10s after SIGKILL"),
-            )),
-        }
+        let removed = self
+            .teardown
+            .all(
+                id,
+                Stop::Graceful(grace),
+                SnapshotRef {
+                    snapshotter: &self.cfg.snapshotter,
+                    key: id,
+                },
+            )
+            .await?;
+        Ok(removed.anything())
     }
 
     /// Best-effort removal after a failed create.

@@ -28,8 +28,8 @@ use tokio::sync::watch;
 
 use crate::config::AgentConfig;
 use crate::error::{AgentError, Result};
-use crate::reference::ImageRef;
 use crate::sandbox::Sandboxes;
+use sandbolt_image_ref::ImageRef;
 
 /// First wait after a failed attempt; doubled per failure up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);

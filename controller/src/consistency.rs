@@ -18,7 +18,6 @@ use std::time::Duration;
 use crate::clock;
 use crate::config::{Failpoint, failpoint};
 use crate::error::{Error, Result};
-use crate::image_ref;
 use crate::placement::PlacementRequest;
 use crate::sandboxes::{Core, CreateSpec, new_id};
 use crate::store::{Consistency, Phase, SandboxRecord, StoreError};
@@ -83,7 +82,7 @@ impl Core {
     /// Reserves a slot for `r` and fills in its agent.
     fn place(&self, r: &mut SandboxRecord, exclude: &[&str]) -> Result<()> {
         let pool = self.registry.pool_key(&r.namespace, &r.pool);
-        let key = image_ref::match_key(&r.image);
+        let key = sandbolt_image_ref::match_key(&r.image);
         let req = PlacementRequest {
             pool: &pool,
             image_key: &key,

@@ -24,7 +24,6 @@ pub mod error;
 mod expiry;
 pub mod fastpath;
 pub mod ha;
-pub mod image_ref;
 pub mod leader;
 mod ownership;
 pub mod placement;

@@ -50,7 +50,7 @@ pub fn or_default(s: &str) -> &str {
 pub struct AgentState {
     pub pool: PoolKey,
     pub capacity: u32,
-    /// Image match keys (see `image_ref::match_key`): references and digests.
+    /// Image match keys (see `sandbolt_image_ref::match_key`): references and digests.
     pub images: HashSet<String>,
     /// Sandbox ids the agent reported (each holds a slot until it is gone).
     pub reported: HashSet<String>,
@@ -99,7 +99,7 @@ impl Slot {
 #[derive(Debug, Clone)]
 pub struct PlacementRequest<'a> {
     pub pool: &'a PoolKey,
-    /// `image_ref::match_key` of the requested image.
+    /// `sandbolt_image_ref::match_key` of the requested image.
     pub image_key: &'a str,
     pub ports: &'a [u32],
     /// Agents not to use (e.g. the lost one a sandbox is recreated from).

@@ -344,7 +344,7 @@ impl Core {
 
     fn place_for_recovery(&self, n: &mut SandboxRecord, exclude: &str) -> Result<()> {
         let pool = self.registry.pool_key(&n.namespace, &n.pool);
-        let key = crate::image_ref::match_key(&n.image);
+        let key = sandbolt_image_ref::match_key(&n.image);
         let req = crate::placement::PlacementRequest {
             pool: &pool,
             image_key: &key,

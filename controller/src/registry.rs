@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use sandbolt_proto::agent::v1 as pb;
 
-use crate::image_ref;
 use crate::placement::{
     AgentState, Placement, PlacementError, PlacementIndex, PlacementRequest, PoolKey,
 };
@@ -100,7 +99,7 @@ impl Registry {
         let mut images = std::collections::HashSet::new();
         for img in &inv.images {
             for r in &img.references {
-                images.insert(image_ref::match_key(r));
+                images.insert(sandbolt_image_ref::match_key(r));
             }
             if !img.digest.is_empty() {
                 images.insert(img.digest.to_ascii_lowercase());
@@ -286,11 +285,7 @@ impl Registry {
             for img in &a.images {
                 if let Some(r) = img.references.first() {
                     *s.images
-                        .entry(
-                            image_ref::ImageRef::parse(r)
-                                .map(|r| r.to_string())
-                                .unwrap_or_else(|_| r.clone()),
-                        )
+                        .entry(sandbolt_image_ref::normalize(r))
                         .or_default() += 1;
                 }
             }

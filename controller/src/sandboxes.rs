@@ -13,7 +13,6 @@ use crate::agent_client::AgentClients;
 use crate::clock;
 use crate::config::ControllerConfig;
 use crate::error::{Error, Result};
-use crate::image_ref::ImageRef;
 use crate::placement::or_default;
 use crate::registry::Registry;
 use crate::store::{Consistency, FailurePolicy, Phase, SandboxRecord, Store, StoreError};
@@ -178,7 +177,8 @@ impl Core {
                 spec.namespace
             )));
         }
-        ImageRef::parse(&spec.image).map_err(|e| Error::InvalidArgument(format!("image: {e}")))?;
+        sandbolt_image_ref::ImageRef::parse(&spec.image)
+            .map_err(|e| Error::InvalidArgument(format!("image: {e}")))?;
         if spec.name.is_empty() {
             spec.name = if spec.request_id.is_empty() {
                 new_id("sbx-")

@@ -4,34 +4,31 @@
 //! cleanup interrupted anywhere is finished by running it again.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use containerd_client::services::v1::snapshots::{
-    Info as SnapshotInfo, Kind, ListSnapshotsRequest, RemoveSnapshotRequest,
+    Info as SnapshotInfo, Kind, ListSnapshotsRequest,
 };
-use containerd_client::services::v1::{
-    Container, DeleteContainerRequest, DeleteTaskRequest, GetContainerRequest, GetRequest,
-    KillRequest, ListContainersRequest, ResumeTaskRequest,
-};
-use containerd_client::types::v1::Status as TaskStatus;
-use futures::StreamExt;
+use containerd_client::services::v1::{Container, GetContainerRequest, ListContainersRequest};
+use futures::{FutureExt, StreamExt};
 use sandbolt_agent::containerd::Containerd;
+use sandbolt_agent::teardown::{Hook, SnapshotRef, Step, Stop, Teardown, TeardownError};
 use tonic::Code;
 
 use crate::config::{Failpoint, JanitorConfig};
 use crate::error::{JanitorError, Result};
 use crate::journal::safe_id;
 
-/// How long a SIGKILLed task may take to be reported stopped.
-const KILL_WAIT: Duration = Duration::from_secs(10);
-
 pub struct Node {
     ctrd: Containerd,
     snapshotter: String,
     logs_dir: Option<PathBuf>,
     keep_logs: bool,
-    failpoint: Option<Failpoint>,
+    /// Task, container, mount, snapshot and log removal, shared with the
+    /// agent; stops tasks with SIGKILL at once.
+    teardown: Teardown,
 }
 
 pub fn ts_ms(t: &Option<prost_types::Timestamp>) -> Option<i64> {
@@ -56,12 +53,17 @@ impl Node {
         )
         .await
         .map_err(|e| JanitorError::Connect(e.to_string()))?;
+        let logs_dir = cfg.logs_dir();
+        let mut teardown = Teardown::new(ctrd.clone(), logs_dir.clone().filter(|_| !cfg.keep_logs));
+        if let Some(hook) = failpoint_hook(cfg.failpoint) {
+            teardown = teardown.with_hook(hook);
+        }
         Ok(Self {
             ctrd,
             snapshotter: cfg.snapshotter.clone(),
-            logs_dir: cfg.logs_dir(),
+            logs_dir,
             keep_logs: cfg.keep_logs,
-            failpoint: cfg.failpoint,
+            teardown,
         })
     }
 
@@ -156,119 +158,11 @@ impl Node {
     /// SIGKILL the task, delete task and container. Tolerates every part
     /// being gone already.
     pub async fn remove_container(&self, id: &str) -> Result<()> {
-        let task = match self
-            .ctrd
-            .tasks()
-            .get(self.ctrd.req(GetRequest {
-                container_id: id.into(),
-                exec_id: String::new(),
-            }))
+        self.teardown
+            .container(id, Stop::Immediate)
             .await
-        {
-            Ok(r) => r.into_inner().process,
-            Err(s) if s.code() == Code::NotFound => None,
-            Err(s) => return Err(JanitorError::containerd("tasks.Get")(s)),
-        };
-        if let Some(task) = task {
-            let status = TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unknown);
-            if matches!(status, TaskStatus::Paused | TaskStatus::Pausing) {
-                // A frozen process does not die of SIGKILL until thawed.
-                let _ = self
-                    .ctrd
-                    .tasks()
-                    .resume(self.ctrd.req(ResumeTaskRequest {
-                        container_id: id.into(),
-                    }))
-                    .await;
-            }
-            if status != TaskStatus::Stopped {
-                self.kill_and_wait(id).await?;
-            }
-            match self
-                .ctrd
-                .tasks()
-                .delete(self.ctrd.req(DeleteTaskRequest {
-                    container_id: id.into(),
-                }))
-                .await
-            {
-                Ok(_) => {}
-                Err(s) if s.code() == Code::NotFound => {}
-                Err(s) => return Err(JanitorError::containerd("tasks.Delete")(s)),
-            }
-        }
-        match self
-            .ctrd
-            .containers()
-            .delete(self.ctrd.req(DeleteContainerRequest { id: id.into() }))
-            .await
-        {
-            Ok(_) => {}
-            Err(s) if s.code() == Code::NotFound => {}
-            Err(s) => return Err(JanitorError::containerd("containers.Delete")(s)),
-        }
-        if self.failpoint == Some(Failpoint::AfterContainerDelete) {
-            eprintln!(
-                "SANDBOLT_JANITOR_FAILPOINT_REACHED {}",
-                Failpoint::AfterContainerDelete.name()
-            );
-            std::future::pending::<()>().await;
-        }
+            .map_err(|e| cleanup_error(id, e))?;
         Ok(())
-    }
-
-    async fn kill_and_wait(&self, id: &str) -> Result<()> {
-        match self
-            .ctrd
-            .tasks()
-            .kill(self.ctrd.req(KillRequest {
-                container_id: id.into(),
-                exec_id: String::new(),
-                signal: libc::SIGKILL as u32,
-                all: true,
-            }))
-            .await
-        {
-            Ok(_) => {}
-            Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => {}
-            Err(s) => return Err(JanitorError::containerd("tasks.Kill")(s)),
-        }
-        // Polling Get rather than Wait: Wait on a task that never started
-        // (an agent killed between tasks.Create and tasks.Start) can hang.
-        let deadline = tokio::time::Instant::now() + KILL_WAIT;
-        let mut delay = Duration::from_millis(5);
-        loop {
-            match self
-                .ctrd
-                .tasks()
-                .get(self.ctrd.req(GetRequest {
-                    container_id: id.into(),
-                    exec_id: String::new(),
-                }))
-                .await
-            {
-                Ok(r) => {
-                    let st = r
-                        .into_inner()
-                        .process
-                        .map(|p| p.status)
-                        .unwrap_or(TaskStatus::Stopped as i32);
-                    if st == TaskStatus::Stopped as i32 {
-                        return Ok(());
-                    }
-                }
-                Err(s) if s.code() == Code::NotFound => return Ok(()),
-                Err(s) => return Err(JanitorError::containerd("tasks.Get")(s)),
-            }
-            if tokio::time::Instant::now() + delay > deadline {
-                return Err(JanitorError::Cleanup {
-                    sandbox_id: id.into(),
-                    reason: format!("task still running {KILL_WAIT:?} after SIGKILL"),
-                });
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(100));
-        }
     }
 
     /// The sandbox's writable snapshot, its log file and any mount left
@@ -280,112 +174,56 @@ impl Node {
         snapshotter: &str,
         snapshot_key: &str,
     ) -> Result<()> {
-        unmount_bundle(self.ctrd.namespace(), id)?;
-        match self
-            .ctrd
-            .snapshots()
-            .remove(self.ctrd.req(RemoveSnapshotRequest {
-                snapshotter: snapshotter.into(),
-                key: snapshot_key.into(),
-            }))
+        self.teardown
+            .remains(
+                id,
+                SnapshotRef {
+                    snapshotter,
+                    key: snapshot_key,
+                },
+            )
             .await
-        {
-            Ok(_) => {}
-            Err(s) if s.code() == Code::NotFound => {}
-            Err(s) => return Err(JanitorError::containerd("snapshots.Remove")(s)),
-        }
-        if let Some(dir) = self.logs_dir.as_ref().filter(|_| !self.keep_logs) {
-            remove_file(&dir.join(format!("{id}.log")))?;
-        }
+            .map_err(|e| cleanup_error(id, e))?;
         Ok(())
     }
 }
 
-fn remove_file(p: &Path) -> Result<()> {
-    match std::fs::remove_file(p) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(JanitorError::io("removing", p)(e)),
-    }
-}
-
-/// Mount points below `<containerd state>/io.containerd.runtime.v2.task/<ns>/<id>/`
-/// (the rootfs the shim mounts), deepest first.
-pub fn bundle_mounts(mountinfo: &str, namespace: &str, id: &str) -> Vec<String> {
-    let marker = format!("/io.containerd.runtime.v2.task/{namespace}/{id}/");
-    let mut out: Vec<String> = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mountinfo)
-        .filter(|p| p.contains(&marker))
-        .collect();
-    out.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    out.dedup();
-    out
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The shim unmounts the rootfs when the task is deleted; a shim that died
-/// first leaves it mounted. Only mounts below the task's bundle are touched.
-fn unmount_bundle(namespace: &str, id: &str) -> Result<()> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(JanitorError::io("reading", "/proc/self/mountinfo"))?;
-    for m in bundle_mounts(&info, namespace, id) {
-        match nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH) {
-            Ok(()) => tracing::info!(sandbox = %id, mount = %m, "unmounted a leftover mount"),
-            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
-            Err(e) => {
-                return Err(JanitorError::Cleanup {
-                    sandbox_id: id.into(),
-                    reason: format!("umount {m}: {e}"),
-                });
+/// The janitor's errors for a failed teardown step, as they were before
+/// the teardown was shared with the agent.
+fn cleanup_error(id: &str, e: TeardownError) -> JanitorError {
+    match e {
+        TeardownError::Containerd { op, status } => JanitorError::Containerd { op, status },
+        TeardownError::Io { what, path, source } => JanitorError::Io { what, path, source },
+        e @ (TeardownError::StillRunning { .. } | TeardownError::Unmount { .. }) => {
+            JanitorError::Cleanup {
+                sandbox_id: id.into(),
+                reason: e.to_string(),
             }
         }
     }
-    Ok(())
+}
+
+/// The teardown's per-step hook: the failpoint a fault test `kill -9`s the
+/// janitor at.
+fn failpoint_hook(failpoint: Option<Failpoint>) -> Option<Hook> {
+    let fp = failpoint?;
+    Some(Arc::new(move |_id: &str, step: Step| {
+        let reached = match fp {
+            Failpoint::AfterContainerDelete => step == Step::ContainerDeleted,
+        };
+        async move {
+            if reached {
+                eprintln!("SANDBOLT_JANITOR_FAILPOINT_REACHED {}", fp.name());
+                std::future::pending::<()>().await;
+            }
+        }
+        .boxed()
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_mounts_below_the_sandboxes_bundle_are_found() {
-        let info = "\
-36 35 0:31 / /run/c/state/io.containerd.runtime.v2.task/k8s.io/sb-1/rootfs rw - overlay overlay rw
-37 35 0:32 / /run/c/state/io.containerd.runtime.v2.task/k8s.io/sb-10/rootfs rw - overlay overlay rw
-38 35 0:33 / /run/c/state/io.containerd.runtime.v2.task/other/sb-1/rootfs rw - overlay overlay rw
-39 35 0:34 / /var/lib/sandbolt/volumes/sb-1 rw - ext4 /dev/sda rw
-40 36 0:35 / /run/c/state/io.containerd.runtime.v2.task/k8s.io/sb-1/rootfs/with\\040space rw - tmpfs t rw
-";
-        assert_eq!(
-            bundle_mounts(info, "k8s.io", "sb-1"),
-            vec![
-                "/run/c/state/io.containerd.runtime.v2.task/k8s.io/sb-1/rootfs/with space"
-                    .to_string(),
-                "/run/c/state/io.containerd.runtime.v2.task/k8s.io/sb-1/rootfs".to_string(),
-            ]
-        );
-    }
 
     #[test]
     fn timestamps_before_the_epoch_are_no_age() {
