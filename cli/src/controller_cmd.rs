@@ -1,12 +1,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use sandbolt_controller::ha::{ElectedExit, run_elected};
-use sandbolt_controller::leader::{LeaderElector, LeaseConfig};
-use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig};
+use sandbolt_controller::ha::{ElectedExit, run_on_kubernetes};
+use sandbolt_controller::leader::LeaseConfig;
 use sandbolt_controller::{Consistency, Controller, ControllerConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -125,24 +123,16 @@ async fn run_kubernetes(config: ControllerConfig, args: ControllerArgs) -> anyho
     let kube_config = kube::Config::infer()
         .await
         .context("no Kubernetes API configuration (in-cluster service account or KUBECONFIG)")?;
-    let client = kube::Client::try_from(kube_config.clone()).context("Kubernetes client")?;
-    // SandboxPools live in the controller's namespace (the chart's).
-    let pools = kube::Api::namespaced(client.clone(), &namespace);
-    let lease = LeaseConfig::new(&namespace, &args.lease_name, &identity).with_timings(
+    let lease = LeaseConfig::new(namespace, &args.lease_name, identity).with_timings(
         args.lease_duration,
         args.renew_deadline,
         args.lease_retry,
     );
-    let elector = LeaderElector::spawn(client, lease).context("leader election")?;
     let listen = args.listen;
-    let exit = run_elected(
+    let exit = run_on_kubernetes(
         config,
-        elector,
-        move || {
-            let store = KubeStore::open(kube_config, KubeStoreConfig::new(namespace))?;
-            Ok(Arc::new(store) as _)
-        },
-        Some(pools),
+        kube_config,
+        lease,
         |h| tracing::info!(fastpath = %h.local_addr(), "leader: serving FastPath v1 + v2 and RegistryService"),
         crate::shutdown_signal(),
     )

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use kube::Api;
 use sandbolt_deploy::SandboxPool;
 
-use crate::leader::LeaderElector;
+use crate::leader::{LeaderElector, LeaseConfig};
+use crate::store::kube::{KubeStore, KubeStoreConfig};
 use crate::{Controller, ControllerConfig, ControllerHandle, Error, Result, Store};
 
 /// How often the leader refreshes the SandboxPool status counts.
@@ -107,4 +108,38 @@ async fn wait_for(
         .wait_for(|s| s.is_leader() == leading)
         .await
         .map(|_| ())
+}
+
+/// [`run_elected`] over the Kubernetes store: campaigns for `lease`, and
+/// keeps records (Sandboxes), agent records and the SandboxPool status in
+/// `lease.namespace` (the controller's own) — the wiring of every
+/// `--store kubernetes` controller process.
+pub async fn run_on_kubernetes<F>(
+    config: ControllerConfig,
+    kube_config: kube::Config,
+    lease: LeaseConfig,
+    on_serving: impl FnMut(&ControllerHandle),
+    shutdown: F,
+) -> Result<ElectedExit>
+where
+    F: Future<Output = ()>,
+{
+    let client = kube::Client::try_from(kube_config.clone())
+        .map_err(|e| Error::Unavailable(format!("Kubernetes client: {e}")))?;
+    let namespace = lease.namespace.clone();
+    let pools = Api::namespaced(client.clone(), &namespace);
+    let elector = LeaderElector::spawn(client, lease)
+        .map_err(|e| Error::InvalidArgument(format!("leader election: {e}")))?;
+    run_elected(
+        config,
+        elector,
+        move || {
+            let store = KubeStore::open(kube_config, KubeStoreConfig::new(namespace))?;
+            Ok(Arc::new(store) as _)
+        },
+        Some(pools),
+        on_serving,
+        shutdown,
+    )
+    .await
 }

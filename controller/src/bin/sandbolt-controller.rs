@@ -71,29 +71,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn run_kubernetes(cfg: ControllerConfig) -> Result<(), Box<dyn std::error::Error>> {
-    use sandbolt_controller::ha::{ElectedExit, run_elected};
-    use sandbolt_controller::leader::{LeaderElector, LeaseConfig};
-    use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig};
+    use sandbolt_controller::ha::{ElectedExit, run_on_kubernetes};
+    use sandbolt_controller::leader::LeaseConfig;
 
     let namespace = env("SANDBOLT_NAMESPACE").ok_or("SANDBOLT_NAMESPACE is required")?;
     let identity = env("SANDBOLT_IDENTITY").ok_or("SANDBOLT_IDENTITY is required")?;
     let lease_name = env("SANDBOLT_LEASE_NAME").unwrap_or_else(|| "sandbolt-controller".into());
-    let kube_config = kube::Config::infer().await?;
-    let client = kube::Client::try_from(kube_config.clone())?;
-    let pools = kube::Api::namespaced(client.clone(), &namespace);
-    let mut lease = LeaseConfig::new(&namespace, lease_name, identity);
+    let mut lease = LeaseConfig::new(namespace, lease_name, identity);
     if let Some(d) = ms("SANDBOLT_LEASE_MS") {
         lease = lease.with_timings(d, d * 2 / 3, d / 5);
     }
-    let elector = LeaderElector::spawn(client, lease)?;
-    let exit = run_elected(
+    let exit = run_on_kubernetes(
         cfg,
-        elector,
-        move || {
-            let store = KubeStore::open(kube_config, KubeStoreConfig::new(namespace))?;
-            Ok(std::sync::Arc::new(store) as _)
-        },
-        Some(pools),
+        kube::Config::infer().await?,
+        lease,
         |h| {
             use std::io::Write;
             println!("SANDBOLT_CONTROLLER_LISTENING {}", h.local_addr());

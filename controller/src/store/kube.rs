@@ -341,17 +341,17 @@ impl KubeStore {
         desired.status = Some(status);
         let api = self.sandboxes_in(&record.namespace);
         let name = record.name.clone();
-        match self.call("status write", async move {
-            api.replace_status(&name, &PostParams::default(), &desired)
-                .await
-        }) {
-            Ok(Ok(o)) => o,
-            Ok(Err(e)) => {
-                tracing::warn!(sandbox = %record.name, namespace = %record.namespace, error = %e, "status not written; the next write retries");
-                written
-            }
-            Err(e) => {
-                tracing::warn!(sandbox = %record.name, namespace = %record.namespace, error = %e, "status not written; the next write retries");
+        let outcome = self
+            .call("status write", async move {
+                api.replace_status(&name, &PostParams::default(), &desired)
+                    .await
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        match outcome {
+            Ok(o) => o,
+            Err(error) => {
+                tracing::warn!(sandbox = %record.name, namespace = %record.namespace, %error, "status not written; the next write retries");
                 written
             }
         }
