@@ -8,6 +8,7 @@ const PROTOS: &[&str] = &[
     "fastpath/v1/fastpath.proto",
     "fastpath/v2/fastpath.proto",
     "sandbolt/agent/v1/agent.proto",
+    "sandbolt/control/v1/control.proto",
 ];
 
 fn main() {

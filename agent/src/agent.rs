@@ -56,6 +56,11 @@ impl Agent {
             )));
         }
         warm::validate(&config)?;
+        config
+            .pool_default_limits
+            .validate("pool default")
+            .and_then(|()| config.pool_max_limits.validate("pool max"))
+            .map_err(AgentError::InvalidArgument)?;
         let logs = config.logs_dir();
         std::fs::create_dir_all(&logs)
             .map_err(AgentError::io(format!("creating {}", logs.display())))?;
@@ -124,6 +129,7 @@ impl Agent {
                 max_sandboxes: cfg.max_sandboxes as i32,
                 api_endpoint: advertise(grpc_addr),
                 proxy_endpoint: advertise(proxy_addr),
+                pod: crate::heartbeat::agent_pod(&cfg),
             },
         });
 

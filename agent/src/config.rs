@@ -72,6 +72,47 @@ pub struct AgentConfig {
     pub execd_ready_timeout: Duration,
     /// TCP port execd listens on inside the sandbox.
     pub execd_port: u16,
+    /// The pool's limits for sandboxes whose request leaves a field unset
+    /// (reported to the controller, which applies them at create).
+    pub pool_default_limits: PoolLimits,
+    /// The most a sandbox of this pool may ask for (the controller refuses
+    /// more, naming the field).
+    pub pool_max_limits: PoolLimits,
+}
+
+/// One set of pool limits; empty/0 = unset. Quantities are checked at agent
+/// start ([`PoolLimits::validate`]), so a typo in a chart value stops the
+/// agent instead of reaching every create.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolLimits {
+    pub cpu: String,
+    pub memory: String,
+    pub pids: i64,
+}
+
+impl PoolLimits {
+    pub fn validate(&self, what: &str) -> Result<(), String> {
+        use sandbolt_proto::quantity;
+        if !self.cpu.is_empty() {
+            quantity::millicores(&self.cpu).map_err(|e| format!("{what} cpu: {e}"))?;
+        }
+        if !self.memory.is_empty() {
+            quantity::bytes(&self.memory).map_err(|e| format!("{what} memory: {e}"))?;
+        }
+        if self.pids < 0 {
+            return Err(format!("{what} pids must not be negative"));
+        }
+        Ok(())
+    }
+
+    pub fn to_wire(&self) -> sandbolt_proto::agent::v1::Resources {
+        sandbolt_proto::agent::v1::Resources {
+            cpu: self.cpu.clone(),
+            memory: self.memory.clone(),
+            pids_limit: self.pids,
+            ..Default::default()
+        }
+    }
 }
 
 impl AgentConfig {
@@ -116,6 +157,8 @@ impl AgentConfig {
             warm_recheck_interval: Duration::from_secs(60),
             execd_ready_timeout: Duration::from_secs(15),
             execd_port: 44772,
+            pool_default_limits: PoolLimits::default(),
+            pool_max_limits: PoolLimits::default(),
         }
     }
 

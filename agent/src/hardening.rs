@@ -12,6 +12,7 @@
 //! below are well-known facts of Docker's and containerd's defaults; the
 //! seccomp profile lives in `seccomp_default.json` next to this file.
 
+use sandbolt_proto::quantity::{self, QuantityError};
 use serde_json::{Map, Value, json};
 
 /// The default seccomp profile: `SCMP_ACT_ERRNO` (EPERM) by default, an
@@ -91,25 +92,6 @@ pub const CFS_PERIOD_US: u64 = 100_000;
 /// The smallest quota the kernel accepts (1 ms per period).
 const CFS_MIN_QUOTA_US: i64 = 1_000;
 
-/// Errors from parsing OpenSandbox/Kubernetes quantities.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum HardeningError {
-    #[error("{what} quantity is empty")]
-    Empty { what: &'static str },
-    #[error("{what} quantity {input:?} is not a Kubernetes quantity: {reason}")]
-    Invalid {
-        what: &'static str,
-        input: String,
-        reason: &'static str,
-    },
-    #[error("{what} quantity {input:?} is negative")]
-    Negative { what: &'static str, input: String },
-    #[error("{what} quantity {input:?} is zero; a zero limit would stop the sandbox from running")]
-    Zero { what: &'static str, input: String },
-    #[error("{what} quantity {input:?} is too large")]
-    Overflow { what: &'static str, input: String },
-}
-
 /// A CPU limit as CFS bandwidth control: `quota_us` of CPU time per
 /// `period_us` of wall time (quota/period = number of CPUs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +113,29 @@ pub struct Options {
     pub cpu: Option<CpuLimit>,
     /// Memory limit in bytes, from [`parse_memory`]. `None` leaves it unlimited.
     pub memory_bytes: Option<u64>,
+    /// Hold memory+swap to the memory limit, so a sandbox cannot page its
+    /// way past it. Only where the kernel accounts swap per cgroup (see
+    /// [`swap_accounting`]); elsewhere runc would refuse the spec.
+    pub limit_swap: bool,
+    /// `cpu.shares` (1024 per requested CPU): the sandbox's weight when the
+    /// node's CPUs are contended. `None` leaves the kernel default (1024).
+    pub cpu_shares: Option<u64>,
+    /// Soft memory limit (reclaimed first under node pressure).
+    pub memory_reservation: Option<u64>,
+}
+
+/// Whether this host's memory cgroup accounts swap per cgroup: cgroup v1
+/// needs `memory.memsw.*` (swapaccount), cgroup v2 always has `memory.swap.max`.
+pub fn swap_accounting() -> bool {
+    let v1 = std::path::Path::new("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes");
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers");
+    v1.exists() || (v2.exists() && !std::path::Path::new("/sys/fs/cgroup/memory").exists())
+}
+
+/// `cpu.shares` for a CPU request: 1024 per CPU, at least 2 (the kernel's
+/// minimum), as the kubelet computes it.
+pub fn cpu_shares(millicores: u64) -> u64 {
+    (millicores.saturating_mul(1024) / 1000).max(2)
 }
 
 impl Default for Options {
@@ -144,6 +149,9 @@ impl Default for Options {
             nofile: 65_536,
             cpu: None,
             memory_bytes: None,
+            limit_swap: false,
+            cpu_shares: None,
+            memory_reservation: None,
         }
     }
 }
@@ -187,11 +195,21 @@ pub fn apply(spec: &mut Value, opts: &Options) {
         entry.insert("quota".into(), json!(cpu.quota_us));
         entry.insert("period".into(), json!(cpu.period_us));
     }
+    if let Some(shares) = opts.cpu_shares {
+        let entry = object(resources.entry("cpu").or_insert_with(|| json!({})));
+        entry.insert("shares".into(), json!(shares));
+    }
     if let Some(bytes) = opts.memory_bytes {
         let entry = object(resources.entry("memory").or_insert_with(|| json!({})));
-        // Only `limit`: setting `swap` needs memsw accounting, which this
-        // host's cgroup v1 memory controller may not have enabled.
         entry.insert("limit".into(), json!(bytes));
+        if opts.limit_swap {
+            // OCI `swap` is memory+swap: equal to the limit means no swap.
+            entry.insert("swap".into(), json!(bytes));
+        }
+    }
+    if let Some(bytes) = opts.memory_reservation {
+        let entry = object(resources.entry("memory").or_insert_with(|| json!({})));
+        entry.insert("reservation".into(), json!(bytes));
     }
     // The device cgroup must deny by default; runc then adds its standard
     // allowed character devices (null, zero, full, tty, random, urandom,
@@ -226,27 +244,18 @@ fn object(v: &mut Value) -> &mut Map<String, Value> {
 /// into a CFS limit with a 100 ms period. Sub-millicore precision is rounded
 /// up to the next millicore, like Kubernetes does; the quota never goes below
 /// the kernel's 1 ms minimum.
-pub fn parse_cpu(s: &str) -> Result<CpuLimit, HardeningError> {
-    const WHAT: &str = "cpu";
-    let q = Quantity::parse(WHAT, s)?;
-    let millicores = q.scaled_ceil(WHAT, s, 1000)?;
-    if millicores == 0 {
-        return Err(HardeningError::Zero {
-            what: WHAT,
-            input: s.to_string(),
-        });
-    }
-    let overflow = || HardeningError::Overflow {
-        what: WHAT,
-        input: s.to_string(),
-    };
-    let quota = millicores
+pub fn parse_cpu(s: &str) -> Result<CpuLimit, QuantityError> {
+    let millicores = quantity::millicores(s)?;
+    let quota = u128::from(millicores)
         .checked_mul(u128::from(CFS_PERIOD_US))
         .map(|q| q / 1000)
         .and_then(|q| i64::try_from(q).ok())
-        .ok_or_else(overflow)?;
+        .ok_or_else(|| QuantityError::Overflow {
+            what: "cpu",
+            input: s.to_string(),
+        })?;
     Ok(CpuLimit {
-        millicores: u64::try_from(millicores).map_err(|_| overflow())?,
+        millicores,
         quota_us: quota.max(CFS_MIN_QUOTA_US),
         period_us: CFS_PERIOD_US,
     })
@@ -254,168 +263,8 @@ pub fn parse_cpu(s: &str) -> Result<CpuLimit, HardeningError> {
 
 /// Parses a memory quantity (`"512Mi"`, `"2Gi"`, `"1G"`, `"100M"`, `"1024"`,
 /// `"1e9"`) into bytes, rounding a fractional byte count up.
-pub fn parse_memory(s: &str) -> Result<u64, HardeningError> {
-    const WHAT: &str = "memory";
-    let q = Quantity::parse(WHAT, s)?;
-    let bytes = q.scaled_ceil(WHAT, s, 1)?;
-    if bytes == 0 {
-        return Err(HardeningError::Zero {
-            what: WHAT,
-            input: s.to_string(),
-        });
-    }
-    // The cgroup file takes an i64; beyond that is a typo, not a limit.
-    i64::try_from(bytes)
-        .ok()
-        .map(|b| b as u64)
-        .ok_or(HardeningError::Overflow {
-            what: WHAT,
-            input: s.to_string(),
-        })
-}
-
-/// A Kubernetes quantity, exactly: `mantissa × 10^exp10 × 2^exp2`.
-#[derive(Debug, PartialEq, Eq)]
-struct Quantity {
-    mantissa: u128,
-    exp10: i32,
-    exp2: u32,
-}
-
-impl Quantity {
-    /// Grammar (Kubernetes `resource.Quantity`): optional `+`, digits with
-    /// at most one `.` (at least one digit), then one suffix: binary SI
-    /// (`Ki Mi Gi Ti Pi Ei`), decimal SI (`n u m k M G T P E`), or a decimal
-    /// exponent (`e`/`E` followed by an optionally signed integer).
-    fn parse(what: &'static str, input: &str) -> Result<Quantity, HardeningError> {
-        let invalid = |reason| HardeningError::Invalid {
-            what,
-            input: input.to_string(),
-            reason,
-        };
-        if input.is_empty() {
-            return Err(HardeningError::Empty { what });
-        }
-        let (negative, body) = match input.as_bytes()[0] {
-            b'-' => (true, &input[1..]),
-            b'+' => (false, &input[1..]),
-            _ => (false, input),
-        };
-        let num_len = body
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(body.len());
-        let (number, suffix) = body.split_at(num_len);
-        let (int_part, frac_part) = match number.split_once('.') {
-            Some((i, f)) => (i, f),
-            None => (number, ""),
-        };
-        if frac_part.contains('.') {
-            return Err(invalid("more than one decimal point"));
-        }
-        if int_part.is_empty() && frac_part.is_empty() {
-            return Err(invalid("no digits"));
-        }
-        let digits = format!("{int_part}{frac_part}");
-        let digits = digits.trim_start_matches('0');
-        if digits.len() > 38 {
-            return Err(HardeningError::Overflow {
-                what,
-                input: input.to_string(),
-            });
-        }
-        let mantissa: u128 = if digits.is_empty() {
-            0
-        } else {
-            digits.parse().map_err(|_| invalid("bad digits"))?
-        };
-        let frac_len = i32::try_from(frac_part.len()).map_err(|_| invalid("too many digits"))?;
-        let (suffix_exp10, exp2) = match suffix {
-            "" => (0, 0),
-            "Ki" => (0, 10),
-            "Mi" => (0, 20),
-            "Gi" => (0, 30),
-            "Ti" => (0, 40),
-            "Pi" => (0, 50),
-            "Ei" => (0, 60),
-            "n" => (-9, 0),
-            "u" => (-6, 0),
-            "m" => (-3, 0),
-            "k" => (3, 0),
-            "M" => (6, 0),
-            "G" => (9, 0),
-            "T" => (12, 0),
-            "P" => (15, 0),
-            "E" => (18, 0),
-            s if s.starts_with(['e', 'E']) => {
-                let exp = &s[1..];
-                let unsigned = exp.strip_prefix(['+', '-']).unwrap_or(exp);
-                if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(invalid("bad exponent"));
-                }
-                // Larger exponents can only over- or underflow anyway.
-                let e: i32 = exp.parse().map_err(|_| HardeningError::Overflow {
-                    what,
-                    input: input.to_string(),
-                })?;
-                if e.abs() > 1000 {
-                    return Err(HardeningError::Overflow {
-                        what,
-                        input: input.to_string(),
-                    });
-                }
-                (e, 0)
-            }
-            _ => {
-                return Err(invalid(
-                    "unknown suffix (expected one of n u m k M G T P E Ki Mi Gi Ti Pi Ei or an exponent)",
-                ));
-            }
-        };
-        if negative && mantissa != 0 {
-            return Err(HardeningError::Negative {
-                what,
-                input: input.to_string(),
-            });
-        }
-        Ok(Quantity {
-            mantissa,
-            exp10: suffix_exp10 - frac_len,
-            exp2,
-        })
-    }
-
-    /// `ceil(self × unit)` as an integer, or Overflow.
-    fn scaled_ceil(
-        &self,
-        what: &'static str,
-        input: &str,
-        unit: u128,
-    ) -> Result<u128, HardeningError> {
-        let overflow = || HardeningError::Overflow {
-            what,
-            input: input.to_string(),
-        };
-        if self.mantissa == 0 {
-            return Ok(0);
-        }
-        let mut num = self
-            .mantissa
-            .checked_mul(unit)
-            .and_then(|n| n.checked_mul(1u128.checked_shl(self.exp2)?))
-            .ok_or_else(overflow)?;
-        if self.exp10 >= 0 {
-            let scale = 10u128.checked_pow(self.exp10 as u32).ok_or_else(overflow)?;
-            num = num.checked_mul(scale).ok_or_else(overflow)?;
-            Ok(num)
-        } else {
-            match 10u128.checked_pow(self.exp10.unsigned_abs()) {
-                Some(den) => Ok(num.div_ceil(den)),
-                // The divisor exceeds any u128 numerator: a positive value
-                // below one unit, which rounds up to one.
-                None => Ok(1),
-            }
-        }
-    }
+pub fn parse_memory(s: &str) -> Result<u64, QuantityError> {
+    quantity::bytes(s)
 }
 
 #[cfg(test)]
@@ -484,19 +333,19 @@ mod tests {
         }
         assert_eq!(
             parse_cpu("-1"),
-            Err(HardeningError::Negative {
+            Err(QuantityError::Negative {
                 what: "cpu",
                 input: "-1".into()
             })
         );
         assert_eq!(
             parse_cpu("0"),
-            Err(HardeningError::Zero {
+            Err(QuantityError::Zero {
                 what: "cpu",
                 input: "0".into()
             })
         );
-        assert_eq!(parse_cpu(""), Err(HardeningError::Empty { what: "cpu" }));
+        assert_eq!(parse_cpu(""), Err(QuantityError::Empty { what: "cpu" }));
         let msg = parse_cpu("2cores").unwrap_err().to_string();
         assert!(
             msg.contains("\"2cores\"") && msg.contains("unknown suffix"),
@@ -562,11 +411,11 @@ mod tests {
         }
         assert!(matches!(
             parse_memory("8Ei"),
-            Err(HardeningError::Overflow { .. })
+            Err(QuantityError::Overflow { .. })
         ));
         assert!(matches!(
             parse_memory("-512Mi"),
-            Err(HardeningError::Negative { .. })
+            Err(QuantityError::Negative { .. })
         ));
         let msg = parse_memory("512MB").unwrap_err().to_string();
         assert!(msg.starts_with("memory quantity \"512MB\""), "{msg}");
@@ -589,6 +438,9 @@ mod tests {
             nofile: 4096,
             cpu: Some(parse_cpu("500m").unwrap()),
             memory_bytes: Some(parse_memory("256Mi").unwrap()),
+            limit_swap: true,
+            cpu_shares: Some(cpu_shares(250)),
+            memory_reservation: Some(parse_memory("128Mi").unwrap()),
         };
         apply(&mut spec, &opts);
 
@@ -634,8 +486,14 @@ mod tests {
         );
         let r = &l["resources"];
         assert_eq!(r["pids"]["limit"], 512);
-        assert_eq!(r["cpu"], json!({"quota": 50_000, "period": 100_000}));
-        assert_eq!(r["memory"], json!({"limit": 256u64 << 20}));
+        assert_eq!(
+            r["cpu"],
+            json!({"quota": 50_000, "period": 100_000, "shares": 256})
+        );
+        assert_eq!(
+            r["memory"],
+            json!({"limit": 256u64 << 20, "swap": 256u64 << 20, "reservation": 128u64 << 20})
+        );
         assert_eq!(r["devices"][0], json!({"allow": false, "access": "rwm"}));
         assert_eq!(r["devices"][1], json!({"allow": true, "access": "rwm"}));
 

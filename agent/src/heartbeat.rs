@@ -6,11 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbolt_proto::agent::v1::HeartbeatRequest;
 use sandbolt_proto::agent::v1::registry_service_client::RegistryServiceClient;
+use sandbolt_proto::agent::v1::{AgentPod, HeartbeatRequest};
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
 
+use crate::config::AgentConfig;
 use crate::error::{AgentError, Result};
 use crate::server::{AgentApi, BearerToken};
 
@@ -69,5 +70,44 @@ impl Heartbeat {
                 }
             }
         })
+    }
+}
+
+/// The pod the inventory names (`Inventory.pod`): the controller asks the
+/// Kubernetes API whether it still exists before it gives up the sandboxes
+/// of a silent agent. `None` outside Kubernetes, or when the downward API
+/// did not provide the pod's name, namespace and UID (a partial identity
+/// could not be checked, so none is sent).
+pub fn agent_pod(cfg: &AgentConfig) -> Option<AgentPod> {
+    let some = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+    Some(AgentPod {
+        namespace: some(&cfg.pod_namespace)?,
+        name: some(&cfg.pod_name)?,
+        uid: some(&cfg.pod_uid)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pod_is_named_only_when_fully_known() {
+        let mut cfg = AgentConfig::new("a", "/run/c.sock", "/bin/execd", "/tmp/s", "t");
+        assert_eq!(agent_pod(&cfg), None);
+        cfg.pod_namespace = Some("sandbolt".into());
+        cfg.pod_name = Some("agent-x".into());
+        assert_eq!(agent_pod(&cfg), None, "no uid: cannot tell a successor");
+        cfg.pod_uid = Some(String::new());
+        assert_eq!(agent_pod(&cfg), None);
+        cfg.pod_uid = Some("u-1".into());
+        assert_eq!(
+            agent_pod(&cfg),
+            Some(AgentPod {
+                namespace: "sandbolt".into(),
+                name: "agent-x".into(),
+                uid: "u-1".into(),
+            })
+        );
     }
 }

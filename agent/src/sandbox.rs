@@ -95,6 +95,8 @@ pub struct Sandboxes {
     locks: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Task, container, snapshot and log removal (shared with the janitor).
     teardown: Teardown,
+    /// Whether memory limits can hold swap too (checked once at start).
+    swap_accounting: bool,
 }
 
 pub fn now_ms() -> i64 {
@@ -151,11 +153,22 @@ impl Sandboxes {
             runtimes,
             table: RwLock::new(HashMap::new()),
             locks: parking_lot::Mutex::new(HashMap::new()),
+            swap_accounting: hardening::swap_accounting(),
         }
     }
 
     pub fn runtimes(&self) -> &[RuntimeInfo] {
         &self.runtimes
+    }
+
+    /// What this agent's pool promises its sandboxes (see `PoolPolicy`).
+    pub fn pool_policy(&self) -> sandbolt_proto::agent::v1::PoolPolicy {
+        sandbolt_proto::agent::v1::PoolPolicy {
+            runtime: self.cfg.default_runtime.clone(),
+            default_limits: Some(self.cfg.pool_default_limits.to_wire()),
+            max_limits: Some(self.cfg.pool_max_limits.to_wire()),
+            warm_images: self.cfg.warm_images.clone(),
+        }
     }
 
     pub fn containerd(&self) -> &Containerd {
@@ -359,6 +372,18 @@ impl Sandboxes {
             hopts.memory_bytes = Some(
                 hardening::parse_memory(&resources.memory)
                     .map_err(|e| AgentError::InvalidArgument(e.to_string()))?,
+            );
+            hopts.limit_swap = self.swap_accounting;
+        }
+        if !resources.cpu_request.trim().is_empty() {
+            let m = sandbolt_proto::quantity::millicores(&resources.cpu_request)
+                .map_err(|e| AgentError::InvalidArgument(format!("cpu request: {e}")))?;
+            hopts.cpu_shares = Some(hardening::cpu_shares(m));
+        }
+        if !resources.memory_request.trim().is_empty() {
+            hopts.memory_reservation = Some(
+                hardening::parse_memory(&resources.memory_request)
+                    .map_err(|e| AgentError::InvalidArgument(format!("memory request: {e}")))?,
             );
         }
         let binds: Vec<spec::BindMount> =

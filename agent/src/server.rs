@@ -26,6 +26,8 @@ pub struct Identity {
     pub max_sandboxes: i32,
     pub api_endpoint: String,
     pub proxy_endpoint: String,
+    /// This agent's Kubernetes pod (see `heartbeat::agent_pod`).
+    pub pod: Option<sandbolt_proto::agent::v1::AgentPod>,
 }
 
 pub struct AgentApi {
@@ -73,6 +75,8 @@ impl AgentApi {
             // consume no host ports.
             used_ports: vec![],
             namespace: id.namespace.clone(),
+            pool_policy: Some(self.sandboxes.pool_policy()),
+            pod: id.pod.clone(),
         })
     }
 }

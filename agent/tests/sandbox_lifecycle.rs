@@ -155,6 +155,9 @@ async fn limits_are_visible_from_inside() {
             "sh",
             "-c",
             "echo mem=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes); \
+             echo memsw=$(cat /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes); \
+             echo soft=$(cat /sys/fs/cgroup/memory/memory.soft_limit_in_bytes); \
+             echo shares=$(cat /sys/fs/cgroup/cpu/cpu.shares); \
              echo quota=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us); \
              echo period=$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us); \
              echo pids=$(cat /sys/fs/cgroup/pids/pids.max); \
@@ -168,6 +171,8 @@ async fn limits_are_visible_from_inside() {
         cpu: "500m".into(),
         memory: "64Mi".into(),
         pids_limit: 77,
+        cpu_request: "250m".into(),
+        memory_request: "32Mi".into(),
     });
     env.client
         .create_sandbox(create_req(s))
@@ -178,6 +183,11 @@ async fn limits_are_visible_from_inside() {
     })
     .await;
     assert!(log.contains(&format!("mem={}\n", 64 << 20)), "{log}");
+    // Swap held to the memory limit (this host accounts swap per cgroup).
+    assert!(log.contains(&format!("memsw={}\n", 64 << 20)), "{log}");
+    // Requests: a soft limit and a CPU weight of 1024 per requested CPU.
+    assert!(log.contains(&format!("soft={}\n", 32 << 20)), "{log}");
+    assert!(log.contains("shares=256\n"), "{log}");
     assert!(log.contains("quota=50000\n"), "{log}");
     assert!(log.contains("period=100000\n"), "{log}");
     assert!(log.contains("pids=77\n"), "{log}");

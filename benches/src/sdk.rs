@@ -22,7 +22,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use sandbolt_lifecycle::{
-    BackendConfig, DockerConfig, FastPathConfig, Lifecycle, LifecycleConfig, LifecycleHandle,
+    BackendConfig, ControllerConfig, DockerConfig, Lifecycle, LifecycleConfig, LifecycleHandle,
 };
 use sandbolt_testbed::{OciImage, busybox_image, execd_binary, workspace_root};
 
@@ -78,9 +78,14 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
     let mut targets = Vec::new();
     let mut lifecycles: Vec<LifecycleHandle> = Vec::new();
 
-    let mut fp = FastPathConfig::new(format!("http://{}", bench.fast_controller_addr()));
+    let mut fp = ControllerConfig::new(format!("http://{}", bench.fast_controller_addr()));
     fp.namespace = "default".into();
-    match start_lifecycle(BackendConfig::FastPath(fp), &dir.path().join("lc-fastpath")).await {
+    match start_lifecycle(
+        BackendConfig::Controller(fp),
+        &dir.path().join("lc-fastpath"),
+    )
+    .await
+    {
         Ok(h) => {
             targets.push(Target {
                 name: LIFECYCLE_FASTPATH,

@@ -89,21 +89,72 @@ pub(crate) struct AgentArgs {
         value_delimiter = ','
     )]
     plain_http_registry: Vec<String>,
+    #[command(flatten)]
+    pool_limits: PoolLimitArgs,
 }
 
-/// `--execd-bin`, else `execd` beside the running binary.
+/// The pool's resource policy (the chart renders it from the SandboxPool's
+/// `limits`): defaults fill what a request leaves unset, maxima refuse more.
+/// The agent reports both; the controller enforces them on every API.
+#[derive(Debug, Default, clap::Args)]
+pub(crate) struct PoolLimitArgs {
+    /// CPU limit of sandboxes that ask for none, e.g. `1` or `500m`.
+    #[arg(long, env = "SANDBOLT_POOL_DEFAULT_CPU", default_value = "")]
+    pool_default_cpu: String,
+    /// Memory limit of sandboxes that ask for none, e.g. `512Mi`.
+    #[arg(long, env = "SANDBOLT_POOL_DEFAULT_MEMORY", default_value = "")]
+    pool_default_memory: String,
+    /// pids.max of sandboxes that ask for none (0: the agent's default, 1024).
+    #[arg(long, env = "SANDBOLT_POOL_DEFAULT_PIDS", default_value_t = 0)]
+    pool_default_pids: i64,
+    /// Largest CPU limit a sandbox of this pool may ask for.
+    #[arg(long, env = "SANDBOLT_POOL_MAX_CPU", default_value = "")]
+    pool_max_cpu: String,
+    /// Largest memory limit a sandbox of this pool may ask for.
+    #[arg(long, env = "SANDBOLT_POOL_MAX_MEMORY", default_value = "")]
+    pool_max_memory: String,
+    /// Largest pids limit a sandbox of this pool may ask for.
+    #[arg(long, env = "SANDBOLT_POOL_MAX_PIDS", default_value_t = 0)]
+    pool_max_pids: i64,
+}
+
+impl PoolLimitArgs {
+    pub(crate) fn apply(self, config: &mut AgentConfig) {
+        config.pool_default_limits = sandbolt_agent::config::PoolLimits {
+            cpu: self.pool_default_cpu.trim().to_string(),
+            memory: self.pool_default_memory.trim().to_string(),
+            pids: self.pool_default_pids,
+        };
+        config.pool_max_limits = sandbolt_agent::config::PoolLimits {
+            cpu: self.pool_max_cpu.trim().to_string(),
+            memory: self.pool_max_memory.trim().to_string(),
+            pids: self.pool_max_pids,
+        };
+    }
+}
+
+/// `--execd-bin`, else `execd` beside the running binary; refused unless it
+/// is a static executable (every command that takes an execd goes through
+/// here: `agent`, `up`, and the Docker backend of `lifecycle`).
 pub(crate) fn resolve_execd(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let candidate = match explicit {
-        Some(p) => p,
-        None => std::env::current_exe()
-            .context("locating the sandbolt binary")?
-            .with_file_name("execd"),
+    let (candidate, how_chosen) = match explicit {
+        Some(p) => (p, "from --execd-bin / SANDBOLT_EXECD_BIN"),
+        // A plain `cargo build` puts a dynamic execd exactly here, which is
+        // why the default gets the same check as an explicit path.
+        None => (
+            std::env::current_exe()
+                .context("locating the sandbolt binary")?
+                .with_file_name("execd"),
+            "the default: beside the sandbolt binary; --execd-bin chooses another",
+        ),
     };
     anyhow::ensure!(
         candidate.is_file(),
-        "execd binary not found at {}: build it with scripts/build-execd.sh and pass --execd-bin",
-        candidate.display()
+        "execd binary not found at {} ({how_chosen}): {}",
+        candidate.display(),
+        crate::static_elf::build_hint()
     );
+    crate::static_elf::require_static_execd(&candidate, how_chosen)?;
     Ok(candidate)
 }
 
@@ -143,6 +194,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.allowed_host_paths = args.allow_host_path;
     config.warm_images = non_empty(args.warm_image);
     config.plain_http_registries = non_empty(args.plain_http_registry);
+    args.pool_limits.apply(&mut config);
     let handle = Agent::start(config).await.context("starting the agent")?;
     tracing::info!(grpc = %handle.grpc_addr(), proxy = %handle.proxy_addr(), "agent serving");
     crate::shutdown_signal().await;

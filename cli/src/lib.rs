@@ -11,6 +11,7 @@ mod janitor_cmd;
 mod lifecycle_cmd;
 mod logging;
 mod secrets;
+mod static_elf;
 mod up;
 
 use std::process::ExitCode;
@@ -36,9 +37,10 @@ pub struct Cli {
     #[command(subcommand)]
     command: Command,
 
-    /// Log filter (tracing EnvFilter syntax), e.g. `info,sandbolt_agent=debug`.
-    #[arg(long, global = true, env = "SANDBOLT_LOG", default_value = "info")]
-    log: String,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info,sandbolt_agent=debug`
+    /// [default: info; warn for `image`, whose output is its result]
+    #[arg(long, global = true, env = "SANDBOLT_LOG")]
+    log: Option<String>,
 
     /// Log as JSON lines instead of text.
     #[arg(long, global = true, env = "SANDBOLT_LOG_JSON")]
@@ -55,7 +57,8 @@ enum Command {
     Controller(controller_cmd::ControllerArgs),
     /// Run a node agent: creates sandboxes over the containerd socket and
     /// serves the data-plane proxy into them.
-    Agent(agent_cmd::AgentArgs),
+    // Boxed: the agent has many flags, and clap's enum holds one variant.
+    Agent(Box<agent_cmd::AgentArgs>),
     /// Run the node janitor: removes orphaned sandbox containers (never a
     /// live one) and what they leave behind.
     Janitor(janitor_cmd::JanitorArgs),
@@ -70,7 +73,14 @@ enum Command {
 /// exit code (errors are printed with their causes).
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = logging::init(&cli.log, cli.log_json) {
+    // A one-shot command's error is its whole output: printed once below
+    // (one line), not logged beside it; its routine steps are not logged.
+    let one_shot = matches!(cli.command, Command::Image(_));
+    let filter = cli
+        .log
+        .as_deref()
+        .unwrap_or(if one_shot { "warn" } else { "info" });
+    if let Err(e) = logging::init(filter, cli.log_json) {
         eprintln!("sandbolt: {e:#}");
         return ExitCode::from(2);
     }
@@ -89,7 +99,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Up(args) => up::run(args).await,
             Command::Controller(args) => controller_cmd::run(args).await,
-            Command::Agent(args) => agent_cmd::run(args).await,
+            Command::Agent(args) => agent_cmd::run(*args).await,
             Command::Janitor(args) => janitor_cmd::run(args).await,
             Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
             Command::Image(cmd) => image_cmd::run(cmd).await,
@@ -98,7 +108,9 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
+            if !one_shot {
+                tracing::error!("{e:#}");
+            }
             eprintln!("sandbolt: {e:#}");
             ExitCode::FAILURE
         }

@@ -2,7 +2,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use sandbolt_lifecycle::{BackendConfig, DockerConfig, FastPathConfig, Lifecycle, LifecycleConfig};
+use sandbolt_lifecycle::{
+    BackendConfig, ControllerConfig, DockerConfig, Lifecycle, LifecycleConfig,
+};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct LifecycleArgs {
@@ -19,19 +21,26 @@ pub(crate) struct LifecycleArgs {
     /// Serve the API without a key (only on a trusted address).
     #[arg(long, env = "SANDBOLT_INSECURE")]
     insecure: bool,
-    /// Controller FastPath endpoint, e.g. http://127.0.0.1:9090. Without it,
-    /// sandboxes run on Docker (--docker-socket).
+    /// The controller's gRPC address (its FastPath port, which also serves
+    /// the native control API the lifecycle uses), e.g.
+    /// http://127.0.0.1:9090. Without it, sandboxes run on Docker
+    /// (--docker-socket).
     #[arg(long, env = "SANDBOLT_CONTROLLER")]
     controller: Option<String>,
-    /// Bearer token for the controller's FastPath API, when it requires one
-    /// (`sandbolt controller --fastpath-token`).
+    /// Namespace the lifecycle creates and lists sandboxes in.
+    #[arg(long, env = "SANDBOLT_CONTROLLER_NAMESPACE", default_value = "default")]
+    controller_namespace: String,
+    /// Bearer token of the controller's port (`sandbolt controller
+    /// --fastpath-token`). `--fastpath-token` is the older name; the env
+    /// variable keeps it for deployments that set it.
     #[arg(
         long,
+        alias = "fastpath-token",
         env = "SANDBOLT_FASTPATH_TOKEN",
         hide_env_values = true,
         requires = "controller"
     )]
-    fastpath_token: Option<String>,
+    controller_token: Option<String>,
     #[arg(
         long,
         env = "SANDBOLT_DOCKER_SOCKET",
@@ -94,9 +103,10 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     check_auth(&args.api_key, args.insecure)?;
     let backend = match args.controller {
         Some(c) => {
-            let mut f = FastPathConfig::new(c);
-            f.token = args.fastpath_token;
-            BackendConfig::FastPath(f)
+            let mut f = ControllerConfig::new(c);
+            f.token = args.controller_token;
+            f.namespace = args.controller_namespace;
+            BackendConfig::Controller(f)
         }
         None => {
             let mut d = DockerConfig::new(
@@ -125,4 +135,35 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     crate::shutdown_signal().await;
     handle.shutdown().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: LifecycleArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<LifecycleArgs, clap::Error> {
+        let mut all = vec!["lifecycle"];
+        all.extend_from_slice(argv);
+        Cmd::try_parse_from(all).map(|c| c.args)
+    }
+
+    #[test]
+    fn controller_token_under_both_names() {
+        // Env would override what is tested here; the tests never set it.
+        for flag in ["--controller-token", "--fastpath-token"] {
+            let a = parse(&["--controller", "http://c:9090", flag, "t0k"]).expect("parses");
+            assert_eq!(a.controller_token.as_deref(), Some("t0k"), "{flag}");
+            assert_eq!(a.controller_namespace, "default");
+        }
+        // A token without a controller would be silently unused.
+        assert!(parse(&["--controller-token", "t0k"]).is_err());
+    }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use sandbolt_agent::{Agent, AgentConfig};
 use sandbolt_controller::{Controller, ControllerConfig};
-use sandbolt_lifecycle::{BackendConfig, DockerConfig, FastPathConfig, Lifecycle};
+use sandbolt_lifecycle::{BackendConfig, DockerConfig, Lifecycle};
 
 use crate::containerd::{self, Supervised};
 use crate::controller_cmd::ConsistencyArg;
@@ -26,7 +26,8 @@ pub(crate) enum RuntimeChoice {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct UpArgs {
-    /// Where records, logs and state live.
+    /// Where records, logs, state and the FastPath/native token live
+    /// (restricted to its owner: 0700).
     #[arg(long, env = "SANDBOLT_DATA_DIR", default_value = "/var/lib/sandbolt")]
     data_dir: PathBuf,
     /// Engine that runs sandboxes.
@@ -50,7 +51,8 @@ pub(crate) struct UpArgs {
         default_value = "/var/run/docker.sock"
     )]
     docker_socket: PathBuf,
-    /// FastPath v1 + v2 gRPC address (open: keep it on a private address).
+    /// FastPath v1 + v2 and native API gRPC address (token required, see
+    /// --fastpath-token).
     #[arg(
         long,
         env = "SANDBOLT_FASTPATH_LISTEN",
@@ -93,7 +95,9 @@ pub(crate) struct UpArgs {
     /// Consistency of creates that do not ask for one.
     #[arg(long, env = "SANDBOLT_CONSISTENCY", value_enum, default_value = "fast")]
     consistency: ConsistencyArg,
-    /// Require `authorization: Bearer <token>` on the FastPath port.
+    /// Token FastPath and native API clients send as `authorization: Bearer
+    /// <token>`. Without one (or empty), `up` generates one once; either way
+    /// it is kept in `<data-dir>/fastpath-token` (mode 0600) for clients.
     #[arg(long, env = "SANDBOLT_FASTPATH_TOKEN", hide_env_values = true)]
     fastpath_token: Option<String>,
     /// Most sandboxes this machine runs at once.
@@ -108,9 +112,11 @@ enum Engine {
 
 pub(crate) async fn run(args: UpArgs) -> anyhow::Result<()> {
     lifecycle_cmd::check_auth(&args.api_key, args.insecure)?;
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating the data dir {}", args.data_dir.display()))?;
+    // Before anything is written: a wrong execd fails here, with the command
+    // that builds the right one, not later as every sandbox dying at start.
     let execd = crate::agent_cmd::resolve_execd(args.execd_bin.clone())?;
+    // Records, logs and the token beneath it are root's business only.
+    crate::secrets::private_dir(&args.data_dir)?;
 
     match choose_engine(&args).await? {
         Engine::Containerd { supervised } => {
@@ -178,13 +184,17 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
     // Components in one process still authenticate to each other.
     let agent_token = crate::secrets::random_token()?;
     let host = crate::secrets::hostname();
+    // FastPath and the native API are never open, even on loopback: any
+    // local user could otherwise list every sandbox and resolve its endpoint.
+    let fastpath_token =
+        crate::secrets::fastpath_token(&args.data_dir, args.fastpath_token.as_deref())?;
 
     let mut controller_config = ControllerConfig::new(
         args.fastpath_listen,
         args.data_dir.join("controller"),
         agent_token.clone(),
     );
-    controller_config.fastpath_token = args.fastpath_token.clone();
+    controller_config.fastpath_token = Some(fastpath_token.value.clone());
     controller_config.default_consistency = args.consistency.into();
     let controller = Controller::start(controller_config)
         .await
@@ -214,11 +224,14 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
         }
     };
 
+    // The lifecycle speaks the controller's native API, behind the same token.
+    let mut backend = sandbolt_lifecycle::ControllerConfig::new(format!("http://{fastpath}"));
+    backend.token = Some(fastpath_token.value.clone());
     let lifecycle_config = lifecycle_cmd::config(
         args.lifecycle_listen,
         args.api_key.clone(),
         args.insecure,
-        BackendConfig::FastPath(FastPathConfig::new(format!("http://{fastpath}"))),
+        BackendConfig::Controller(backend),
         args.data_dir.join("lifecycle"),
         args.allow_host_path.clone(),
     );
@@ -252,12 +265,19 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
             return Err(e).context("starting the janitor");
         }
     };
+    // The path, never the token: logs travel further than the data dir.
+    tracing::info!(
+        file = %fastpath_token.file.display(),
+        token = fastpath_token.origin.as_str(),
+        "FastPath and the native API require `authorization: Bearer <token>`; clients on this machine read the token from this file (root only)"
+    );
     tracing::info!(
         lifecycle = %format!("http://{}", lifecycle.addr()),
         fastpath = %fastpath,
         agent = %agent.grpc_addr(),
         proxy = %agent.proxy_addr(),
         runtime = "containerd",
+        fastpath_token_file = %fastpath_token.file.display(),
         "sandbolt is up"
     );
 

@@ -127,6 +127,25 @@ struct Leftovers {
 }
 
 impl Leftovers {
+    /// Everything but what belongs to the sandboxes `ids`.
+    fn without(&self, ids: &BTreeSet<String>) -> Leftovers {
+        let keep = |v: &[String]| -> Vec<String> {
+            v.iter()
+                .filter(|e| !ids.iter().any(|id| e.contains(id.as_str())))
+                .cloned()
+                .collect()
+        };
+        Leftovers {
+            containers: keep(&self.containers),
+            tasks: keep(&self.tasks),
+            snapshots: keep(&self.snapshots),
+            logs: keep(&self.logs),
+            mounts: keep(&self.mounts),
+            bundles: keep(&self.bundles),
+            processes: keep(&self.processes),
+        }
+    }
+
     fn total(&self) -> usize {
         self.containers.len()
             + self.tasks.len()
@@ -884,9 +903,12 @@ async fn janitor_killed_mid_cleanup_is_completed_by_next_scan() {
 
 /// Done-when 1: `kill -9` of the agent in the middle of creates, 20 times
 /// (each time a fresh agent, so no restarted agent recovers and deletes
-/// what its predecessor left) → after one scan nothing is left: no
-/// container, task, snapshot, log file, bundle, mount, or process (and so
-/// no network namespace).
+/// what its predecessor left) → after one scan nothing is left of the
+/// creates that never got a record: no container, task, snapshot, log file,
+/// bundle, mount, or process (and so no network namespace). Creates that
+/// did get a record are sandboxes of a silent agent: they are kept whole
+/// (on one machine nothing proves an agent gone) until they are deleted;
+/// then the next scan leaves nothing at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_mid_create_20_times_leaves_nothing_after_one_scan() {
     let _s = SERIAL.lock().await;
@@ -936,8 +958,8 @@ async fn agent_killed_mid_create_20_times_leaves_nothing_after_one_scan() {
     );
 
     // Let containerd settle, the grace period pass and the controller mark
-    // every killed agent lost (creates that finished before a kill have
-    // live records; only their agent is gone).
+    // every killed agent silent (creates that finished before a kill have
+    // live records; their agent is only silent).
     let grace = Duration::from_secs(1);
     wait_past_grace(grace).await;
     let owner: Arc<dyn OwnershipSource> = Arc::new(env.owner());
@@ -961,19 +983,61 @@ async fn agent_killed_mid_create_20_times_leaves_nothing_after_one_scan() {
     }
     env.managed().await;
 
+    let names: std::collections::BTreeMap<String, String> =
+        env.managed().await.into_iter().collect();
+
     let janitor = env.janitor(grace).await;
     let r = janitor.scan_once().await.expect("scan");
     assert!(r.errors.is_empty(), "{:?}", r.errors);
+    // Everything kept is a recorded sandbox of a silent agent, kept whole.
+    let kept: BTreeSet<String> = r.kept.iter().map(|k| k.sandbox_id.clone()).collect();
+    for k in &r.kept {
+        assert_eq!(k.reason, KeepReason::AgentSilent, "{r:?}");
+    }
     let left = env.leftovers().await;
     assert_eq!(
-        left,
+        left.without(&kept),
         Leftovers::default(),
         "after one scan: {left:?}\nreport: {r:?}"
     );
-    assert!(r.reaped.len() >= before.containers.len(), "{r:?}");
+    for id in &kept {
+        assert!(left.tasks.contains(id), "{id} kept whole: {left:?}");
+    }
+    assert_eq!(
+        r.reaped.len() + kept.len(),
+        before.containers.len(),
+        "{r:?}"
+    );
+    assert!(
+        !r.reaped.is_empty(),
+        "the kills must leave orphans behind to test anything: {r:?}"
+    );
     let metrics = janitor.metrics().encode();
     assert!(
         metrics.contains("sandbolt_janitor_reaped_total{reason="),
         "{metrics}"
     );
+
+    // Their owner deletes them: the records go at once (their agent cannot
+    // be asked), and the next scan removes the rest.
+    let mut fp = env.fastpath().await;
+    for id in &kept {
+        fp.delete_sandbox(fp::DeleteRequest {
+            sandbox: Some(reference(&names[id])),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("delete {}: {e:?}", names[id]));
+    }
+    let r = janitor.scan_once().await.expect("scan");
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(
+        r.reaped
+            .iter()
+            .map(|x| x.sandbox_id.clone())
+            .collect::<BTreeSet<_>>(),
+        kept,
+        "{r:?}"
+    );
+    let left = env.leftovers().await;
+    assert_eq!(left, Leftovers::default(), "after the deletes: {left:?}");
 }

@@ -83,6 +83,7 @@ fn bench(c: &mut Criterion) {
                 image_key: image,
                 ports: &[],
                 exclude: &[],
+                runtime: None,
             };
             b.iter(|| {
                 let p = reg
@@ -99,6 +100,7 @@ fn bench(c: &mut Criterion) {
                 image_key: image,
                 ports: &[],
                 exclude: &[],
+                runtime: None,
             };
             b.iter(|| {
                 let i = reference::choose(black_box(&agents), &req).expect("allocation succeeds");

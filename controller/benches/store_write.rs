@@ -48,6 +48,7 @@ fn record(name: &str) -> SandboxRecord {
         recovery_deadline_unix_ms: 0,
         events: vec![],
         revision: String::new(),
+        ..Default::default()
     }
 }
 

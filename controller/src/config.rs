@@ -7,6 +7,11 @@ use std::time::Duration;
 
 use crate::store::Consistency;
 
+/// Default of [`ControllerConfig::agent_gone_timeout`]: long enough for a
+/// node's agent pod to be replaced (image pull included) without its
+/// sandboxes being given up.
+pub const DEFAULT_AGENT_GONE_TIMEOUT: Duration = Duration::from_secs(300);
+
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
     /// One gRPC port: fastpath.v2, fastpath.v1 and sandbolt's RegistryService.
@@ -26,8 +31,19 @@ pub struct ControllerConfig {
     pub fastpath_token: Option<String>,
     /// What agents are told to use between heartbeats.
     pub heartbeat_interval: Duration,
-    /// An agent silent this long is lost (failure policies apply).
+    /// An agent silent this long is lost: it leaves placement and its
+    /// sandboxes read as unknown (`Core::agent_silent`). Nothing else: their
+    /// records keep their phase, and no container is failed or reaped.
     pub lost_agent_timeout: Duration,
+    /// A silent agent is given up (AUTO_RECREATE recreates its sandboxes
+    /// elsewhere, MANUAL ones are failed) only after this much silence, and
+    /// only if `agent_presence` says its pod or node is gone. Keep it well
+    /// above `lost_agent_timeout` and the agents' heartbeat RPC timeout
+    /// (10 s): a rollout or a containerd restart must fit inside it.
+    pub agent_gone_timeout: Duration,
+    /// Says whether a silent agent is gone (Kubernetes: its pod or node).
+    /// `None` (one machine): never — a silent agent's sandboxes wait for it.
+    pub agent_presence: Option<std::sync::Arc<dyn crate::registry::AgentPresence>>,
     pub expiry_sweep_interval: Duration,
     /// Upper bound for one agent create (image + container + execd ready).
     pub create_deadline: Duration,
@@ -59,6 +75,8 @@ impl ControllerConfig {
             fastpath_token: None,
             heartbeat_interval: Duration::from_secs(2),
             lost_agent_timeout: Duration::from_secs(10),
+            agent_gone_timeout: DEFAULT_AGENT_GONE_TIMEOUT,
+            agent_presence: None,
             expiry_sweep_interval: Duration::from_secs(1),
             create_deadline: Duration::from_secs(60),
             record_commit_attempts: 5,

@@ -47,6 +47,7 @@ impl Core {
     }
 
     fn new_record(&self, spec: &CreateSpec, consistency: Consistency) -> SandboxRecord {
+        let now_ms = clock::now_unix_ms();
         SandboxRecord {
             uid: uuid::Uuid::new_v4().to_string(),
             name: spec.name.clone(),
@@ -71,11 +72,15 @@ impl Core {
             request_id: spec.request_id.clone(),
             access_token: new_id(""),
             consistency,
-            created_at_unix_ms: clock::now_unix_ms(),
+            created_at_unix_ms: now_ms,
             assignment_attempt: 1,
             recovery_deadline_unix_ms: 0,
             events: Vec::new(),
             revision: String::new(),
+            resources: spec.resources.clone(),
+            volumes: spec.volumes.clone(),
+            runtime: spec.runtime.clone(),
+            last_transition_unix_ms: now_ms,
         }
     }
 
@@ -88,6 +93,7 @@ impl Core {
             image_key: &key,
             ports: &r.exposed_ports,
             exclude,
+            runtime: (!r.runtime.is_empty()).then_some(r.runtime.as_str()),
         };
         let p = self.registry.allocate(&req, &r.sandbox_id)?;
         r.agent_id = p.agent.clone();
@@ -218,7 +224,7 @@ impl Core {
         self.place(&mut r, &[])?;
         match self.agent_create(&r, spec.wait_for_execd).await {
             Ok(msg) => {
-                r.phase = Phase::Running;
+                r.set_phase(Phase::Running);
                 r.push_event("info", "agent", msg);
             }
             Err(e) => {

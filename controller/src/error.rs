@@ -48,6 +48,9 @@ impl From<Error> for Status {
             Error::Aborted(_) => Code::Aborted,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Placement(PlacementError::AlreadyReserved(_)) => Code::Internal,
+            // The request names a runtime the pool does not offer: the
+            // caller's to change (the message names the field's value).
+            Error::Placement(PlacementError::NoRuntime(..)) => Code::InvalidArgument,
             Error::Placement(_) => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
             // What the agent said about the request itself passes through;

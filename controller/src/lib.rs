@@ -1,7 +1,8 @@
 //! sandbolt controller: the central scheduler.
 //!
-//! It serves FastPath v2 (what the OpenSandbox server speaks), FastPath v1
-//! (fast-sandbox's API) and sandbolt's RegistryService on one gRPC port,
+//! It serves sandbolt's native control API (the whole sandbox), FastPath v2
+//! (what the OpenSandbox server speaks), FastPath v1 (fast-sandbox's API)
+//! and sandbolt's RegistryService on one gRPC port,
 //! places sandboxes on agents in memory (image-affinity score, sub-linear
 //! index) and keeps a durable record per sandbox behind the [`Store`] trait.
 //!
@@ -20,11 +21,13 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 mod consistency;
+pub mod control;
 pub mod error;
 mod expiry;
 pub mod fastpath;
 pub mod ha;
 pub mod leader;
+pub mod limits;
 mod ownership;
 pub mod placement;
 pub mod pool_status;
@@ -39,6 +42,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandbolt_proto::agent::v1::registry_service_server::RegistryServiceServer;
+use sandbolt_proto::control::v1::sandbox_service_server::SandboxServiceServer;
 use sandbolt_proto::fastpath::v1::fast_path_service_server::FastPathServiceServer as V1Server;
 use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathServiceServer as V2Server;
 use tokio::sync::watch;
@@ -50,6 +54,9 @@ pub use sandboxes::Core;
 pub use store::{Consistency, Store};
 
 pub struct Controller;
+
+/// How long [`ControllerHandle::shutdown`] waits for open connections.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// A running controller. Dropping it does not stop it; call `shutdown`.
 pub struct ControllerHandle {
@@ -98,6 +105,12 @@ impl Controller {
             ))
             .add_service(V1Server::with_interceptor(
                 fastpath::v1::FastPathV1::new(core.clone()),
+                fp_auth.clone(),
+            ))
+            // The native API sits behind the same token as FastPath: both
+            // hand out sandboxes' access tokens (ResolveEndpoint).
+            .add_service(SandboxServiceServer::with_interceptor(
+                control::ControlService::new(core.clone()),
                 fp_auth,
             ))
             .add_service(RegistryServiceServer::with_interceptor(
@@ -142,7 +155,7 @@ impl Controller {
                 c.sweep_deletion_requests().await;
             }
         });
-        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
+        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving sandbolt.control.v1, fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
         Ok(ControllerHandle {
             addr,
             core,
@@ -183,10 +196,18 @@ impl ControllerHandle {
     }
 
     /// Stops serving and the background loops; waits for them.
+    ///
+    /// Graceful shutdown waits for open gRPC connections to close; a client
+    /// that ignores GOAWAY (or went silent) must not hold the process, so
+    /// after [`SHUTDOWN_GRACE`] the remaining tasks are aborted.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+        for mut t in self.tasks {
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut t).await.is_err() {
+                tracing::warn!(grace = ?SHUTDOWN_GRACE, "controller task did not stop in time; aborting it");
+                t.abort();
+                let _ = t.await;
+            }
         }
     }
 }

@@ -16,6 +16,13 @@
 //! commit their records afterwards. Sandbox ids are fresh per create, so an
 //! answer cannot be overtaken by a later create of the same id (the reset
 //! restart reuses an id, but only under a live record).
+//!
+//! Why a silent agent's sandboxes are never reaped: agent liveness is only
+//! reported, never turned into a record state here. A record is Terminal
+//! only once the controller decided its container is lost (its agent is
+//! gone, or its container vanished from a live agent: see `recovery.rs`),
+//! and a silent agent changes no record. The janitor keeps a live record's
+//! container whatever the agent's liveness (see `sandbolt_janitor::rules`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -33,6 +40,7 @@ fn liveness(agent_id: &str, a: Option<&AgentInfo>, now: Instant) -> pb::AgentLiv
         Some(a) => pb::AgentLiveness {
             agent_id: a.agent_id.clone(),
             registered: true,
+            // False while silent: its sandboxes are unknown, not lost.
             heartbeating: !a.lost,
             instance_id: a.instance_id.clone(),
             last_heartbeat_age_ms: now.saturating_duration_since(a.last_seen).as_millis() as i64,
@@ -48,6 +56,8 @@ fn liveness(agent_id: &str, a: Option<&AgentInfo>, now: Instant) -> pb::AgentLiv
 fn record_state(r: Option<&SandboxRecord>) -> pb::RecordState {
     match r.map(|r| r.phase) {
         None => pb::RecordState::Absent,
+        // Failed is a decision (a gone agent, a vanished container, a
+        // failed create, a recovery that gave up), never mere silence.
         Some(Phase::Failed) => pb::RecordState::Terminal,
         Some(Phase::Pending | Phase::Running | Phase::Paused | Phase::Recovering) => {
             pb::RecordState::Live

@@ -56,6 +56,8 @@ pub struct AgentState {
     pub reported: HashSet<String>,
     /// Ports in use on the agent, as it reported them.
     pub used_ports: HashSet<u32>,
+    /// OCI runtimes the agent can run.
+    pub runtimes: HashSet<String>,
 }
 
 impl Default for PoolKey {
@@ -104,6 +106,8 @@ pub struct PlacementRequest<'a> {
     pub ports: &'a [u32],
     /// Agents not to use (e.g. the lost one a sandbox is recreated from).
     pub exclude: &'a [&'a str],
+    /// Only agents that can run this OCI runtime; `None`: any agent.
+    pub runtime: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +125,8 @@ pub enum PlacementError {
     NoCapacity(String, String),
     #[error("sandbox id {0} already holds a slot")]
     AlreadyReserved(String),
+    #[error("no live agent in pool {0}/{1} can run OCI runtime {2:?}")]
+    NoRuntime(String, String, String),
 }
 
 #[derive(Debug, Default)]
@@ -298,6 +304,9 @@ impl PlacementIndex {
         let usable = |name: &Name| -> bool {
             !req.exclude.contains(&name.as_ref())
                 && (req.ports.is_empty() || !self.slots[name].port_conflict(req.ports))
+                && req
+                    .runtime
+                    .is_none_or(|rt| self.slots[name].state.runtimes.contains(rt))
         };
         let sets = self.by_pool.get(req.pool);
         let cached = sets
@@ -316,7 +325,23 @@ impl PlacementIndex {
             (Some(c), Some(a)) => std::cmp::min(c, a),
             (Some(c), None) => c,
             (None, Some(a)) => a,
-            (None, None) => return Err(err()),
+            (None, None) => {
+                // Say which constraint failed: a runtime nobody in the pool
+                // has is the caller's to change, not a capacity problem.
+                if let Some(rt) = req.runtime
+                    && !self.slots.values().any(|s| {
+                        &s.state.pool == req.pool && s.schedulable && s.state.runtimes.contains(rt)
+                    })
+                    && self.live_per_pool.get(req.pool).copied().unwrap_or(0) > 0
+                {
+                    return Err(PlacementError::NoRuntime(
+                        req.pool.namespace.clone(),
+                        req.pool.pool.clone(),
+                        rt.to_string(),
+                    ));
+                }
+                return Err(err());
+            }
         };
         let image_cached = self.slots[&best.2].state.images.contains(req.image_key);
         Ok(Placement {
@@ -451,6 +476,7 @@ mod tests {
             image_key: image,
             ports: &[],
             exclude: &[],
+            runtime: None,
         }
     }
 
@@ -500,6 +526,7 @@ mod tests {
             image_key: "img",
             ports: &[8080],
             exclude: &[],
+            runtime: None,
         };
         assert_eq!(
             ix.choose(&r),
@@ -516,11 +543,36 @@ mod tests {
             image_key: "img",
             ports: &[9000],
             exclude: &[],
+            runtime: None,
         };
         assert_eq!(ix.allocate(&r, "s2").unwrap().agent, "d");
         assert!(ix.choose(&r).is_err());
         ix.release("d", "s2");
         assert_eq!(ix.choose(&r).unwrap().agent, "d");
+    }
+
+    #[test]
+    fn only_agents_with_the_runtime_are_considered() {
+        let mut ix = PlacementIndex::new();
+        ix.upsert("a", state("p", 5, &["img"]));
+        let mut gvisor = state("p", 5, &[]);
+        gvisor.runtimes.insert("runsc".into());
+        ix.upsert("b", gvisor);
+        let pool = PoolKey::new("", "p");
+        let mut r = req(&pool, "img");
+        // Without a runtime, image affinity picks a.
+        assert_eq!(ix.choose(&r).unwrap().agent, "a");
+        r.runtime = Some("runsc");
+        assert_eq!(ix.choose(&r).unwrap().agent, "b");
+        r.runtime = Some("crun");
+        assert_eq!(
+            ix.choose(&r),
+            Err(PlacementError::NoRuntime(
+                "default".into(),
+                "p".into(),
+                "crun".into()
+            ))
+        );
     }
 
     #[test]

@@ -96,6 +96,7 @@ mod tests {
         let mut pool = SandboxPool::new(
             "gpu",
             SandboxPoolSpec {
+                limits: None,
                 node_selector: Default::default(),
                 max_sandboxes_per_agent: 4,
                 runtime: Default::default(),

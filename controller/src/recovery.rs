@@ -1,6 +1,28 @@
-//! Keeping records and reality together: the restart rebuild, lost agents
-//! and their failure policies, re-driving creates a dead controller left
-//! Pending, and removing containers that no record owns.
+//! Keeping records and reality together: the restart rebuild, silent and
+//! gone agents, vanished containers and their failure policies, re-driving
+//! creates a dead controller left Pending, and removing containers that no
+//! record owns.
+//!
+//! # Silence kills nothing
+//!
+//! An agent that stops heartbeating is *silent* (lost): it leaves placement
+//! and [`Core::agent_silent`] tells readers its sandboxes' state is unknown,
+//! but no record is written and no failure policy applies — its sandboxes
+//! normally still run (a rollout, a containerd restart, a slow heartbeat).
+//! When it reports them again they simply are Running, as their records
+//! always said. Failure policies apply only when a sandbox is known to be
+//! lost:
+//! - its agent is *gone*: silent for `agent_gone_timeout` and the
+//!   configured [`AgentPresence`](crate::registry::AgentPresence) source
+//!   (Kubernetes: the agent's pod) says it no longer exists. Without a
+//!   source (one machine) an agent is never gone;
+//! - its container *vanished*: its agent heartbeats but has stopped
+//!   reporting it (a node reboot, a wiped containerd), see
+//!   [`crate::registry::VanishRule`].
+//!
+//! Then AUTO_RECREATE recreates the sandbox (on another agent when its own
+//! is gone) and MANUAL marks it Failed, which lets the janitor reap what is
+//! left of its container.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,6 +33,7 @@ use sandbolt_proto::agent::v1 as pb;
 use crate::clock;
 use crate::error::{Error, Result};
 use crate::placement::or_default;
+use crate::registry::{Presence, VanishRule};
 use crate::sandboxes::{Core, new_id};
 use crate::store::{AgentRecord, FailurePolicy, Phase, SandboxRecord};
 
@@ -66,16 +89,145 @@ impl Core {
                 proxy_endpoint: inv.proxy_endpoint.clone(),
                 capacity: inv.max_sandboxes.max(0) as u32,
                 node_name: inv.node_name.clone(),
+                pod: inv.pod.as_ref().map(|p| crate::store::AgentPod {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    uid: p.uid.clone(),
+                }),
             })?;
         }
         if outcome.came_back {
-            tracing::info!(agent = %inv.agent_id, "lost agent is back");
+            tracing::info!(agent = %inv.agent_id, sandboxes = inv.sandboxes.len(), "silent agent is back; its sandboxes are known again");
         }
+        let in_flight = self.inflight.lock().clone();
+        let vanished = self
+            .registry
+            .note_heartbeat(inv, &in_flight, self.vanish_rule());
         self.update_ready(None);
         if self.is_ready() {
             self.collect_orphans(inv);
+            if !vanished.is_empty() {
+                self.on_vanished(&inv.agent_id, &vanished);
+            }
         }
         Ok(())
+    }
+
+    /// Whether `agent_id` is registered and silent (no heartbeat for
+    /// `lost_agent_timeout`). The records of its sandboxes keep the phase
+    /// they had (Running, Paused…): read that as *unknown* while this is
+    /// true. It turns false with the agent's next heartbeat; records it no
+    /// longer holds by then are dealt with by the failure policies. False
+    /// for agents the controller does not know at all.
+    pub fn agent_silent(&self, agent_id: &str) -> bool {
+        self.registry.is_silent(agent_id)
+    }
+
+    fn vanish_rule(&self) -> VanishRule {
+        VanishRule {
+            min_heartbeats: 2,
+            // Several heartbeat periods, and never under a few seconds: a
+            // reset restart deletes and re-creates one id, a delete removes
+            // the container before the record.
+            min_age: (self.config.heartbeat_interval * 3).max(Duration::from_secs(5)),
+        }
+    }
+
+    /// Sandboxes a live agent has stopped reporting: their containers are
+    /// gone (the agent finds every container of its own at start), so the
+    /// failure policy applies.
+    fn on_vanished(&self, agent: &str, ids: &[String]) {
+        let records = match self.store.list(None, None, 0) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%agent, error = %e, "vanished sandboxes not handled: store read failed");
+                return;
+            }
+        };
+        for r in records {
+            if r.agent_id != agent
+                || !ids.contains(&r.sandbox_id)
+                || !matches!(r.phase, Phase::Running | Phase::Paused)
+            {
+                continue;
+            }
+            let why = format!(
+                "container {} vanished: agent {agent} is running but no longer reports it (node restarted, or containerd lost it)",
+                r.sandbox_id
+            );
+            tracing::warn!(sandbox = %r.name, namespace = %r.namespace, "{why}");
+            let still_missing = |x: &SandboxRecord| {
+                matches!(x.phase, Phase::Running | Phase::Paused)
+                    && self.registry.is_live(agent)
+                    && self.registry.observed(agent, &x.sandbox_id).is_none()
+                    && !self.inflight.lock().contains(&x.sandbox_id)
+            };
+            self.give_up(&r, "agent", &why, still_missing);
+        }
+    }
+
+    /// Applies the failure policy to one record whose container is lost:
+    /// AUTO_RECREATE → Recovering (recreated by the recovery loop), MANUAL →
+    /// Failed. `applies` re-checks the record inside the write. Returns
+    /// false when the record could not be written (the caller may retry).
+    fn give_up(
+        &self,
+        r: &SandboxRecord,
+        source: &str,
+        why: &str,
+        applies: impl Fn(&SandboxRecord) -> bool,
+    ) -> bool {
+        let now_ms = clock::now_unix_ms();
+        let sid = r.sandbox_id.clone();
+        let updated = self.modify(&r.namespace, &r.name, |x| {
+            if x.sandbox_id != sid || !applies(x) {
+                return Err(Error::Aborted("changed".into()));
+            }
+            match x.failure_policy {
+                FailurePolicy::AutoRecreate => {
+                    let timeout = match x.recovery_timeout_seconds {
+                        0 => self.config.default_recovery_timeout,
+                        s => Duration::from_secs(s as u64),
+                    };
+                    x.phase = Phase::Recovering;
+                    x.recovery_deadline_unix_ms = now_ms + timeout.as_millis() as i64;
+                    x.message = format!("{why}; recreating");
+                    x.push_event(
+                        "warning",
+                        source,
+                        format!("{why}; AUTO_RECREATE within {timeout:?}"),
+                    );
+                }
+                FailurePolicy::Manual => {
+                    x.phase = Phase::Failed;
+                    x.message = why.to_string();
+                    x.push_event(
+                        "error",
+                        source,
+                        format!("{why}; MANUAL policy: marked failed"),
+                    );
+                }
+            }
+            Ok(())
+        });
+        match updated {
+            Ok(x) if x.phase == Phase::Recovering => {
+                self.recovering
+                    .lock()
+                    .insert((x.namespace.clone(), x.name.clone()));
+                true
+            }
+            Ok(x) => {
+                self.registry.release(&x.agent_id, &x.sandbox_id);
+                true
+            }
+            // Deleted, reassigned, or back meanwhile: nothing to apply.
+            Err(Error::Aborted(_) | Error::NotFound(..)) => true,
+            Err(e) => {
+                tracing::warn!(sandbox = %r.name, error = %e, "could not apply the failure policy");
+                false
+            }
+        }
     }
 
     pub(crate) fn update_ready(&self, started: Option<Instant>) {
@@ -135,11 +287,9 @@ impl Core {
     pub async fn recovery_tick(self: &Arc<Self>, started: Instant) {
         self.update_ready(Some(started));
         for agent in self.registry.detect_lost(self.config.lost_agent_timeout) {
-            tracing::warn!(%agent, timeout = ?self.config.lost_agent_timeout, "agent lost (no heartbeat)");
-            if let Err(e) = self.on_agent_lost(&agent) {
-                tracing::warn!(%agent, error = %e, "failure policies not applied yet");
-            }
+            tracing::warn!(%agent, timeout = ?self.config.lost_agent_timeout, gone_after = ?self.config.agent_gone_timeout, "agent silent (no heartbeat): its sandboxes are unknown until it reports again; none is failed for silence");
         }
+        self.check_presence();
         let work: Vec<(String, String)> = self.recovering.lock().iter().cloned().collect();
         for (ns, name) in work {
             let r = match self.store.get(&ns, &name) {
@@ -185,59 +335,83 @@ impl Core {
         });
     }
 
-    fn on_agent_lost(&self, agent: &str) -> Result<()> {
-        let now_ms = clock::now_unix_ms();
-        for r in self.store.list(None, None, 0)? {
+    /// Asks the presence source about agents silent for
+    /// `agent_gone_timeout`; one that is gone has its sandboxes' failure
+    /// policies applied. Checks run in the background, one per agent at a
+    /// time, repeated while the agent stays silent.
+    fn check_presence(self: &Arc<Self>) {
+        let Some(presence) = self.config.agent_presence.clone() else {
+            return;
+        };
+        let gone_after = self.config.agent_gone_timeout;
+        // Re-asked often enough that a deleted pod is acted on promptly,
+        // rarely enough to cost the API server nothing.
+        let recheck = (gone_after / 10).clamp(Duration::from_secs(1), Duration::from_secs(30));
+        for (who, seq) in self.registry.due_presence_checks(gone_after) {
+            let core = self.clone();
+            let presence = presence.clone();
+            tokio::spawn(async move {
+                let agent = who.agent_id.clone();
+                let why = match presence.check(&who).await {
+                    Ok(Presence::Gone(why)) => Some(why),
+                    Ok(Presence::Replacing(why)) => {
+                        tracing::info!(%agent, %why, "silent agent's pod is being replaced; its sandboxes wait for it");
+                        None
+                    }
+                    Ok(Presence::Present) => {
+                        tracing::debug!(%agent, "silent agent's pod still exists; its sandboxes wait for it");
+                        None
+                    }
+                    Ok(Presence::Unknown) => {
+                        tracing::debug!(%agent, "silent agent has no known pod; its sandboxes wait for it");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!(%agent, error = %e, "cannot tell whether the silent agent is gone; its sandboxes wait");
+                        None
+                    }
+                };
+                if !core
+                    .registry
+                    .presence_checked(&agent, seq, why.is_some(), recheck)
+                {
+                    return;
+                }
+                let why = why.unwrap_or_default();
+                tracing::warn!(%agent, %why, silent_for_at_least = ?gone_after, "agent gone: applying failure policies");
+                if !core.on_agent_gone(&agent, &why) {
+                    core.registry.presence_retry(&agent);
+                }
+            });
+        }
+    }
+
+    /// Failure policies for every sandbox of a gone agent. False when some
+    /// could not be applied (the next presence check retries those).
+    fn on_agent_gone(&self, agent: &str, why: &str) -> bool {
+        let records = match self.store.list(None, None, 0) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%agent, error = %e, "failure policies not applied yet: store read failed");
+                return false;
+            }
+        };
+        let why = format!("agent {agent} is gone ({why}); its containers went with it");
+        let mut all = true;
+        for r in records {
             if r.agent_id != agent
                 || !matches!(r.phase, Phase::Running | Phase::Paused | Phase::Pending)
             {
                 continue;
             }
-            let sid = r.sandbox_id.clone();
-            let updated = self.modify(&r.namespace, &r.name, |x| {
-                if x.sandbox_id != sid {
-                    return Err(Error::Aborted("reassigned".into()));
-                }
-                match x.failure_policy {
-                    FailurePolicy::AutoRecreate => {
-                        let timeout = match x.recovery_timeout_seconds {
-                            0 => self.config.default_recovery_timeout,
-                            s => Duration::from_secs(s as u64),
-                        };
-                        x.phase = Phase::Recovering;
-                        x.recovery_deadline_unix_ms = now_ms + timeout.as_millis() as i64;
-                        x.message = format!("agent {agent} lost; recreating elsewhere");
-                        x.push_event(
-                            "warning",
-                            "registry",
-                            format!("agent {agent} lost; AUTO_RECREATE within {timeout:?}"),
-                        );
-                    }
-                    FailurePolicy::Manual => {
-                        x.phase = Phase::Failed;
-                        x.message = format!("agent {agent} lost");
-                        x.push_event(
-                            "error",
-                            "registry",
-                            format!("agent {agent} lost; MANUAL policy: marked failed"),
-                        );
-                    }
-                }
-                Ok(())
-            });
-            match updated {
-                Ok(x) if x.phase == Phase::Recovering => {
-                    self.recovering
-                        .lock()
-                        .insert((x.namespace.clone(), x.name.clone()));
-                }
-                Ok(x) => self.registry.release(&x.agent_id, &x.sandbox_id),
-                Err(e) => {
-                    tracing::warn!(sandbox = %r.name, error = %e, "could not apply failure policy")
-                }
-            }
+            let still_gone = |x: &SandboxRecord| {
+                x.agent_id == agent
+                    && matches!(x.phase, Phase::Running | Phase::Paused | Phase::Pending)
+                    && !self.registry.is_live(agent)
+            };
+            all &= self.give_up(&r, "registry", &why, still_gone);
         }
-        Ok(())
+        all
     }
 
     fn recover(self: &Arc<Self>, r: SandboxRecord) {
@@ -294,7 +468,14 @@ impl Core {
         n.sandbox_id = new_id("sb-");
         let _inflight = self.inflight(&n.sandbox_id);
         let _old = self.inflight(&old_sid);
-        self.place_for_recovery(&mut n, &old_agent)?;
+        // A gone agent cannot take it back; a live one whose container
+        // vanished can.
+        let exclude = if self.registry.is_live(&old_agent) {
+            ""
+        } else {
+            old_agent.as_str()
+        };
+        self.place_for_recovery(&mut n, exclude)?;
         if let Err(e) = self.create_for_recovery(&n).await {
             self.registry.release(&n.agent_id, &n.sandbox_id);
             return Err(e);
@@ -313,7 +494,7 @@ impl Core {
             x.push_event(
                 "info",
                 "controller",
-                format!("recreated on agent {new_agent} as {new_sid} (agent {old_agent} lost)"),
+                format!("recreated on agent {new_agent} as {new_sid} (was {old_sid} on agent {old_agent})"),
             );
             Ok(())
         });
@@ -350,6 +531,7 @@ impl Core {
             image_key: &key,
             ports: &n.exposed_ports,
             exclude: &[exclude],
+            runtime: (!n.runtime.is_empty()).then_some(n.runtime.as_str()),
         };
         let p = self.registry.allocate(&req, &n.sandbox_id)?;
         n.agent_id = p.agent;

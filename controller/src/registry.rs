@@ -6,6 +6,20 @@
 //! Placement itself lives in [`crate::placement::PlacementIndex`]; the
 //! registry keeps it and the agents' addresses under one lock so an agent
 //! can never be chosen after it was marked lost.
+//!
+//! # Silent is not gone
+//!
+//! Lost only means *silent*: a DaemonSet rollout, a containerd restart or a
+//! slow heartbeat all look like that, and the agent's sandboxes keep running
+//! meanwhile. Their records stay as they are (their state is *unknown*, see
+//! `Core::agent_silent`); nothing is failed or recreated for silence. A
+//! silent agent is *gone* only when an [`AgentPresence`] source says so —
+//! on Kubernetes: its pod no longer exists and no other agent pod runs on
+//! its node — after `agent_gone_timeout` of silence. Without such a source
+//! (one machine) an agent is never gone. The registry also tracks the
+//! sandboxes a live agent stops reporting, so that a container that
+//! vanished (a node reboot, a wiped containerd) is noticed once the agent
+//! is back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -35,12 +49,59 @@ pub struct AgentInfo {
     /// Sandbox id → what the agent last reported about it.
     pub sandboxes: HashMap<String, pb::SandboxStatus>,
     pub images: Vec<pb::ImageInfo>,
+    /// What the agent's pool promises (runtime, limit defaults and maxima),
+    /// as the agent last reported it; `None` until it heartbeats.
+    pub pool_policy: Option<pb::PoolPolicy>,
+    /// OCI runtimes the agent can run.
+    pub runtimes: Vec<String>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     index: PlacementIndex,
     agents: HashMap<String, AgentInfo>,
+    /// Liveness bookkeeping beyond the heartbeat itself, by agent id.
+    watch: HashMap<String, Watch>,
+}
+
+/// What the registry keeps per agent to tell silent from gone, and to
+/// notice sandboxes a live agent no longer reports.
+#[derive(Debug, Default)]
+struct Watch {
+    /// The pod the agent's last heartbeat (to this process) named.
+    pod: Option<pb::AgentPod>,
+    /// Heartbeats applied; a presence check started before one more arrived
+    /// is stale.
+    heartbeats: u64,
+    /// Judged gone; its failure policies were applied.
+    gone: bool,
+    /// A presence check is running.
+    checking: bool,
+    /// No presence check before this instant.
+    next_check: Option<Instant>,
+    /// Sandbox ids reserved on the agent but absent from its heartbeats.
+    missing: HashMap<String, Missing>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Missing {
+    /// When the first heartbeat without it was applied.
+    since: Instant,
+    /// Consecutive heartbeats without it.
+    heartbeats: u32,
+    /// Already handed to the caller as vanished.
+    reported: bool,
+}
+
+/// When a sandbox counts as vanished from a live agent: absent from this
+/// many consecutive heartbeats, over at least `min_age`. One heartbeat can be
+/// stale (its inventory was taken before a create that committed before it
+/// arrived); the next one is taken after that answer, so two in a row are
+/// not.
+#[derive(Debug, Clone, Copy)]
+pub struct VanishRule {
+    pub min_heartbeats: u32,
+    pub min_age: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +123,14 @@ pub struct HeartbeatOutcome {
     pub came_back: bool,
 }
 
+/// See [`Registry::sandbox_view`].
+#[derive(Debug, Clone, Default)]
+pub struct SandboxView {
+    pub agent_live: bool,
+    pub node_name: String,
+    pub observed: Option<pb::SandboxStatus>,
+}
+
 /// Pool counts for GetPool/ListPools.
 #[derive(Debug, Clone, Default)]
 pub struct PoolSummary {
@@ -74,6 +143,10 @@ pub struct PoolSummary {
     pub capacity: i64,
     /// Normalized reference → agents that have it cached.
     pub images: BTreeMap<String, i32>,
+    /// The pool's policy, from its most recently heard live agent.
+    pub policy: Option<pb::PoolPolicy>,
+    /// Every runtime some live agent of the pool can run.
+    pub runtimes: std::collections::BTreeSet<String>,
 }
 
 impl Registry {
@@ -111,6 +184,7 @@ impl Registry {
             images,
             reported: inv.sandboxes.iter().map(|s| s.sandbox_id.clone()).collect(),
             used_ports: inv.used_ports.iter().copied().collect(),
+            runtimes: available_runtimes(inv).collect(),
         };
         let mut g = self.inner.lock();
         g.index.upsert(&inv.agent_id, state);
@@ -120,12 +194,16 @@ impl Registry {
             .map(|s| (s.sandbox_id.clone(), s.clone()))
             .collect();
         let now = Instant::now();
+        // The pod as last persisted or heard (a new pod must be persisted).
+        let g_pod = g.watch.get(&inv.agent_id).and_then(|w| w.pod.clone());
         match g.agents.get_mut(&inv.agent_id) {
             Some(a) => {
+                let pod_changed = g_pod != inv.pod;
                 let persist = a.api_endpoint != inv.api_endpoint
                     || a.proxy_endpoint != inv.proxy_endpoint
                     || a.pool != pool
-                    || a.capacity != inv.max_sandboxes.max(0) as u32;
+                    || a.capacity != inv.max_sandboxes.max(0) as u32
+                    || pod_changed;
                 let came_back = a.lost;
                 a.instance_id = inv.instance_id.clone();
                 a.node_name = inv.node_name.clone();
@@ -138,6 +216,8 @@ impl Registry {
                 a.heartbeated = true;
                 a.sandboxes = sandboxes;
                 a.images = inv.images.clone();
+                a.pool_policy = inv.pool_policy.clone();
+                a.runtimes = available_runtimes(inv).collect();
                 HeartbeatOutcome { persist, came_back }
             }
             None => {
@@ -156,6 +236,8 @@ impl Registry {
                         heartbeated: true,
                         sandboxes,
                         images: inv.images.clone(),
+                        pool_policy: inv.pool_policy.clone(),
+                        runtimes: available_runtimes(inv).collect(),
                     },
                 );
                 HeartbeatOutcome {
@@ -172,6 +254,15 @@ impl Registry {
     pub fn load_known(&self, a: &AgentRecord) {
         let mut g = self.inner.lock();
         let pool = self.pool_key(&a.namespace, &a.pool);
+        if let Some(pod) = &a.pod {
+            // Its pod, so the agent can be judged gone even if it never
+            // heartbeats to this controller process.
+            g.watch.entry(a.agent_id.clone()).or_default().pod = Some(pb::AgentPod {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+            });
+        }
         g.index.ensure_known(&a.agent_id, pool.clone(), a.capacity);
         g.agents
             .entry(a.agent_id.clone())
@@ -188,6 +279,8 @@ impl Registry {
                 heartbeated: false,
                 sandboxes: HashMap::new(),
                 images: Vec::new(),
+                pool_policy: None,
+                runtimes: Vec::new(),
             });
     }
 
@@ -221,6 +314,21 @@ impl Registry {
 
     pub fn is_live(&self, agent: &str) -> bool {
         self.inner.lock().agents.get(agent).is_some_and(|a| !a.lost)
+    }
+
+    /// What a status answer needs about one sandbox's agent, under one lock
+    /// and without cloning the agent's inventory: whether it heartbeats, its
+    /// node, and what it last reported about the sandbox.
+    pub fn sandbox_view(&self, agent: &str, sandbox_id: &str) -> SandboxView {
+        let g = self.inner.lock();
+        match g.agents.get(agent) {
+            None => SandboxView::default(),
+            Some(a) => SandboxView {
+                agent_live: !a.lost,
+                node_name: a.node_name.clone(),
+                observed: a.sandboxes.get(sandbox_id).cloned(),
+            },
+        }
     }
 
     /// What the agent last reported about one sandbox.
@@ -263,9 +371,21 @@ impl Registry {
             .all(|a| a.heartbeated || a.lost)
     }
 
+    /// The policy of `pool`: from its most recently heard live agent (agents
+    /// of one pool share their flags; during a rollout the newest wins).
+    pub fn pool_policy(&self, pool: &PoolKey) -> Option<pb::PoolPolicy> {
+        let g = self.inner.lock();
+        g.agents
+            .values()
+            .filter(|a| &a.pool == pool && !a.lost && a.pool_policy.is_some())
+            .max_by_key(|a| a.last_seen)
+            .and_then(|a| a.pool_policy.clone())
+    }
+
     pub fn pools(&self) -> Vec<PoolSummary> {
         let g = self.inner.lock();
         let mut out: BTreeMap<PoolKey, PoolSummary> = BTreeMap::new();
+        let mut newest: HashMap<PoolKey, Instant> = HashMap::new();
         for a in g.agents.values() {
             let s = out.entry(a.pool.clone()).or_insert_with(|| PoolSummary {
                 pool: a.pool.clone(),
@@ -277,6 +397,13 @@ impl Registry {
                 s.ready_agents += 1;
                 if allocated == 0 {
                     s.idle_agents += 1;
+                }
+            }
+            if !a.lost {
+                s.runtimes.extend(a.runtimes.iter().cloned());
+                if a.pool_policy.is_some() && newest.get(&a.pool).is_none_or(|t| *t < a.last_seen) {
+                    newest.insert(a.pool.clone(), a.last_seen);
+                    s.policy = a.pool_policy.clone();
                 }
             }
             s.max_sandboxes_per_agent = s.max_sandboxes_per_agent.max(a.capacity as i32);
@@ -295,5 +422,443 @@ impl Registry {
 
     pub fn agents(&self) -> Vec<AgentInfo> {
         self.inner.lock().agents.values().cloned().collect()
+    }
+
+    // ------------------------------------------------------- liveness --
+
+    /// Registered and silent (marked lost): what it holds is unknown, not
+    /// failed.
+    pub fn is_silent(&self, agent: &str) -> bool {
+        self.inner.lock().agents.get(agent).is_some_and(|a| a.lost)
+    }
+
+    /// Liveness bookkeeping for one applied heartbeat (call it right after
+    /// [`Registry::heartbeat`]). Returns the sandbox ids that `rule` now
+    /// counts as vanished: reserved on the agent, not reported by it and
+    /// not in `in_flight` (a create or recreate may not have reached the
+    /// agent yet; its absence restarts the count). Each id is returned once
+    /// per absence.
+    pub fn note_heartbeat(
+        &self,
+        inv: &pb::Inventory,
+        in_flight: &std::collections::HashSet<String>,
+        rule: VanishRule,
+    ) -> Vec<String> {
+        let mut g = self.inner.lock();
+        let reserved = g.index.reserved_on(&inv.agent_id);
+        let w = g.watch.entry(inv.agent_id.clone()).or_default();
+        w.heartbeats += 1;
+        w.pod = inv.pod.clone();
+        w.gone = false;
+        w.next_check = None;
+        let reported: std::collections::HashSet<&str> = inv
+            .sandboxes
+            .iter()
+            .map(|s| s.sandbox_id.as_str())
+            .collect();
+        let now = Instant::now();
+        let absent: std::collections::HashSet<String> = reserved
+            .into_iter()
+            .filter(|id| !reported.contains(id.as_str()) && !in_flight.contains(id))
+            .collect();
+        w.missing.retain(|id, _| absent.contains(id));
+        let mut vanished = Vec::new();
+        for id in absent {
+            let m = w.missing.entry(id.clone()).or_insert(Missing {
+                since: now,
+                heartbeats: 0,
+                reported: false,
+            });
+            m.heartbeats += 1;
+            if !m.reported
+                && m.heartbeats >= rule.min_heartbeats
+                && now.duration_since(m.since) >= rule.min_age
+            {
+                m.reported = true;
+                vanished.push(id);
+            }
+        }
+        vanished.sort();
+        vanished
+    }
+
+    /// Silent agents due for a presence check: silent for at least
+    /// `gone_after`, not judged gone yet, no check running and none within
+    /// the last re-check period. Each is marked as being checked; finish
+    /// with [`Registry::presence_checked`]. The `u64` identifies the
+    /// heartbeat state the check started from.
+    pub fn due_presence_checks(&self, gone_after: Duration) -> Vec<(AgentWhereabouts, u64)> {
+        let mut g = self.inner.lock();
+        let now = Instant::now();
+        let Inner { agents, watch, .. } = &mut *g;
+        let mut due = Vec::new();
+        for a in agents.values() {
+            if !a.lost || now.duration_since(a.last_seen) < gone_after {
+                continue;
+            }
+            let w = watch.entry(a.agent_id.clone()).or_default();
+            if w.gone || w.checking || w.next_check.is_some_and(|t| now < t) {
+                continue;
+            }
+            w.checking = true;
+            due.push((
+                AgentWhereabouts {
+                    agent_id: a.agent_id.clone(),
+                    node_name: a.node_name.clone(),
+                    pool: a.pool.pool.clone(),
+                    pod: w.pod.clone(),
+                },
+                w.heartbeats,
+            ));
+        }
+        due
+    }
+
+    /// Ends a presence check started by [`Registry::due_presence_checks`];
+    /// the next one waits `recheck`. True when the agent is now judged gone:
+    /// the check said so and the agent stayed silent meanwhile (no heartbeat
+    /// since the check began). The caller then applies the failure policies.
+    pub fn presence_checked(&self, agent: &str, seq: u64, gone: bool, recheck: Duration) -> bool {
+        let mut g = self.inner.lock();
+        let still_silent = g.agents.get(agent).is_some_and(|a| a.lost);
+        let Some(w) = g.watch.get_mut(agent) else {
+            return false;
+        };
+        w.checking = false;
+        w.next_check = Some(Instant::now() + recheck);
+        if gone && still_silent && w.heartbeats == seq && !w.gone {
+            w.gone = true;
+            return true;
+        }
+        false
+    }
+
+    /// Takes back a gone verdict whose failure policies could not all be
+    /// applied, so the next check applies them again.
+    pub fn presence_retry(&self, agent: &str) {
+        if let Some(w) = self.inner.lock().watch.get_mut(agent) {
+            w.gone = false;
+        }
+    }
+}
+
+/// Where a silent agent ran: what an [`AgentPresence`] source checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentWhereabouts {
+    pub agent_id: String,
+    pub node_name: String,
+    /// The pool it serves (a successor pod serves the same one).
+    pub pool: String,
+    /// Its pod, as its last heartbeat to this controller process named it;
+    /// `None` outside Kubernetes or when it has not heartbeated since this
+    /// process started (the store does not keep it).
+    pub pod: Option<pb::AgentPod>,
+}
+
+/// What an [`AgentPresence`] source says about a silent agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Presence {
+    /// What runs the agent is still there: it is only away.
+    Present,
+    /// Its pod is gone but another agent pod is on its node (a restart or a
+    /// rollout under way): the sandboxes wait for it. Carries that pod.
+    Replacing(String),
+    /// Gone for good, and its sandboxes with it. Carries why.
+    Gone(String),
+    /// Nothing to check (no pod identity): treated as present.
+    Unknown,
+}
+
+/// Tells a silent agent from a gone one. Errors mean "cannot tell" and
+/// decide nothing.
+#[async_trait::async_trait]
+pub trait AgentPresence: std::fmt::Debug + Send + Sync + 'static {
+    async fn check(&self, agent: &AgentWhereabouts) -> crate::Result<Presence>;
+}
+
+/// [`AgentPresence`] from the Kubernetes API: an agent is gone when its pod
+/// (`Inventory.pod`) no longer exists (deleted, or garbage-collected with a
+/// deleted node), was replaced by a new pod of the same name, or terminated
+/// for good — and no successor is on its node: another agent pod (label
+/// selector) of the same pool (pool label), which would adopt the
+/// sandboxes once it runs. A pod that exists, even on an unreachable node,
+/// keeps the agent merely silent: only a deleted pod or Node proves the
+/// sandboxes are gone.
+#[derive(Clone)]
+pub struct KubeAgentPresence {
+    client: kube::Client,
+    selector: String,
+    pool_label: Option<String>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for KubeAgentPresence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeAgentPresence")
+            .field("selector", &self.selector)
+            .field("pool_label", &self.pool_label)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl KubeAgentPresence {
+    /// The chart's agent pods (the janitor uses the same selector).
+    pub const DEFAULT_SELECTOR: &'static str = "app.kubernetes.io/component=agent";
+    /// The chart's label naming an agent pod's pool.
+    pub const DEFAULT_POOL_LABEL: &'static str = "sandbolt.io/pool";
+
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            selector: Self::DEFAULT_SELECTOR.into(),
+            pool_label: Some(Self::DEFAULT_POOL_LABEL.into()),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Label selector of the pods that run agents (a successor must match).
+    pub fn with_selector(mut self, selector: impl Into<String>) -> Self {
+        self.selector = selector.into();
+        self
+    }
+
+    /// Label whose value is an agent pod's pool (a successor must serve the
+    /// silent agent's pool); `None`: any agent pod on the node counts.
+    pub fn with_pool_label(mut self, label: Option<String>) -> Self {
+        self.pool_label = label;
+        self
+    }
+
+    fn successor_selector(&self, pool: &str) -> String {
+        match &self.pool_label {
+            Some(l) if !pool.is_empty() => format!("{},{l}={pool}", self.selector),
+            _ => self.selector.clone(),
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = kube::Result<T>>,
+    ) -> crate::Result<T> {
+        tokio::time::timeout(self.timeout, f)
+            .await
+            .map_err(|_| {
+                crate::Error::Unavailable(format!("{what}: no answer within {:?}", self.timeout))
+            })?
+            .map_err(|e| crate::Error::Unavailable(format!("{what}: {e}")))
+    }
+}
+
+/// A pod that has stopped for good runs no agent (its containers do not
+/// restart).
+fn terminated(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+#[async_trait::async_trait]
+impl AgentPresence for KubeAgentPresence {
+    async fn check(&self, agent: &AgentWhereabouts) -> crate::Result<Presence> {
+        use k8s_openapi::api::core::v1::Pod;
+        use kube::api::{Api, ListParams};
+
+        let Some(pod) = &agent.pod else {
+            return Ok(Presence::Unknown);
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let named = format!("pod {}/{}", pod.namespace, pod.name);
+        let current = self.call(&named, api.get_opt(&pod.name)).await?;
+        let why = match &current {
+            None => format!("{named} no longer exists"),
+            Some(p) if p.metadata.uid.as_deref() != Some(pod.uid.as_str()) => {
+                format!("{named} (uid {}) was replaced", pod.uid)
+            }
+            Some(p) if terminated(p) => format!("{named} terminated"),
+            Some(_) => return Ok(Presence::Present),
+        };
+        if !agent.node_name.is_empty() {
+            // A successor on the same node adopts the sandboxes when it
+            // starts (the agent id is the node's): wait for it, however long
+            // it takes to pull or to stop crash-looping.
+            let lp = ListParams::default()
+                .labels(&self.successor_selector(&agent.pool))
+                .fields(&format!("spec.nodeName={}", agent.node_name));
+            let pods = self.call("agent pods", api.list(&lp)).await?;
+            if let Some(p) = pods.items.iter().find(|p| {
+                p.metadata.uid.as_deref() != Some(pod.uid.as_str())
+                    && p.metadata.deletion_timestamp.is_none()
+                    && !terminated(p)
+            }) {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                return Ok(Presence::Replacing(format!(
+                    "{why}; agent pod {name} is on node {}",
+                    agent.node_name
+                )));
+            }
+        }
+        Ok(Presence::Gone(why))
+    }
+}
+
+/// The runtimes an inventory says the agent can run.
+fn available_runtimes(inv: &pb::Inventory) -> impl Iterator<Item = String> + '_ {
+    inv.runtimes
+        .iter()
+        .filter(|r| r.available)
+        .map(|r| r.name.clone())
+}
+
+#[cfg(test)]
+mod liveness_tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    fn inv(agent: &str, sandboxes: &[&str]) -> pb::Inventory {
+        pb::Inventory {
+            agent_id: agent.into(),
+            node_name: "node-1".into(),
+            max_sandboxes: 8,
+            sandboxes: sandboxes
+                .iter()
+                .map(|s| pb::SandboxStatus {
+                    sandbox_id: s.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            pod: Some(pb::AgentPod {
+                namespace: "ns".into(),
+                name: format!("{agent}-pod"),
+                uid: "uid-1".into(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    const NOW: VanishRule = VanishRule {
+        min_heartbeats: 2,
+        min_age: Duration::ZERO,
+    };
+
+    fn beat(r: &Registry, i: &pb::Inventory) -> Vec<String> {
+        r.heartbeat(i);
+        r.note_heartbeat(i, &HashSet::new(), NOW)
+    }
+
+    #[test]
+    fn a_silent_agent_is_checked_after_the_timeout_and_once_per_recheck() {
+        let r = Registry::new();
+        beat(&r, &inv("a", &[]));
+        assert!(!r.is_silent("a") && !r.is_silent("unknown"));
+        assert!(
+            r.due_presence_checks(Duration::ZERO).is_empty(),
+            "not silent"
+        );
+        r.detect_lost(Duration::ZERO);
+        assert!(r.is_silent("a"));
+        assert!(
+            r.due_presence_checks(Duration::from_secs(3600)).is_empty(),
+            "not silent for long enough"
+        );
+        let due = r.due_presence_checks(Duration::ZERO);
+        assert_eq!(due.len(), 1);
+        let (who, seq) = &due[0];
+        assert_eq!(who.agent_id, "a");
+        assert_eq!(who.node_name, "node-1");
+        assert_eq!(who.pool, "default");
+        assert_eq!(who.pod.as_ref().unwrap().name, "a-pod");
+        assert!(
+            r.due_presence_checks(Duration::ZERO).is_empty(),
+            "one check at a time"
+        );
+        // Present: asked again only after the re-check period.
+        assert!(!r.presence_checked("a", *seq, false, Duration::from_secs(3600)));
+        assert!(r.due_presence_checks(Duration::ZERO).is_empty());
+        let mut due = Vec::new();
+        while due.is_empty() {
+            r.presence_checked("a", *seq, false, Duration::ZERO);
+            due = r.due_presence_checks(Duration::ZERO);
+        }
+        // Gone: judged once, never checked again while it stays silent.
+        assert!(r.presence_checked("a", due[0].1, true, Duration::ZERO));
+        assert!(r.due_presence_checks(Duration::ZERO).is_empty());
+        // Its policies could not all be applied: checked again.
+        r.presence_retry("a");
+        let due = r.due_presence_checks(Duration::ZERO);
+        assert_eq!(due.len(), 1);
+        assert!(r.presence_checked("a", due[0].1, true, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_heartbeat_during_a_check_voids_a_gone_verdict() {
+        let r = Registry::new();
+        let i = inv("a", &[]);
+        beat(&r, &i);
+        r.detect_lost(Duration::ZERO);
+        let (_, seq) = r.due_presence_checks(Duration::ZERO).remove(0);
+        beat(&r, &i);
+        assert!(!r.presence_checked("a", seq, true, Duration::ZERO));
+        // Silent again: a check from before the heartbeat still counts for
+        // nothing.
+        r.detect_lost(Duration::ZERO);
+        assert!(!r.presence_checked("a", seq, true, Duration::ZERO));
+        // A fresh one does.
+        let (_, seq) = r.due_presence_checks(Duration::ZERO).remove(0);
+        assert!(r.presence_checked("a", seq, true, Duration::ZERO));
+        // Back after being judged gone: that verdict is over.
+        beat(&r, &i);
+        r.detect_lost(Duration::ZERO);
+        assert_eq!(r.due_presence_checks(Duration::ZERO).len(), 1);
+    }
+
+    #[test]
+    fn a_sandbox_vanishes_after_consecutive_heartbeats_without_it_once() {
+        let r = Registry::new();
+        beat(&r, &inv("a", &["s1", "s2"]));
+        r.reserve("a", "s1", &[]);
+        r.reserve("a", "s2", &[]);
+        let without = inv("a", &["s2"]);
+        assert!(beat(&r, &without).is_empty(), "one heartbeat may be stale");
+        assert_eq!(beat(&r, &without), ["s1"]);
+        assert!(beat(&r, &without).is_empty(), "reported once");
+        // Back in the inventory: a later absence counts from zero.
+        beat(&r, &inv("a", &["s1", "s2"]));
+        assert!(beat(&r, &without).is_empty());
+        assert_eq!(beat(&r, &without), ["s1"]);
+        // Released (failed, deleted, moved): no longer missing.
+        r.release("a", "s1");
+        beat(&r, &inv("a", &["s1", "s2"]));
+        let none = inv("a", &[]);
+        assert!(beat(&r, &none).is_empty());
+        assert_eq!(beat(&r, &none), ["s2"]);
+    }
+
+    #[test]
+    fn a_create_in_flight_is_never_missing_and_restarts_the_count() {
+        let r = Registry::new();
+        let empty = inv("a", &[]);
+        beat(&r, &empty);
+        r.reserve("a", "new", &[]);
+        let in_flight: HashSet<String> = ["new".to_string()].into();
+        for _ in 0..5 {
+            r.heartbeat(&empty);
+            assert!(r.note_heartbeat(&empty, &in_flight, NOW).is_empty());
+        }
+        // Committed: the stale heartbeat that still misses it is one.
+        assert!(beat(&r, &empty).is_empty());
+        beat(&r, &inv("a", &["new"]));
+        // A rule with an age floor waits it out.
+        let slow = VanishRule {
+            min_heartbeats: 2,
+            min_age: Duration::from_secs(3600),
+        };
+        for _ in 0..5 {
+            r.heartbeat(&empty);
+            assert!(r.note_heartbeat(&empty, &HashSet::new(), slow).is_empty());
+        }
     }
 }

@@ -13,9 +13,12 @@ use crate::agent_client::AgentClients;
 use crate::clock;
 use crate::config::ControllerConfig;
 use crate::error::{Error, Result};
+use crate::limits;
 use crate::placement::or_default;
 use crate::registry::Registry;
-use crate::store::{Consistency, FailurePolicy, Phase, SandboxRecord, Store, StoreError};
+use crate::store::{
+    Consistency, FailurePolicy, HostVolume, Phase, Resources, SandboxRecord, Store, StoreError,
+};
 
 /// execd's port inside every sandbox.
 pub const EXECD_PORT: u32 = 44772;
@@ -47,6 +50,11 @@ pub struct CreateSpec {
     pub consistency: Option<Consistency>,
     /// Answer only when execd inside answers (v2 completion READY).
     pub wait_for_execd: bool,
+    /// As asked; [`Core::validate`] applies the pool's defaults and maxima.
+    pub resources: Resources,
+    pub volumes: Vec<HostVolume>,
+    /// OCI runtime; empty = the pool's.
+    pub runtime: String,
 }
 
 /// The one field an update changes besides metadata (v2's `oneof update`).
@@ -213,6 +221,12 @@ impl Core {
                 "exposed port {p} is out of range"
             )));
         }
+        let policy = self
+            .registry
+            .pool_policy(&self.registry.pool_key(&spec.namespace, &spec.pool));
+        spec.resources = limits::resolve(&spec.resources, &spec.pool, policy.as_ref())?;
+        spec.runtime = limits::runtime(&spec.runtime, policy.as_ref())?;
+        limits::check_volumes(&spec.volumes)?;
         Ok(spec)
     }
 
@@ -266,7 +280,12 @@ impl Core {
                 .store
                 .get(namespace, name)?
                 .ok_or_else(|| Error::NotFound(namespace.into(), name.into()))?;
+            let before = r.phase;
             f(&mut r)?;
+            if r.phase != before {
+                // One place stamps every transition, whoever changed it.
+                r.last_transition_unix_ms = clock::now_unix_ms();
+            }
             match self.store.replace(&r) {
                 Ok(r) => return Ok(r),
                 Err(StoreError::Conflict(..)) => continue,
@@ -320,6 +339,18 @@ impl Core {
                 return Ok((out, String::new()));
             }
         }
+    }
+
+    /// Every record of a namespace matching `filter`, in name order, in one
+    /// answer (the native API's `page_size` 0).
+    pub fn list_all(
+        &self,
+        namespace: &str,
+        filter: &BTreeMap<String, String>,
+    ) -> Result<Vec<SandboxRecord>> {
+        let mut all = self.store.list(Some(or_default(namespace)), None, 0)?;
+        all.retain(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)));
+        Ok(all)
     }
 
     /// Deletes the container, then the record, then frees the slot.
@@ -672,9 +703,24 @@ impl Core {
             args: r.args.clone(),
             envs: r.envs.clone().into_iter().collect(),
             working_dir: r.working_dir.clone(),
-            runtime: String::new(),
-            resources: None,
-            host_mounts: vec![],
+            runtime: r.runtime.clone(),
+            resources: Some(pb::Resources {
+                cpu: r.resources.cpu_limit.clone(),
+                memory: r.resources.memory_limit.clone(),
+                pids_limit: r.resources.pids_limit,
+                cpu_request: r.resources.cpu_request.clone(),
+                memory_request: r.resources.memory_request.clone(),
+            }),
+            host_mounts: r
+                .volumes
+                .iter()
+                .map(|v| pb::HostPathMount {
+                    host_path: v.host_path.clone(),
+                    sub_path: v.sub_path.clone(),
+                    mount_path: v.mount_path.clone(),
+                    read_only: v.read_only,
+                })
+                .collect(),
             exposed_ports: r.exposed_ports.clone(),
             labels: r.metadata.clone().into_iter().collect(),
             access_token: r.access_token.clone(),

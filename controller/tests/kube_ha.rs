@@ -176,6 +176,7 @@ async fn a_standby_takes_over_from_a_killed_leader_with_the_records() {
             &SandboxPool::new(
                 "default",
                 SandboxPoolSpec {
+                    limits: None,
                     node_selector: Default::default(),
                     max_sandboxes_per_agent: 8,
                     runtime: Default::default(),

@@ -15,7 +15,8 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig, STATE_ANNOTATION};
 use sandbolt_controller::store::{
-    AgentRecord, Consistency, FailurePolicy, Phase, SandboxRecord, Store, StoreError,
+    AgentPod, AgentRecord, Consistency, FailurePolicy, HostVolume, Phase, Resources, SandboxRecord,
+    Store, StoreError,
 };
 use sandbolt_deploy::Sandbox;
 use sandbolt_deploy::sandbox::FINALIZER;
@@ -51,6 +52,22 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
         recovery_deadline_unix_ms: 0,
         events: vec![],
         revision: String::new(),
+        resources: Resources {
+            cpu_limit: "500m".into(),
+            memory_limit: "64Mi".into(),
+            pids_limit: 128,
+            cpu_request: "250m".into(),
+            memory_request: String::new(),
+        },
+        volumes: vec![HostVolume {
+            name: "data".into(),
+            host_path: "/srv/data".into(),
+            sub_path: "x".into(),
+            mount_path: "/data".into(),
+            read_only: true,
+        }],
+        runtime: "runc".into(),
+        last_transition_unix_ms: 1_700_000_000_123,
     }
 }
 
@@ -85,6 +102,14 @@ async fn records_are_sandbox_resources_with_conflicts_and_finalizers() {
     assert_eq!(obj.spec.image, "docker.io/library/busybox:latest");
     assert_eq!(obj.spec.pool_ref, "default");
     assert_eq!(obj.spec.env["A"], "1");
+    // The whole sandbox is in the resource: limits in Kubernetes' shape.
+    let res = obj.spec.resources.clone().unwrap();
+    assert_eq!(res.limits["cpu"], "500m");
+    assert_eq!(res.limits["memory"], "64Mi");
+    assert_eq!(res.limits["pids"], "128");
+    assert_eq!(res.requests["cpu"], "250m");
+    assert_eq!(obj.spec.volumes[0].host_path, "/srv/data");
+    assert_eq!(obj.spec.runtime.as_deref(), Some("runc"));
     assert_eq!(
         obj.metadata.labels.as_ref().unwrap()["metadata.sandbox.fast.io/team"],
         "red"
@@ -218,6 +243,12 @@ async fn records_are_sandbox_resources_with_conflicts_and_finalizers() {
         proxy_endpoint: "10.0.0.1:9092".into(),
         capacity: 8,
         node_name: "node-1".into(),
+        // Kept, so a new leader can judge a silent agent's pod gone.
+        pod: Some(AgentPod {
+            namespace: "sandbolt-system".into(),
+            name: "sandbolt-agent-x7k2p".into(),
+            uid: "0b5c".into(),
+        }),
     };
     store.put_agent(&agent).unwrap();
     let mut moved = agent.clone();

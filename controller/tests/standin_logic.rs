@@ -259,6 +259,7 @@ fn thousand_threads_allocate_each_slot_once() {
                         image_key: "x",
                         ports: &[],
                         exclude: &[],
+                        runtime: None,
                     },
                     &format!("s{i}"),
                 )

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -54,6 +55,34 @@ pub struct SandboxPoolSpec {
     /// Bounds on the pool's size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityBounds>,
+    /// Per-sandbox resource policy: defaults for what a request leaves
+    /// unset, maxima above which a request is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<PoolLimits>,
+}
+
+/// A pool's per-sandbox resource policy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<LimitValues>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<LimitValues>,
+}
+
+/// CPU and memory as Kubernetes quantities (`2`, `"500m"`, `"1Gi"`: int or
+/// string, as in a pod's resources), pids as a count.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitValues {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub pids: Option<i64>,
 }
 
 /// OCI runtime of a pool.

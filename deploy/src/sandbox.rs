@@ -93,6 +93,42 @@ pub struct SandboxSpec {
     /// Changing it restarts the sandbox afresh (same id and token).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reset_revision: Option<String>,
+    /// Limits and requests, after the pool's defaults were applied (sandbolt;
+    /// the OpenSandbox server ignores it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<SandboxResources>,
+    /// Host directories bound into the sandbox.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<SandboxVolume>,
+    /// OCI runtime (`runc`, `crun`, `runsc`); absent: the pool's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+}
+
+/// Kubernetes-style resource quantities.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxResources {
+    /// `cpu`, `memory` (quantities) and `pids` (a count).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
+    /// `cpu`, `memory`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, String>,
+}
+
+/// A host directory bound into a sandbox.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxVolume {
+    pub name: String,
+    /// Absolute host path (checked by the agent against its allowed roots).
+    pub host_path: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sub_path: String,
+    pub mount_path: String,
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// What the controller does when a sandbox's agent is lost.

@@ -401,7 +401,9 @@ fn non_default_values_lint_render_and_validate() {
         "pools": [
             {"name": "gpu", "nodeSelector": {"sandbolt.io/pool": "gpu"}, "maxSandboxesPerAgent": 8,
              "runtime": "crun", "warmImages": ["docker.io/library/python:3.12"],
-             "capacity": {"minAgents": 2, "maxSandboxes": 12}},
+             "capacity": {"minAgents": 2, "maxSandboxes": 12},
+             "limits": {"defaults": {"cpu": "500m", "memory": "256Mi"},
+                        "max": {"cpu": 2, "pids": 2048}}},
             {"name": "secure", "maxSandboxesPerAgent": 32, "runtime": "runsc"}
         ]
     });
@@ -462,6 +464,24 @@ fn non_default_values_lint_render_and_validate() {
         "{:?}",
         args(a)
     );
+    // The pool's resource policy reaches its agents (which report it to the
+    // controller) and its SandboxPool; unset values pass no flag.
+    for flag in [
+        "--pool-default-cpu=500m",
+        "--pool-default-memory=256Mi",
+        "--pool-max-cpu=2",
+        "--pool-max-pids=2048",
+    ] {
+        assert!(args(a).contains(&flag.into()), "{flag}: {:?}", args(a));
+    }
+    assert!(
+        !args(a).iter().any(|f| f.starts_with("--pool-max-memory")),
+        "{:?}",
+        args(a)
+    );
+    let gpu_pool = find(&objs, "SandboxPool", "gpu");
+    assert_eq!(gpu_pool["spec"]["limits"]["defaults"]["memory"], "256Mi");
+    assert_eq!(gpu_pool["spec"]["limits"]["max"]["pids"], 2048);
     assert_eq!(
         env(a, "SANDBOLT_ADVERTISE_HOST")["valueFrom"]["fieldRef"]["fieldPath"],
         "status.hostIP"
@@ -546,4 +566,60 @@ fn validation_rejects_invalid_objects() {
     let unknown_kind = "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n";
     let err = check(None, &[unknown_kind]).expect_err("a kind without a schema passed");
     assert!(err.contains("Widget/w: no schema"), "{err}");
+}
+
+/// Agent outages: the controller gets both timeouts and asks the Kubernetes
+/// API about silent agents' pods, its Role lets it, and the agent pods carry
+/// what it looks for (`KubeAgentPresence`: their own pod by name and UID,
+/// a successor by `app.kubernetes.io/component=agent` and `sandbolt.io/pool`).
+#[test]
+fn agent_outage_timeouts_and_pod_checks_reach_the_controller() {
+    let (objs, _) = check(None, &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let c = container(
+        find(&objs, "Deployment", "sb-sandbolt-controller"),
+        "controller",
+    );
+    assert_real_flags(c);
+    for flag in [
+        "--agent-lost-timeout=10s",
+        "--agent-gone-timeout=5m",
+        "--agent-presence=kubernetes",
+    ] {
+        assert!(args(c).contains(&flag.into()), "{flag}: {:?}", args(c));
+    }
+    let role = find(&objs, "Role", "sb-sandbolt-controller");
+    assert!(grants(role, "pods", &["get", "list"]), "{role}");
+    assert_least_privilege(&objs);
+    let agent = find(&objs, "DaemonSet", "sb-sandbolt-agent-default");
+    let labels = &agent["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(labels["app.kubernetes.io/component"], "agent");
+    assert_eq!(labels["sandbolt.io/pool"], "default");
+    let a = container(agent, "agent");
+    for (var, field) in [
+        ("SANDBOLT_POD_NAME", "metadata.name"),
+        ("SANDBOLT_POD_NAMESPACE", "metadata.namespace"),
+        ("SANDBOLT_POD_UID", "metadata.uid"),
+        ("SANDBOLT_NODE_NAME", "spec.nodeName"),
+    ] {
+        assert_eq!(env(a, var)["valueFrom"]["fieldRef"]["fieldPath"], field);
+    }
+
+    let values = json!({"controller": {
+        "store": "embedded",
+        "replicas": 1,
+        "agentLostTimeout": "30s",
+        "agentGoneTimeout": "15m",
+    }});
+    let (objs, _) = check(Some(values), &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let c = container(
+        find(&objs, "Deployment", "sb-sandbolt-controller"),
+        "controller",
+    );
+    for flag in [
+        "--agent-lost-timeout=30s",
+        "--agent-gone-timeout=15m",
+        "--agent-presence=kubernetes",
+    ] {
+        assert!(args(c).contains(&flag.into()), "{flag}: {:?}", args(c));
+    }
 }

@@ -235,6 +235,7 @@ fn pool_capacity_is_bounded() {
         runtime: OciRuntime::Crun,
         warm_images: vec![],
         capacity: None,
+        limits: None,
     };
     assert_eq!(spec.capacity_for(3), 30);
     spec.capacity = Some(CapacityBounds {

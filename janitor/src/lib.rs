@@ -8,9 +8,12 @@
 //! removes task, container, snapshot, log file and leftover mounts. It also
 //! finishes sandboxes that were removed half-way (a snapshot or log file
 //! whose container is gone), and its own interrupted cleanups ([`journal`]).
-//! When the ownership source cannot be asked, it reaps nothing. On
-//! Kubernetes it can also read the agent pods of its node ([`AgentPods`]):
-//! a container whose agent pod is gone counts as one whose agent is gone.
+//! When the ownership source cannot be asked, it reaps nothing. A silent
+//! agent is no reason to reap: the controller decides when its sandboxes
+//! are lost and says so in their records. On Kubernetes the janitor can
+//! also read the agent pods of its node ([`AgentPods`]): a container left
+//! behind by an agent pod that is gone goes as soon as the controller is
+//! recreating its sandbox elsewhere (see [`rules`]).
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), sandbolt_janitor::JanitorError> {

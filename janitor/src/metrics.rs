@@ -126,14 +126,14 @@ mod tests {
         let m = Metrics::new();
         m.reaped(ReapReason::NoRecord);
         m.reaped(ReapReason::NoRecord);
-        m.reaped(ReapReason::AgentGone);
+        m.reaped(ReapReason::AgentPodGone);
         let text = m.encode();
         assert!(
             text.contains("sandbolt_janitor_reaped_total{reason=\"no-record\"} 2"),
             "{text}"
         );
         assert!(
-            text.contains("sandbolt_janitor_reaped_total{reason=\"agent-gone\"} 1"),
+            text.contains("sandbolt_janitor_reaped_total{reason=\"agent-pod-gone\"} 1"),
             "{text}"
         );
         assert_eq!(m.reaped_count(ReapReason::NoRecord), 2);

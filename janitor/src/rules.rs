@@ -11,9 +11,16 @@
 //!    containerd's creation time, whichever is later), and
 //! 2. no create for its sandbox id is in flight in the controller, and
 //! 3. its record is absent, terminal, or belongs to another uid or sandbox
-//!    id — or its agent is not registered or no longer heartbeating, and
-//!    only then if the controller is `ready` (a restarted controller does
-//!    not know its agents' liveness until they heartbeat).
+//!    id — or, for a live record, the agent-pod rule below holds.
+//!
+//! An agent's silence alone never reaps anything. A live record whose agent
+//! stopped heartbeating is kept ([`KeepReason::AgentSilent`]): the agent is
+//! usually only away (a rollout, a containerd restart, a slow heartbeat)
+//! and its sandboxes are fine. The controller alone decides when they are
+//! lost — their agent's pod or node is gone, or a live agent no longer has
+//! them — and says so by failing the record (MANUAL) or moving it to a new
+//! sandbox id (AUTO_RECREATE); rule 3 then reaps the old container as
+//! terminal or as a uid mismatch.
 //!
 //! The controller registers a create as in flight before it calls the agent
 //! and clears it only after the record is committed or the create was
@@ -30,9 +37,15 @@
 //!
 //! Where the janitor may read the agent pods of its node, a fourth signal
 //! joins rule 3: a container whose agent-pod-uid label names no agent pod on
-//! this node lost its agent ([`ReapReason::AgentPodGone`]), exactly as if its
-//! agent had stopped heartbeating — rules 1 and 2 and the controller's
-//! readiness still apply. A new agent pod adopts the containers of the pod it
+//! this node was left behind ([`ReapReason::AgentPodGone`]) — but only once
+//! the controller has given its sandbox up and is recreating it elsewhere
+//! (record phase `Recovering`: its agent is gone, or its container vanished
+//! from a live agent). Until the recreate commits and rule 3 takes over,
+//! the old container would otherwise linger. It never applies to a sandbox
+//! the controller still counts on: an agent whose pod was force-deleted may
+//! still run and report the container, and a silent agent is only away.
+//! Rules 1 and 2 and the controller's readiness still apply.
+//! A new agent pod adopts the containers of the pod it
 //! replaced by rewriting that label during its recovery, which it finishes
 //! before it serves and so before its pod turns Ready (the readiness probe is
 //! the agent's gRPC port). The rule therefore only counts with
@@ -148,10 +161,9 @@ pub struct OwnershipReport {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReapReason {
-    /// The container's agent is not registered or not heartbeating.
-    AgentGone,
-    /// The agent pod named by the container's label is no longer on this
-    /// node, and a Ready agent pod that did not adopt the container is.
+    /// The controller is recreating the sandbox elsewhere, the agent pod
+    /// named by the container's label is no longer on this node, and a Ready
+    /// agent pod that did not adopt the container is.
     AgentPodGone,
     /// No record owns the container (after the grace period).
     NoRecord,
@@ -165,7 +177,6 @@ pub enum ReapReason {
 impl ReapReason {
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::AgentGone => "agent-gone",
             Self::AgentPodGone => "agent-pod-gone",
             Self::NoRecord => "no-record",
             Self::UidMismatch => "uid-mismatch",
@@ -175,7 +186,6 @@ impl ReapReason {
 
     pub fn parse(s: &str) -> Option<Self> {
         [
-            Self::AgentGone,
             Self::AgentPodGone,
             Self::NoRecord,
             Self::UidMismatch,
@@ -202,9 +212,12 @@ pub enum KeepReason {
     InFlight,
     /// Its record and its agent are live.
     Owned,
-    /// Only its agent's liveness (or its agent pod) speaks against it, and
-    /// the controller does not know agent liveness yet (restarted, waiting
-    /// for heartbeats).
+    /// Its record is live and its agent silent (or unknown to the
+    /// controller): the sandbox waits for its agent, and only the
+    /// controller decides it is lost (by changing the record).
+    AgentSilent,
+    /// Only its agent pod speaks against it, and the controller does not
+    /// know agent liveness yet (restarted, waiting for heartbeats).
     ControllerNotReady,
 }
 
@@ -253,21 +266,27 @@ pub fn evaluate(
     if let Some(r) = record_rule(&c.sandbox_id, &c.record_uid, o) {
         return Verdict::Reap(r);
     }
-    let gone = if !o.agent.alive() {
-        Some(ReapReason::AgentGone)
-    } else if pods.is_some_and(|p| p.agent_pod_gone(&c.agent_pod_uid)) {
-        Some(ReapReason::AgentPodGone)
+    // A live record: the controller decides. It gives a sandbox up by
+    // failing its record or moving it to a new sandbox id (rule 3), or, on
+    // the way there, by marking it Recovering.
+    if o.record_phase == RECOVERING && pods.is_some_and(|p| p.agent_pod_gone(&c.agent_pod_uid)) {
+        return if ready {
+            Verdict::Reap(ReapReason::AgentPodGone)
+        } else {
+            Verdict::Keep(KeepReason::ControllerNotReady)
+        };
+    }
+    if o.agent.alive() {
+        Verdict::Keep(KeepReason::Owned)
     } else {
-        None
-    };
-    match gone {
-        // The same caution for both signals: the agent's record of this
-        // sandbox may be a live one the controller cannot vouch for yet.
-        Some(r) if ready => Verdict::Reap(r),
-        Some(_) => Verdict::Keep(KeepReason::ControllerNotReady),
-        None => Verdict::Keep(KeepReason::Owned),
+        // Silence is no verdict (see the module header).
+        Verdict::Keep(KeepReason::AgentSilent)
     }
 }
+
+/// `record_phase` of a record whose sandbox the controller is recreating
+/// because its container is lost.
+pub const RECOVERING: &str = "Recovering";
 
 /// Decides about the remains of a sandbox whose container is gone (a
 /// snapshot, a log file): they go unless a create is in flight for the id or
@@ -372,22 +391,52 @@ mod tests {
             ..owned()
         };
         assert_eq!(eval(&c, &failed), Verdict::Reap(ReapReason::Terminal));
-        let lost = OwnershipAnswer {
+    }
+
+    #[test]
+    fn a_silent_agent_never_gets_its_live_sandboxes_reaped() {
+        let c = ContainerFacts {
+            created_at_ms: Some(NOW - 3_600_000),
+            ..container()
+        };
+        let silent = OwnershipAnswer {
             agent: AgentFacts {
                 heartbeating: false,
+                last_heartbeat_age_ms: 3_600_000,
                 ..live_agent()
             },
             ..owned()
         };
-        assert_eq!(eval(&c, &lost), Verdict::Reap(ReapReason::AgentGone));
         let unregistered = OwnershipAnswer {
             agent: AgentFacts::default(),
             ..owned()
         };
-        assert_eq!(
-            eval(&c, &unregistered),
-            Verdict::Reap(ReapReason::AgentGone)
-        );
+        // Whatever else the janitor sees: its pod gone with a Ready
+        // successor on the node, the controller ready or not.
+        let successor = pods(&["pod-new"], &["pod-new"]);
+        for o in [&silent, &unregistered] {
+            for ready in [true, false] {
+                assert_eq!(
+                    evaluate(&c, o, ready, NOW, GRACE, None),
+                    Verdict::Keep(KeepReason::AgentSilent)
+                );
+                assert_eq!(
+                    eval_pods(&c, o, ready, &successor, &successor),
+                    Verdict::Keep(KeepReason::AgentSilent)
+                );
+            }
+        }
+        // Once the controller gives the sandbox up, the record says so.
+        let failed = OwnershipAnswer {
+            record: RecordState::Terminal,
+            ..silent.clone()
+        };
+        assert_eq!(eval(&c, &failed), Verdict::Reap(ReapReason::Terminal));
+        let recreated = OwnershipAnswer {
+            record_sandbox_id: "sb-2".into(),
+            ..silent
+        };
+        assert_eq!(eval(&c, &recreated), Verdict::Reap(ReapReason::UidMismatch));
     }
 
     #[test]
@@ -446,16 +495,8 @@ mod tests {
     }
 
     #[test]
-    fn agent_liveness_is_ignored_until_the_controller_is_ready() {
-        let lost = OwnershipAnswer {
-            agent: AgentFacts::default(),
-            ..owned()
-        };
-        assert_eq!(
-            evaluate(&container(), &lost, false, NOW, GRACE, None),
-            Verdict::Keep(KeepReason::ControllerNotReady)
-        );
-        // Records are complete after a restart: those rules still apply.
+    fn record_rules_apply_before_the_controller_is_ready() {
+        // Records are complete after a restart: those rules apply.
         let no_record = OwnershipAnswer {
             record: RecordState::Absent,
             agent: AgentFacts::default(),
@@ -530,31 +571,57 @@ mod tests {
         evaluate(c, o, ready, NOW, GRACE, Some(PodEvidence { before, after }))
     }
 
+    /// The controller gave the sandbox up and is recreating it elsewhere.
+    fn recovering() -> OwnershipAnswer {
+        OwnershipAnswer {
+            record_phase: RECOVERING.into(),
+            ..owned()
+        }
+    }
+
     #[test]
     fn a_container_whose_agent_pod_is_gone_is_reaped_when_another_agent_pod_is_ready() {
         let new = pods(&["pod-new"], &["pod-new"]);
         assert_eq!(
-            eval_pods(&container(), &owned(), true, &new, &new),
+            eval_pods(&container(), &recovering(), true, &new, &new),
             Verdict::Reap(ReapReason::AgentPodGone)
         );
-        // A dead agent is still reported as such.
-        let lost = OwnershipAnswer {
+        // Whether its agent heartbeats or not: the record says it is lost.
+        let silent = OwnershipAnswer {
             agent: AgentFacts::default(),
-            ..owned()
+            ..recovering()
         };
         assert_eq!(
-            eval_pods(&container(), &lost, true, &new, &new),
-            Verdict::Reap(ReapReason::AgentGone)
+            eval_pods(&container(), &silent, true, &new, &new),
+            Verdict::Reap(ReapReason::AgentPodGone)
         );
         // The record rules come first.
         let no_record = OwnershipAnswer {
             record: RecordState::Absent,
-            ..owned()
+            ..recovering()
         };
         assert_eq!(
             eval_pods(&container(), &no_record, true, &new, &new),
             Verdict::Reap(ReapReason::NoRecord)
         );
+    }
+
+    #[test]
+    fn a_sandbox_the_controller_counts_on_is_kept_whatever_the_pods_say() {
+        let new = pods(&["pod-new"], &["pod-new"]);
+        // A live agent may run on in a force-deleted pod and still report
+        // it; a silent one is only away (see also the silence test).
+        for phase in ["Running", "Paused", "Pending"] {
+            let o = OwnershipAnswer {
+                record_phase: phase.into(),
+                ..owned()
+            };
+            assert_eq!(
+                eval_pods(&container(), &o, true, &new, &new),
+                Verdict::Keep(KeepReason::Owned),
+                "{phase}"
+            );
+        }
     }
 
     #[test]
@@ -566,7 +633,7 @@ mod tests {
             pods(&["pod-old"], &["pod-old"]),
         ] {
             assert_eq!(
-                eval_pods(&container(), &owned(), true, &after, &after),
+                eval_pods(&container(), &recovering(), true, &after, &after),
                 Verdict::Keep(KeepReason::Owned),
                 "{after:?}"
             );
@@ -592,7 +659,7 @@ mod tests {
             (&ready, &starting),
         ] {
             assert_eq!(
-                eval_pods(&c, &owned(), true, before, after),
+                eval_pods(&c, &recovering(), true, before, after),
                 Verdict::Keep(KeepReason::Owned),
                 "{before:?} / {after:?}"
             );
@@ -601,7 +668,7 @@ mod tests {
         // one Ready after may have re-labelled in between.
         let other = pods(&["pod-other"], &["pod-other"]);
         assert_eq!(
-            eval_pods(&c, &owned(), true, &other, &ready),
+            eval_pods(&c, &recovering(), true, &other, &ready),
             Verdict::Keep(KeepReason::Owned)
         );
     }
@@ -610,7 +677,7 @@ mod tests {
     fn the_agent_pod_rule_is_fenced_like_agent_liveness() {
         let ready = pods(&["pod-new"], &["pod-new"]);
         assert_eq!(
-            eval_pods(&container(), &owned(), false, &ready, &ready),
+            eval_pods(&container(), &recovering(), false, &ready, &ready),
             Verdict::Keep(KeepReason::ControllerNotReady)
         );
         let young = ContainerFacts {
@@ -618,12 +685,12 @@ mod tests {
             ..container()
         };
         assert_eq!(
-            eval_pods(&young, &owned(), true, &ready, &ready),
+            eval_pods(&young, &recovering(), true, &ready, &ready),
             Verdict::Keep(KeepReason::Young)
         );
         let pending = OwnershipAnswer {
             create_in_flight: true,
-            ..owned()
+            ..recovering()
         };
         assert_eq!(
             eval_pods(&container(), &pending, true, &ready, &ready),
@@ -639,12 +706,12 @@ mod tests {
             ..container()
         };
         assert_eq!(
-            eval_pods(&unlabelled, &owned(), true, &ready, &ready),
+            eval_pods(&unlabelled, &recovering(), true, &ready, &ready),
             Verdict::Keep(KeepReason::Owned)
         );
         // The pod list could not be read: fail safe.
         assert_eq!(
-            evaluate(&container(), &owned(), true, NOW, GRACE, None),
+            evaluate(&container(), &recovering(), true, NOW, GRACE, None),
             Verdict::Keep(KeepReason::Owned)
         );
     }
@@ -652,7 +719,6 @@ mod tests {
     #[test]
     fn reasons_round_trip_through_their_names() {
         for r in [
-            ReapReason::AgentGone,
             ReapReason::AgentPodGone,
             ReapReason::NoRecord,
             ReapReason::UidMismatch,

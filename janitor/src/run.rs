@@ -1,6 +1,8 @@
 //! The janitor's loop: a periodic scan, plus an immediate one when an agent
-//! the janitor cares about is lost or restarts (a new instance id: the old
-//! process may have died mid-create).
+//! the janitor cares about falls silent or restarts (a new instance id):
+//! either way its process may have died mid-create, leaving containers no
+//! record will own. A silent agent's recorded sandboxes are kept (see
+//! `rules`); the scan only looks for such orphans.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

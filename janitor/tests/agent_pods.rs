@@ -1,17 +1,21 @@
 //! The agent-pod rule with real components: a controller, two agents and the
 //! janitor on the test bed's containerd, and the agent pods in an in-process
 //! Kubernetes API double (`sandbolt-kube-double`), read through a real
-//! `kube::Client`.
+//! `kube::Client` — by the janitor, and by the controller, which asks it
+//! whether a silent agent's pod is gone.
 //!
-//! Both agents stay registered and heartbeating and every sandbox keeps its
-//! record, so the controller alone would never reap anything here: whatever
-//! the janitor removes, it removes by the agent-pod rule.
+//! The rule follows the controller: a pod gone from the node reaps nothing
+//! while its agent still runs (a force-deleted pod) or is merely silent;
+//! once the controller has given the agent up and is recreating its
+//! sandbox elsewhere, the container left behind goes by this rule, before
+//! any recreate commits.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use sandbolt_agent::{Agent, AgentConfig, AgentHandle, labels};
+use sandbolt_controller::registry::KubeAgentPresence;
 use sandbolt_controller::{Consistency, Controller, ControllerConfig, ControllerHandle};
 use sandbolt_janitor::{
     AgentPods, ControllerOwnership, Janitor, JanitorConfig, KeepReason, OwnershipSource,
@@ -29,6 +33,10 @@ const NODE: &str = "node-p";
 const POD_NS: &str = "sandbolt";
 const SELECTOR: &str = "app.kubernetes.io/component=agent";
 const HB: Duration = Duration::from_millis(100);
+const LOST: Duration = Duration::from_millis(500);
+/// Long enough for the janitor to scan a silent agent's sandboxes before the
+/// controller gives the agent up.
+const GONE: Duration = Duration::from_secs(4);
 /// Short, so the test does not wait long; the first scan still falls
 /// inside it.
 const GRACE: Duration = Duration::from_secs(2);
@@ -56,20 +64,23 @@ async fn start_bed() -> Testbed {
     .unwrap()
 }
 
-async fn start_controller(data: &std::path::Path) -> ControllerHandle {
+async fn start_controller(data: &std::path::Path, api: &ApiDouble) -> ControllerHandle {
     let mut cfg = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), data, TOKEN);
     cfg.default_consistency = Consistency::Strong;
     cfg.heartbeat_interval = HB;
+    cfg.lost_agent_timeout = LOST;
+    cfg.agent_gone_timeout = GONE;
+    cfg.agent_presence = Some(std::sync::Arc::new(KubeAgentPresence::new(api.client())));
     cfg.failpoint = None;
     Controller::start(cfg).await.expect("controller starts")
 }
 
 /// An agent in its own pool (placement is then deterministic) on [`NODE`],
-/// running in the agent pod `pod_uid`.
+/// running in the agent pod `pod` (name, uid).
 async fn start_agent(
     bed: &Testbed,
     id: &str,
-    pod_uid: &str,
+    pod: (&str, &str),
     state: &std::path::Path,
     ctl: &ControllerHandle,
 ) -> AgentHandle {
@@ -77,7 +88,9 @@ async fn start_agent(
     let mut cfg = AgentConfig::new(id, bed.containerd_socket(), execd, state, TOKEN);
     cfg.node_name = NODE.into();
     cfg.pool = id.into();
-    cfg.pod_uid = Some(pod_uid.into());
+    cfg.pod_name = Some(pod.0.into());
+    cfg.pod_uid = Some(pod.1.into());
+    cfg.pod_namespace = Some(POD_NS.into());
     cfg.controller_endpoint = Some(format!("http://{}", ctl.local_addr()));
     cfg.controller_token = Some(TOKEN.into());
     cfg.heartbeat_interval = HB;
@@ -85,13 +98,16 @@ async fn start_agent(
     Agent::start(cfg).await.expect("agent starts")
 }
 
-/// An agent pod on `node` as the DaemonSet makes it (the API double sets
-/// the UID); returns the UID.
-async fn create_agent_pod(pods: &Api<Pod>, name: &str, node: &str) -> String {
+/// An agent pod of `pool` on `node` as the DaemonSet makes it (the API
+/// double sets the UID); returns the UID.
+async fn create_agent_pod(pods: &Api<Pod>, name: &str, node: &str, pool: &str) -> String {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {
             "name": name,
-            "labels": {"app.kubernetes.io/component": "agent"},
+            "labels": {
+                "app.kubernetes.io/component": "agent",
+                "sandbolt.io/pool": pool,
+            },
         },
         "spec": {
             "nodeName": node,
@@ -121,13 +137,17 @@ async fn set_ready(pods: &Api<Pod>, name: &str) {
     .expect("patch pod status");
 }
 
-async fn create_sandbox(v2: &mut V2, name: &str, pool: &str) -> String {
+async fn create_sandbox(v2: &mut V2, name: &str, pool: &str, policy: fp::FailurePolicy) -> String {
     v2.create_sandbox(fp::CreateSandboxRequest {
         request_id: name.into(),
         image: "busybox".into(),
         pool_ref: pool.into(),
         command: vec!["sleep".into(), "100000".into()],
         completion: fp::CreateCompletion::Ready as i32,
+        failure_policy: policy as i32,
+        // Its pool has no other agent: a recreate cannot succeed, so the
+        // record stays Recovering for the whole test.
+        recovery_timeout_seconds: 3600,
         ..Default::default()
     })
     .await
@@ -192,26 +212,54 @@ fn kept(r: &ScanReport, id: &str) -> Option<KeepReason> {
     r.kept_reason(id)
 }
 
+/// The record phase the controller answers for `name`.
+async fn phase(v2: &mut V2, name: &str) -> String {
+    v2.get_sandbox_diagnostics(fp::SandboxDiagnosticsRequest {
+        sandbox_name: name.into(),
+        namespace: "default".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("diagnostics of {name}: {e:?}"))
+    .into_inner()
+    .assignment_state
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sandbox_whose_agent_pod_left_the_node_is_reaped_and_only_then() {
+async fn a_sandbox_left_behind_by_its_agent_pod_is_reaped_once_the_controller_gave_it_up() {
     init_tracing();
     let bed = start_bed().await;
     let dir = tempfile::tempdir().unwrap();
     let api = ApiDouble::start().await;
     let pods: Api<Pod> = Api::namespaced(api.client(), POD_NS);
 
-    // Pods "agent-x" and "agent-y" run the two agents; "agent-new" is the
-    // pod that replaces "agent-x" later. None is Ready yet, and an agent
-    // pod of another node is Ready (it must not count).
-    let uid_x = create_agent_pod(&pods, "agent-x", NODE).await;
-    let uid_y = create_agent_pod(&pods, "agent-y", NODE).await;
-    create_agent_pod(&pods, "agent-new", NODE).await;
-    create_agent_pod(&pods, "agent-elsewhere", "node-other").await;
+    // Pods "agent-x" and "agent-y" run the two agents; "agent-new" is an
+    // agent pod of another pool that turns Ready on the node later (it does
+    // not adopt agent-x's containers). None is Ready yet, and an agent pod
+    // of another node is Ready (it must not count).
+    let uid_x = create_agent_pod(&pods, "agent-x", NODE, "ax").await;
+    let uid_y = create_agent_pod(&pods, "agent-y", NODE, "ay").await;
+    create_agent_pod(&pods, "agent-new", NODE, "az").await;
+    create_agent_pod(&pods, "agent-elsewhere", "node-other", "ax").await;
     set_ready(&pods, "agent-elsewhere").await;
 
-    let ctl = start_controller(&dir.path().join("controller")).await;
-    let ax = start_agent(&bed, "ax", &uid_x, &dir.path().join("ax"), &ctl).await;
-    let ay = start_agent(&bed, "ay", &uid_y, &dir.path().join("ay"), &ctl).await;
+    let ctl = start_controller(&dir.path().join("controller"), &api).await;
+    let ax = start_agent(
+        &bed,
+        "ax",
+        ("agent-x", &uid_x),
+        &dir.path().join("ax"),
+        &ctl,
+    )
+    .await;
+    let ay = start_agent(
+        &bed,
+        "ay",
+        ("agent-y", &uid_y),
+        &dir.path().join("ay"),
+        &ctl,
+    )
+    .await;
     let mut v2 = V2::connect(format!("http://{}", ctl.local_addr()))
         .await
         .unwrap();
@@ -233,8 +281,9 @@ async fn a_sandbox_whose_agent_pod_left_the_node_is_reaped_and_only_then() {
         assert!(Instant::now() < deadline, "agents never heartbeated");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let gone = create_sandbox(&mut v2, "on-x", "ax").await;
-    let stays = create_sandbox(&mut v2, "on-y", "ay").await;
+    let gone = create_sandbox(&mut v2, "on-x", "ax", fp::FailurePolicy::AutoRecreate).await;
+    let failed = create_sandbox(&mut v2, "manual-x", "ax", fp::FailurePolicy::Manual).await;
+    let stays = create_sandbox(&mut v2, "on-y", "ay", fp::FailurePolicy::Manual).await;
     assert_eq!(pod_label(&bed, &gone), uid_x);
     assert_eq!(pod_label(&bed, &stays), uid_y);
 
@@ -257,8 +306,8 @@ async fn a_sandbox_whose_agent_pod_left_the_node_is_reaped_and_only_then() {
     // The same janitor without the Kubernetes API: the control.
     let blind = Janitor::new(cfg).await.expect("janitor starts");
 
-    // Pod "agent-x" is deleted (its agent, in this test, runs on: the
-    // controller keeps seeing it alive) and "agent-new" turns Ready.
+    // Pod "agent-x" is force-deleted while its agent runs on (and keeps
+    // reporting its sandboxes), and "agent-new" turns Ready.
     pods.delete("agent-x", &DeleteParams::default())
         .await
         .expect("delete pod");
@@ -272,19 +321,61 @@ async fn a_sandbox_whose_agent_pod_left_the_node_is_reaped_and_only_then() {
 
     tokio::time::sleep(GRACE + Duration::from_millis(200)).await;
 
-    // Without the pod list, both sandboxes are owned: record live, agent
-    // heartbeating.
-    let r = blind.scan_once().await.expect("scan");
+    // A live agent still has them: the pods prove nothing against that.
+    for j in [&janitor, &blind] {
+        let r = j.scan_once().await.expect("scan");
+        assert!(r.reaped.is_empty(), "{r:?}");
+        for id in [&gone, &failed, &stays] {
+            assert_eq!(kept(&r, id), Some(KeepReason::Owned), "{id}: {r:?}");
+        }
+    }
+
+    // Its agent goes silent: still nothing, pods or not.
+    ax.shutdown().await;
+    let deadline = Instant::now() + GONE;
+    loop {
+        let r = owner
+            .ownership(NODE, &[])
+            .await
+            .expect("controller answers");
+        if r.agents.iter().any(|a| a.agent_id == "ax" && !a.alive()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "ax never went silent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = janitor.scan_once().await.expect("scan");
     assert!(r.reaped.is_empty(), "{r:?}");
-    assert_eq!(kept(&r, &gone), Some(KeepReason::Owned), "{r:?}");
+    assert_eq!(kept(&r, &gone), Some(KeepReason::AgentSilent), "{r:?}");
+    assert_eq!(kept(&r, &failed), Some(KeepReason::AgentSilent), "{r:?}");
     assert_eq!(kept(&r, &stays), Some(KeepReason::Owned), "{r:?}");
+    assert_eq!(
+        phase(&mut v2, "on-x").await,
+        "Assigned",
+        "silence changed on-x"
+    );
+
+    // After GONE the controller finds agent-x's pod gone, with no other agent
+    // pod of pool ax on the node: it gives ax up. on-x is Recovering (its
+    // recreate cannot find room), manual-x Failed.
+    let deadline = Instant::now() + GONE * 5;
+    while phase(&mut v2, "manual-x").await != "Failed" {
+        assert!(Instant::now() < deadline, "the controller never gave ax up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The control reaps the failed one by its record, and keeps on-x: its
+    // record is live and nothing but pods could say more.
+    let r = blind.scan_once().await.expect("scan");
+    assert_eq!(r.reaped_ids(), [failed.as_str()], "{r:?}");
+    assert_eq!(r.reaped[0].reason, ReapReason::Terminal);
+    assert_eq!(kept(&r, &gone), Some(KeepReason::AgentSilent), "{r:?}");
 
     // The pod list fails: nothing is reaped on that ground, and the report
     // says why.
     api.fail_next("list", "pods", 500, 1);
     let r = janitor.scan_once().await.expect("scan");
     assert!(r.reaped.is_empty(), "{r:?}");
-    assert_eq!(kept(&r, &gone), Some(KeepReason::Owned), "{r:?}");
+    assert_eq!(kept(&r, &gone), Some(KeepReason::AgentSilent), "{r:?}");
     assert!(r.agent_pods_error.is_some(), "{r:?}");
     // An API outage (503s, which the client retries, then gives up on).
     api.set_unavailable(true);
@@ -296,7 +387,8 @@ async fn a_sandbox_whose_agent_pod_left_the_node_is_reaped_and_only_then() {
     assert!(running(&bed, &gone) && running(&bed, &stays));
 
     // The pods are readable: "on-x" names a pod that left the node while
-    // "agent-new" is Ready; "on-y" names a pod still there (not even Ready).
+    // "agent-new" is Ready, and the controller is recreating it elsewhere;
+    // "on-y" names a pod still there (not even Ready).
     let r = janitor.scan_once().await.expect("scan");
     assert_eq!(r.agent_pods_error, None, "{r:?}");
     assert_eq!(r.reaped_ids(), [gone.as_str()], "{r:?}");
@@ -306,13 +398,15 @@ async fn a_sandbox_whose_agent_pod_left_the_node_is_reaped_and_only_then() {
     assert_eq!(janitor.metrics().reaped_count(ReapReason::AgentPodGone), 1);
     assert!(!exists(&bed, &gone), "the reaped container is gone");
     assert!(running(&bed, &stays), "the other sandbox runs on");
+    // The reap did not overrule the controller: on-x is still to be
+    // recreated, not failed.
+    assert_eq!(phase(&mut v2, "on-x").await, "Reassigning");
 
     // Later scans leave the survivor alone.
     let r = janitor.scan_once().await.expect("scan");
     assert!(r.reaped.is_empty(), "{r:?}");
     assert_eq!(kept(&r, &stays), Some(KeepReason::Owned), "{r:?}");
 
-    ax.shutdown().await;
     ay.shutdown().await;
     ctl.shutdown().await;
     tokio::task::spawn_blocking(move || drop(bed))

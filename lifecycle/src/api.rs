@@ -176,6 +176,7 @@ async fn create<B: Backend>(AxState(app): AppState<B>, body: Bytes) -> ApiResult
     for v in &plan.volumes {
         app.backend.check_volume(v)?;
     }
+    app.backend.check_extensions(&plan.extensions)?;
     let rec = app.backend.create(plan).await?;
     Ok(json(StatusCode::ACCEPTED, &rec.to_create_response()))
 }
@@ -275,11 +276,11 @@ async fn renew<B: Backend>(
             "expiresAt must be in the future",
         ));
     }
-    app.backend.set_expiry(&id, at).await?;
+    let committed = app.backend.set_expiry(&id, at).await?;
     Ok(json(
         StatusCode::OK,
         &RenewSandboxExpirationResponse {
-            expires_at: rfc3339(at),
+            expires_at: rfc3339(committed),
         },
     ))
 }
@@ -535,6 +536,7 @@ mod tests {
             message: None,
             created_at: DateTime::from_timestamp(secs, 0).unwrap(),
             expires_at: None,
+            last_transition_at: None,
         }
     }
 

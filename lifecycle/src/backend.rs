@@ -1,5 +1,5 @@
 //! The seam between the REST API and what runs sandboxes: the sandbolt
-//! controller (FastPath v2) or a Docker engine.
+//! controller (its native control API) or a Docker engine.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use crate::error::ApiResult;
 use crate::model::SandboxRecord;
-use crate::validate::CreatePlan;
+use crate::validate::{CreatePlan, Extensions};
 use crate::volumes::VolumeMount;
 
 /// Where to reach one port of one sandbox: `authority` (`host:port`) plus a
@@ -31,11 +31,27 @@ impl Route {
 /// engine and report errors as [`crate::error::ApiError`] with the right
 /// status (404 unknown id, 409 wrong state, 503 engine unreachable).
 pub trait Backend: Send + Sync + 'static {
-    /// The runtime's name in error messages ("docker", "fastpath").
+    /// The runtime's name in error messages ("docker", "controller").
     fn runtime_name(&self) -> &'static str;
 
     /// Rejects a volume this runtime cannot mount (400 naming backend and runtime).
     fn check_volume(&self, volume: &VolumeMount) -> ApiResult<()>;
+
+    /// Rejects `extensions` this runtime cannot honour (400 naming the key).
+    fn check_extensions(&self, extensions: &Extensions) -> ApiResult<()>;
+
+    /// True when host paths are checked by the node that mounts them, not
+    /// on this machine (see [`crate::volumes::HostPathCheck`]).
+    fn host_paths_checked_on_node(&self) -> bool {
+        false
+    }
+
+    /// True when the engine deletes expired sandboxes itself, so the
+    /// lifecycle runs no sweep of its own (one sweeper per sandbox, however
+    /// many lifecycle replicas run).
+    fn expires_sandboxes_itself(&self) -> bool {
+        false
+    }
 
     /// Creates and starts a sandbox; it is `Running` when this returns.
     fn create(&self, plan: CreatePlan) -> impl Future<Output = ApiResult<SandboxRecord>> + Send;
@@ -58,10 +74,14 @@ pub trait Backend: Send + Sync + 'static {
 
     fn resume(&self, id: &str) -> impl Future<Output = ApiResult<()>> + Send;
 
-    /// Persists a new expiry. The API layer has already checked that the
-    /// sandbox has TTL semantics and that `at` is in the future.
-    fn set_expiry(&self, id: &str, at: DateTime<Utc>)
-    -> impl Future<Output = ApiResult<()>> + Send;
+    /// Persists a new expiry and answers the expiry as committed (an engine
+    /// may keep less precision than `at`). The API layer has already checked
+    /// that the sandbox has TTL semantics and that `at` is in the future.
+    fn set_expiry(
+        &self,
+        id: &str,
+        at: DateTime<Utc>,
+    ) -> impl Future<Output = ApiResult<DateTime<Utc>>> + Send;
 
     /// How to reach `port` of sandbox `id`.
     fn route(&self, id: &str, port: u16) -> impl Future<Output = ApiResult<Route>> + Send;

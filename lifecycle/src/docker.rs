@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{Backend, Route};
 use crate::error::{ApiError, ApiResult, StartError};
 use crate::model::{SandboxRecord, State};
-use crate::validate::CreatePlan;
+use crate::validate::{CreatePlan, Extensions, FailurePolicy};
 use crate::volumes::{VolumeMount, VolumeSource, unsupported};
 
 /// Where execd lands inside every sandbox.
@@ -69,7 +69,8 @@ pub struct DockerConfig {
     pub publish_host_ip: String,
     /// Host name written into endpoint strings (what clients dial).
     pub endpoint_host: String,
-    /// Process limit per sandbox.
+    /// Process limit of a sandbox whose request names none (the agent's
+    /// default on the containerd path, so both paths bound fork bombs alike).
     pub pids_limit: i64,
 }
 
@@ -178,6 +179,50 @@ fn state_of(status: &str, exit_code: Option<i64>) -> (State, Option<String>, Opt
         },
         _ => (State::Pending, None, None),
     }
+}
+
+/// Millicores → Docker's `NanoCpus`.
+const NANO_PER_MILLI: i64 = 1_000_000;
+/// cgroup v1 `cpu.shares` of one CPU (what Kubernetes gives a 1-CPU request).
+const SHARES_PER_CPU: i64 = 1024;
+/// The kernel's minimum `cpu.shares`.
+const MIN_SHARES: i64 = 2;
+
+/// The resource fields of the container's `HostConfig`: the same limits the
+/// containerd path applies (agent/src/hardening.rs). Memory holds swap to the
+/// same value (`MemorySwap` = `Memory`), or a sandbox at its limit would
+/// page out instead of being OOM-killed; CPU is a CFS quota (`NanoCpus`);
+/// pids always has a bound; requests become `cpu.shares` and a memory soft
+/// limit.
+fn limits(plan: &CreatePlan, default_pids: i64) -> ApiResult<HostConfig> {
+    // Quantities parse up to u64 millicores; Docker takes i64 nanos.
+    let scaled = |field: &str, millis: u64, per: i64| {
+        i64::try_from(millis)
+            .ok()
+            .and_then(|m| m.checked_mul(per))
+            .ok_or_else(|| ApiError::invalid(format!("{field} is too large")))
+    };
+    let memory = plan.limits.memory.as_ref().map(|q| q.value as i64);
+    Ok(HostConfig {
+        memory,
+        memory_swap: memory,
+        nano_cpus: plan
+            .limits
+            .cpu
+            .as_ref()
+            .map(|q| scaled("resourceLimits.cpu", q.value, NANO_PER_MILLI))
+            .transpose()?,
+        pids_limit: Some(plan.limits.pids.unwrap_or(default_pids)),
+        cpu_shares: plan
+            .requests
+            .cpu
+            .as_ref()
+            .map(|q| scaled("resourceRequests.cpu", q.value, SHARES_PER_CPU))
+            .transpose()?
+            .map(|s| (s / 1000).max(MIN_SHARES)),
+        memory_reservation: plan.requests.memory.as_ref().map(|q| q.value as i64),
+        ..Default::default()
+    })
 }
 
 /// Serde enum → its wire string (bollard's state enums).
@@ -342,6 +387,7 @@ impl DockerBackend {
             message,
             created_at,
             expires_at: self.effective_expiry(id, labels),
+            last_transition_at: None,
         }
     }
 
@@ -505,12 +551,9 @@ impl DockerBackend {
             // business with (raw sockets, device nodes, audit).
             cap_drop: Some(vec!["NET_RAW".into(), "MKNOD".into(), "AUDIT_WRITE".into()]),
             privileged: Some(false),
-            pids_limit: Some(self.config.pids_limit),
-            memory: plan.memory_bytes,
-            nano_cpus: plan.nano_cpus,
             mounts: Some(self.mounts(&plan.volumes)?),
             init: Some(false),
-            ..Default::default()
+            ..limits(plan, self.config.pids_limit)?
         };
         let body = ContainerCreateBody {
             image: Some(plan.image.clone()),
@@ -633,6 +676,27 @@ impl Backend for DockerBackend {
         }
     }
 
+    fn check_extensions(&self, ext: &Extensions) -> ApiResult<()> {
+        // One engine, no pools and nowhere to recreate a sandbox: saying yes
+        // would be accepting and ignoring. Either consistency holds trivially
+        // (the container and its labels are the record, created at once).
+        if let Some(pool) = &ext.pool {
+            return Err(ApiError::invalid_code(
+                "UNSUPPORTED_FIELD",
+                format!(
+                    "extensions.poolRef '{pool}' is not supported by the docker runtime (it has no pools)"
+                ),
+            ));
+        }
+        if ext.failure_policy == Some(FailurePolicy::AutoRecreate) {
+            return Err(ApiError::invalid_code(
+                "UNSUPPORTED_FIELD",
+                "extensions.failurePolicy auto_recreate is not supported by the docker runtime (one engine: nowhere to recreate)",
+            ));
+        }
+        Ok(())
+    }
+
     async fn create(&self, plan: CreatePlan) -> ApiResult<SandboxRecord> {
         let token = random_token();
         match self.create_inner(&plan, &token).await {
@@ -652,6 +716,7 @@ impl Backend for DockerBackend {
                     message: None,
                     created_at: plan.created_at,
                     expires_at: plan.expires_at,
+                    last_transition_at: None,
                 })
             }
             Err(e) => {
@@ -771,13 +836,14 @@ impl Backend for DockerBackend {
         Ok(())
     }
 
-    async fn set_expiry(&self, id: &str, at: DateTime<Utc>) -> ApiResult<()> {
+    async fn set_expiry(&self, id: &str, at: DateTime<Utc>) -> ApiResult<DateTime<Utc>> {
         write_json(
             &self.expiry_path(id),
             &ExpiryFile {
                 expires_at: at.to_rfc3339(),
             },
-        )
+        )?;
+        Ok(at)
     }
 
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {
@@ -860,5 +926,58 @@ mod tests {
         assert_eq!(state_of("paused", None).0, State::Paused);
         assert_eq!(state_of("exited", Some(0)).0, State::Terminated);
         assert_eq!(state_of("exited", Some(3)).0, State::Failed);
+    }
+
+    fn plan(limits: serde_json::Value, requests: serde_json::Value) -> CreatePlan {
+        let policy = crate::validate::Policy {
+            max_timeout_secs: 86_400,
+            host_paths: crate::volumes::HostPathCheck::Local(vec![]),
+        };
+        let body = serde_json::json!({
+            "image": {"uri": "busybox"},
+            "entrypoint": ["sh"],
+            "resourceLimits": limits,
+            "resourceRequests": requests,
+        });
+        crate::validate::plan_create(serde_json::from_value(body).unwrap(), &policy, Utc::now())
+            .unwrap()
+    }
+
+    #[test]
+    fn limits_match_the_containerd_path() {
+        let h = limits(
+            &plan(
+                serde_json::json!({"cpu":"500m","memory":"64Mi","pids":"100"}),
+                serde_json::json!({"cpu":"250m","memory":"32Mi"}),
+            ),
+            4096,
+        )
+        .unwrap();
+        assert_eq!(h.memory, Some(64 << 20));
+        // No swap beyond the limit.
+        assert_eq!(h.memory_swap, h.memory);
+        assert_eq!(h.nano_cpus, Some(500_000_000));
+        assert_eq!(h.pids_limit, Some(100));
+        assert_eq!(h.cpu_shares, Some(256));
+        assert_eq!(h.memory_reservation, Some(32 << 20));
+        // Nothing asked: no CPU or memory cap, but always a pids bound.
+        let h = limits(&plan(serde_json::json!({}), serde_json::json!({})), 4096).unwrap();
+        assert_eq!((h.memory, h.memory_swap, h.nano_cpus), (None, None, None));
+        assert_eq!(h.pids_limit, Some(4096));
+        assert_eq!((h.cpu_shares, h.memory_reservation), (None, None));
+        // A tiny request still gets the kernel's minimum weight.
+        let h = limits(
+            &plan(serde_json::json!({}), serde_json::json!({"cpu":"1m"})),
+            4096,
+        )
+        .unwrap();
+        assert_eq!(h.cpu_shares, Some(MIN_SHARES));
+        // Absurd but parseable: a 400, not an overflow.
+        let e = limits(
+            &plan(serde_json::json!({"cpu":"1e15"}), serde_json::json!({})),
+            4096,
+        )
+        .unwrap_err();
+        assert_eq!(e.status, 400, "{e}");
     }
 }

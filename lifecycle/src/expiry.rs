@@ -1,8 +1,9 @@
-//! Expiry sweep. Expiry times are persisted by the backend (Docker labels
-//! plus renew files; the controller's record for the fast path), so this
-//! loop holds no state of its own: after a restart the first sweep finds
-//! whatever expired while we were down, and a renew that races a sweep is
-//! seen by the next one instead of being lost in a timer.
+//! Expiry sweep, for backends whose engine does not expire sandboxes itself
+//! (Docker; the controller runs its own sweep over its records). Expiry
+//! times are persisted by the backend (Docker labels plus renew files), so
+//! this loop holds no state of its own: after a restart the first sweep
+//! finds whatever expired while we were down, and a renew that races a
+//! sweep is seen by the next one instead of being lost in a timer.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,13 +1,14 @@
 //! sandbolt lifecycle: the OpenSandbox Lifecycle REST API (1.1.1 shape) in
-//! front of one of two backends — the sandbolt controller over FastPath v2,
-//! or a Docker engine. The `sandbolt` CLI calls [`Lifecycle::start`].
+//! front of one of two backends — the sandbolt controller over its native
+//! control API, or a Docker engine. The `sandbolt` CLI calls
+//! [`Lifecycle::start`].
 
 pub mod api;
 pub mod backend;
+pub mod controller;
 pub mod docker;
 pub mod error;
 pub mod expiry;
-pub mod fastpath;
 pub mod model;
 pub mod openapi;
 pub mod proxy;
@@ -23,15 +24,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use backend::{Backend, Route};
+pub use controller::{ControllerBackend, ControllerConfig};
 pub use docker::{DockerBackend, DockerConfig};
 pub use error::{ApiError, StartError};
-pub use fastpath::{FastPathBackend, FastPathConfig};
 
 /// Which engine runs the sandboxes.
 #[derive(Debug, Clone)]
 pub enum BackendConfig {
-    /// The sandbolt controller's FastPath v2 gRPC API.
-    FastPath(FastPathConfig),
+    /// The sandbolt controller's native control API
+    /// (`sandbolt.control.v1.SandboxService`).
+    Controller(ControllerConfig),
     /// A Docker engine reached through its socket.
     Docker(DockerConfig),
 }
@@ -47,12 +49,16 @@ pub struct LifecycleConfig {
     pub insecure_no_auth: bool,
     pub backend: BackendConfig,
     /// Host path prefixes volumes may mount (empty: host volumes refused).
+    /// Docker backend only: on the controller backend each node's agent
+    /// enforces its own allowlist.
     pub allow_host_paths: Vec<PathBuf>,
-    /// Persisted state (metadata patches, renewed expiries).
+    /// Persisted state of the Docker backend (metadata patches, renewed
+    /// expiries). The controller backend keeps nothing.
     pub data_dir: PathBuf,
     /// Upper bound of `timeout` on create.
     pub max_timeout_secs: i64,
-    /// How often expired sandboxes are looked for.
+    /// How often expired sandboxes are looked for (Docker backend; the
+    /// controller expires its sandboxes itself).
     pub sweep_interval: Duration,
 }
 
@@ -77,7 +83,8 @@ pub struct LifecycleHandle {
     addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
-    sweeper: JoinHandle<()>,
+    /// `None` when the backend expires sandboxes itself.
+    sweeper: Option<JoinHandle<()>>,
 }
 
 impl LifecycleHandle {
@@ -89,7 +96,9 @@ impl LifecycleHandle {
     /// Stops accepting, finishes in-flight requests, stops the sweeper.
     pub async fn shutdown(self) -> std::io::Result<()> {
         let _ = self.shutdown.send(true);
-        self.sweeper.abort();
+        if let Some(s) = self.sweeper {
+            s.abort();
+        }
         match self.server.await {
             Ok(r) => r,
             Err(e) if e.is_cancelled() => Ok(()),
@@ -116,8 +125,8 @@ impl Lifecycle {
                 let backend = DockerBackend::connect(d, &config.data_dir).await?;
                 Self::start_with(config, backend).await
             }
-            BackendConfig::FastPath(f) => {
-                let backend = FastPathBackend::connect(f, &config.data_dir).await?;
+            BackendConfig::Controller(c) => {
+                let backend = ControllerBackend::connect(c).await?;
                 Self::start_with(config, backend).await
             }
         }
@@ -150,11 +159,23 @@ impl Lifecycle {
                 )));
             }
         }
+        let host_paths = if backend.host_paths_checked_on_node() {
+            if !config.allow_host_paths.is_empty() {
+                tracing::info!(
+                    "allow_host_paths is not used by the {} backend: each node's agent checks host paths against its own allowlist",
+                    backend.runtime_name()
+                );
+            }
+            volumes::HostPathCheck::OnNode
+        } else {
+            volumes::HostPathCheck::Local(config.allow_host_paths.clone())
+        };
+        let sweeps = !backend.expires_sandboxes_itself();
         let app = Arc::new(api::App {
             backend,
             policy: validate::Policy {
                 max_timeout_secs: config.max_timeout_secs,
-                allow_host_paths: config.allow_host_paths.clone(),
+                host_paths,
             },
             api_key,
         });
@@ -169,11 +190,15 @@ impl Lifecycle {
             source,
         })?;
         let (tx, mut rx) = watch::channel(false);
-        let sweeper = tokio::spawn(expiry::sweep_forever(
-            app.clone(),
-            config.sweep_interval,
-            tx.subscribe(),
-        ));
+        // One sweeper per sandbox: where the engine expires sandboxes, a
+        // sweep here would be a second one per replica, racing renewals.
+        let sweeper = sweeps.then(|| {
+            tokio::spawn(expiry::sweep_forever(
+                app.clone(),
+                config.sweep_interval,
+                tx.subscribe(),
+            ))
+        });
         let router = api::router(app);
         let server = tokio::spawn(async move {
             axum::serve(listener, router)

@@ -145,6 +145,14 @@ pub enum State {
     Stopping,
     Terminated,
     Failed,
+    /// Nothing is known right now: the node that runs the sandbox is not
+    /// reporting (the controller's `PHASE_UNKNOWN`). Not in the spec's list
+    /// of common states, which says new values may be added and clients must
+    /// handle unknown ones (the SDK keeps `state` a plain string). Every
+    /// listed state would be a claim we cannot back: `Running` promises an
+    /// answer, `Failed` invites the client to throw away a sandbox that is
+    /// most likely still alive, `Pending` says it is being provisioned.
+    Unknown,
 }
 
 impl State {
@@ -158,6 +166,7 @@ impl State {
             State::Stopping => "Stopping",
             State::Terminated => "Terminated",
             State::Failed => "Failed",
+            State::Unknown => "Unknown",
         }
     }
 }
@@ -175,6 +184,8 @@ pub struct SandboxRecord {
     pub created_at: DateTime<Utc>,
     /// `None` = manual cleanup (OpenSandbox #442).
     pub expires_at: Option<DateTime<Utc>>,
+    /// When `state` last changed, where the backend knows it.
+    pub last_transition_at: Option<DateTime<Utc>>,
 }
 
 pub fn rfc3339(t: DateTime<Utc>) -> String {
@@ -187,7 +198,7 @@ impl SandboxRecord {
             state: self.state.as_str().to_string(),
             reason: self.reason.clone(),
             message: self.message.clone(),
-            last_transition_at: None,
+            last_transition_at: self.last_transition_at.map(rfc3339),
         }
     }
     fn metadata_out(&self) -> Option<BTreeMap<String, String>> {

@@ -2,14 +2,14 @@
 //! [`CreatePlan`] a backend can execute, or a precise 400.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use chrono::{DateTime, Duration, Utc};
+use sandbolt_proto::quantity;
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
 use crate::model::CreateSandboxRequest;
-use crate::volumes::{VolumeMount, parse_volumes};
+use crate::volumes::{HostPathCheck, VolumeMount, parse_volumes};
 
 /// Lower bound of `timeout` (OpenSandbox #442 keeps it when TTL is asked for).
 pub const MIN_TIMEOUT_SECS: i64 = 60;
@@ -29,16 +29,86 @@ pub struct CreatePlan {
     pub created_at: DateTime<Utc>,
     /// `None` = manual cleanup.
     pub expires_at: Option<DateTime<Utc>>,
-    pub memory_bytes: Option<i64>,
-    pub nano_cpus: Option<i64>,
+    /// `resourceLimits`: hard caps.
+    pub limits: ResourceSet,
+    /// `resourceRequests`: scheduling weights, never above the limits.
+    pub requests: ResourceSet,
     pub volumes: Vec<VolumeMount>,
+    pub extensions: Extensions,
 }
+
+/// A quantity as the request spelled it (the controller parses the text
+/// again, with the same parser, against its pool maxima) and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quantity {
+    pub text: String,
+    pub value: u64,
+}
+
+/// One of `resourceLimits` / `resourceRequests`, parsed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourceSet {
+    /// Millicores.
+    pub cpu: Option<Quantity>,
+    /// Bytes.
+    pub memory: Option<Quantity>,
+    /// Maximum number of processes (limits only).
+    pub pids: Option<i64>,
+}
+
+impl ResourceSet {
+    pub fn is_empty(&self) -> bool {
+        self.cpu.is_none() && self.memory.is_none() && self.pids.is_none()
+    }
+}
+
+/// Consistency of the create (`extensions.consistencyMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsistencyMode {
+    /// Container first, record after.
+    Fast,
+    /// Record committed before the container exists.
+    Strong,
+}
+
+/// What happens when the sandbox's node is gone (`extensions.failurePolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    Manual,
+    AutoRecreate,
+}
+
+/// The `extensions` sandbolt understands. Every other key is refused: a
+/// parameter accepted and ignored is a promise silently broken.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extensions {
+    /// The pool (`SandboxPool`) to place the sandbox in.
+    pub pool: Option<String>,
+    pub consistency: Option<ConsistencyMode>,
+    pub failure_policy: Option<FailurePolicy>,
+}
+
+impl Extensions {
+    pub fn is_empty(&self) -> bool {
+        self == &Extensions::default()
+    }
+}
+
+/// Accepted `extensions` keys. The OpenSandbox spec documents
+/// `extensions.poolRef`; the fast-sandbox integration design names the same
+/// three options in snake case (`pool_ref`, `consistency_mode`,
+/// `failure_policy`). Both spellings are taken, as the first is what the spec
+/// promises and the second what existing fast-sandbox callers send.
+pub const EXT_POOL: [&str; 2] = ["poolRef", "pool_ref"];
+pub const EXT_CONSISTENCY: [&str; 2] = ["consistencyMode", "consistency_mode"];
+pub const EXT_FAILURE_POLICY: [&str; 2] = ["failurePolicy", "failure_policy"];
 
 /// Limits the validator enforces that come from configuration.
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub max_timeout_secs: i64,
-    pub allow_host_paths: Vec<PathBuf>,
+    /// Where host-path volumes are checked against an allowlist.
+    pub host_paths: HostPathCheck,
 }
 
 pub fn parse_timeout(raw: Option<&Value>, max: i64) -> ApiResult<Option<i64>> {
@@ -118,35 +188,159 @@ pub fn check_metadata_entry(key: &str, value: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// Parses a CPU quantity ("500m", "2", "1.5") into nano-CPUs.
-pub fn parse_cpu(q: &str) -> Option<i64> {
-    let (num, scale) = match q.strip_suffix('m') {
-        Some(n) => (n, 1_000_000.0),
-        None => (q, 1_000_000_000.0),
-    };
-    let v: f64 = num.parse().ok()?;
-    (v.is_finite() && v > 0.0).then(|| (v * scale).round() as i64)
+/// Parses a CPU quantity ("500m", "2", "0.5") into millicores, with the
+/// parser the controller and the agent use (`sandbolt_proto::quantity`), so
+/// a value passes all three or none.
+pub fn parse_cpu(q: &str) -> Result<u64, quantity::QuantityError> {
+    quantity::millicores(q)
 }
 
-/// Parses a memory quantity ("512Mi", "1G", "1048576") into bytes.
-pub fn parse_memory(q: &str) -> Option<i64> {
-    const UNITS: &[(&str, f64)] = &[
-        ("Ki", 1024.0),
-        ("Mi", 1048576.0),
-        ("Gi", 1073741824.0),
-        ("Ti", 1099511627776.0),
-        ("k", 1e3),
-        ("K", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-    ];
-    let (num, mult) = UNITS
+/// Parses a memory quantity ("512Mi", "1G", "1048576") into bytes (same
+/// parser as [`parse_cpu`]).
+pub fn parse_memory(q: &str) -> Result<u64, quantity::QuantityError> {
+    quantity::bytes(q)
+}
+
+/// Parses `resourceLimits` or `resourceRequests` (`field` names which, for
+/// the error messages). Unknown resource names are refused, not dropped.
+fn parse_resources(
+    raw: Option<BTreeMap<String, String>>,
+    field: &str,
+    allow_pids: bool,
+) -> ApiResult<ResourceSet> {
+    let mut set = ResourceSet::default();
+    for (k, v) in raw.unwrap_or_default() {
+        let text = v.trim().to_string();
+        match k.as_str() {
+            "cpu" => {
+                let value = parse_cpu(&text).map_err(|e| {
+                    ApiError::invalid(format!("{field}.cpu '{v}' is not a CPU quantity: {e}"))
+                })?;
+                set.cpu = Some(Quantity { text, value });
+            }
+            "memory" => {
+                let value = parse_memory(&text).map_err(|e| {
+                    ApiError::invalid(format!(
+                        "{field}.memory '{v}' is not a memory quantity: {e}"
+                    ))
+                })?;
+                set.memory = Some(Quantity { text, value });
+            }
+            "pids" if allow_pids => {
+                // pids.max takes a plain count; no quantity suffixes.
+                let n = text
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "{field}.pids '{v}' must be a positive integer (maximum number of processes)"
+                        ))
+                    })?;
+                set.pids = Some(n);
+            }
+            other => {
+                return Err(ApiError::invalid_code(
+                    "UNSUPPORTED_FIELD",
+                    format!("{field}.{other} is not supported by sandbolt"),
+                ));
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// A request above its limit would be a weight the cap can never honour;
+/// the controller refuses it too, but here the message names REST fields.
+fn check_requests_within_limits(limits: &ResourceSet, requests: &ResourceSet) -> ApiResult<()> {
+    for (name, req, lim) in [
+        ("cpu", &requests.cpu, &limits.cpu),
+        ("memory", &requests.memory, &limits.memory),
+    ] {
+        if let (Some(r), Some(l)) = (req, lim)
+            && r.value > l.value
+        {
+            return Err(ApiError::invalid(format!(
+                "resourceRequests.{name} '{}' is above resourceLimits.{name} '{}'",
+                r.text, l.text
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One extension given under either of its spellings, with the documented
+/// (first) spelling for messages. Both spellings with different values is
+/// ambiguous and refused.
+fn extension<'a>(
+    ext: &'a BTreeMap<String, String>,
+    names: [&'static str; 2],
+) -> ApiResult<Option<(&'static str, &'a str)>> {
+    let found: Vec<(&str, &str)> = names
         .iter()
-        .find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m)))
-        .unwrap_or((q, 1.0));
-    let v: f64 = num.parse().ok()?;
-    (v.is_finite() && v > 0.0).then(|| (v * mult).round() as i64)
+        .filter_map(|n| ext.get(*n).map(|v| (*n, v.trim())))
+        .collect();
+    match found.as_slice() {
+        [] => Ok(None),
+        [(a, va), (b, vb)] if va != vb => Err(ApiError::invalid(format!(
+            "extensions.{a} '{va}' and extensions.{b} '{vb}' disagree; send one"
+        ))),
+        [(_, v), ..] => Ok(Some((names[0], v))),
+    }
+}
+
+/// Parses `extensions`: known keys into [`Extensions`], any other key is a
+/// 400 naming it.
+pub fn parse_extensions(raw: Option<&BTreeMap<String, String>>) -> ApiResult<Extensions> {
+    let Some(ext) = raw else {
+        return Ok(Extensions::default());
+    };
+    let known: Vec<&str> = [EXT_POOL, EXT_CONSISTENCY, EXT_FAILURE_POLICY]
+        .iter()
+        .flatten()
+        .copied()
+        .collect();
+    if let Some(k) = ext.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(ApiError::invalid_code(
+            "UNSUPPORTED_FIELD",
+            format!(
+                "extensions.{k} is not supported by sandbolt (known: poolRef, consistencyMode, failurePolicy)"
+            ),
+        ));
+    }
+    let mut out = Extensions::default();
+    if let Some((name, v)) = extension(ext, EXT_POOL)? {
+        if !crate::volumes::is_dns1123_label(v, 63) {
+            return Err(ApiError::invalid(format!(
+                "extensions.{name} '{v}' must be a pool name (DNS-1123 label)"
+            )));
+        }
+        out.pool = Some(v.to_string());
+    }
+    if let Some((name, v)) = extension(ext, EXT_CONSISTENCY)? {
+        out.consistency = Some(match v.to_ascii_lowercase().as_str() {
+            "fast" => ConsistencyMode::Fast,
+            "strong" => ConsistencyMode::Strong,
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "extensions.{name} '{v}' must be fast or strong"
+                )));
+            }
+        });
+    }
+    if let Some((name, v)) = extension(ext, EXT_FAILURE_POLICY)? {
+        // The CRD spells them Manual / AutoRecreate; the design doc snake case.
+        out.failure_policy = Some(match v.to_ascii_lowercase().as_str() {
+            "manual" => FailurePolicy::Manual,
+            "auto_recreate" | "autorecreate" => FailurePolicy::AutoRecreate,
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "extensions.{name} '{v}' must be manual or auto_recreate"
+                )));
+            }
+        });
+    }
+    Ok(out)
 }
 
 fn reject_if_set(v: &Option<Value>, field: &str) -> ApiResult<()> {
@@ -226,30 +420,10 @@ pub fn plan_create(
         check_metadata_entry(k, v)?;
     }
 
-    let mut memory_bytes = None;
-    let mut nano_cpus = None;
-    for (k, v) in req.resource_limits.unwrap_or_default() {
-        match k.as_str() {
-            "cpu" => {
-                nano_cpus = Some(parse_cpu(&v).ok_or_else(|| {
-                    ApiError::invalid(format!("resourceLimits.cpu '{v}' is not a CPU quantity"))
-                })?)
-            }
-            "memory" => {
-                memory_bytes = Some(parse_memory(&v).ok_or_else(|| {
-                    ApiError::invalid(format!(
-                        "resourceLimits.memory '{v}' is not a memory quantity"
-                    ))
-                })?)
-            }
-            other => {
-                return Err(ApiError::invalid_code(
-                    "UNSUPPORTED_FIELD",
-                    format!("resourceLimits.{other} is not supported by sandbolt"),
-                ));
-            }
-        }
-    }
+    let limits = parse_resources(req.resource_limits, "resourceLimits", true)?;
+    let requests = parse_resources(req.resource_requests, "resourceRequests", false)?;
+    check_requests_within_limits(&limits, &requests)?;
+    let extensions = parse_extensions(req.extensions.as_ref())?;
     reject_if_set(&req.network_policy, "networkPolicy")?;
     reject_if_set(&req.lifecycle, "lifecycle")?;
     if let Some(cp) = &req.credential_proxy
@@ -282,7 +456,7 @@ pub fn plan_create(
     let volumes = parse_volumes(
         req.volumes.as_deref(),
         req.volume_bindings.as_deref(),
-        &policy.allow_host_paths,
+        &policy.host_paths,
     )?;
 
     Ok(CreatePlan {
@@ -293,9 +467,10 @@ pub fn plan_create(
         metadata,
         created_at: now,
         expires_at: timeout.map(|s| now + Duration::seconds(s)),
-        memory_bytes,
-        nano_cpus,
+        limits,
+        requests,
         volumes,
+        extensions,
     })
 }
 
@@ -307,7 +482,7 @@ mod tests {
     fn policy() -> Policy {
         Policy {
             max_timeout_secs: DEFAULT_MAX_TIMEOUT_SECS,
-            allow_host_paths: vec![],
+            host_paths: HostPathCheck::Local(vec![]),
         }
     }
     fn req(v: Value) -> CreateSandboxRequest {
@@ -411,24 +586,112 @@ mod tests {
 
     #[test]
     fn quantities() {
-        assert_eq!(parse_cpu("500m"), Some(500_000_000));
-        assert_eq!(parse_cpu("2"), Some(2_000_000_000));
-        assert_eq!(parse_memory("512Mi"), Some(512 * 1024 * 1024));
-        assert_eq!(parse_memory("1G"), Some(1_000_000_000));
-        assert_eq!(parse_cpu("x"), None);
-        assert_eq!(parse_memory("-1Gi"), None);
+        assert_eq!(parse_cpu("500m").unwrap(), 500);
+        assert_eq!(parse_cpu("2").unwrap(), 2000);
+        assert_eq!(parse_memory("512Mi").unwrap(), 512 * 1024 * 1024);
+        assert_eq!(parse_memory("1G").unwrap(), 1_000_000_000);
+        assert!(parse_cpu("x").is_err());
+        assert!(parse_memory("-1Gi").is_err());
+        assert!(parse_cpu("0").is_err());
         let mut b = base();
-        b["resourceLimits"] = json!({"cpu":"250m","memory":"64Mi"});
+        b["resourceLimits"] = json!({"cpu":"250m","memory":"64Mi","pids":"128"});
         let p = plan_create(req(b), &policy(), Utc::now()).unwrap();
         assert_eq!(
-            (p.nano_cpus, p.memory_bytes),
-            (Some(250_000_000), Some(64 << 20))
+            p.limits,
+            ResourceSet {
+                cpu: Some(Quantity {
+                    text: "250m".into(),
+                    value: 250
+                }),
+                memory: Some(Quantity {
+                    text: "64Mi".into(),
+                    value: 64 << 20
+                }),
+                pids: Some(128),
+            }
         );
+        assert!(p.requests.is_empty());
+        for (limits, field) in [
+            (json!({"gpu":"1"}), "resourceLimits.gpu"),
+            (json!({"pids":"0"}), "resourceLimits.pids"),
+            (json!({"pids":"1k"}), "resourceLimits.pids"),
+            (json!({"memory":"0"}), "resourceLimits.memory"),
+        ] {
+            let mut b = base();
+            b["resourceLimits"] = limits;
+            let e = plan_create(req(b), &policy(), Utc::now()).unwrap_err();
+            assert_eq!(e.status, 400, "{field}");
+            assert!(e.message.contains(field), "{field}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn requests_are_read_and_held_below_limits() {
         let mut b = base();
-        b["resourceLimits"] = json!({"gpu":"1"});
+        b["resourceLimits"] = json!({"cpu":"1","memory":"128Mi"});
+        b["resourceRequests"] = json!({"cpu":"250m","memory":"64Mi"});
+        let p = plan_create(req(b), &policy(), Utc::now()).unwrap();
+        assert_eq!(p.requests.cpu.unwrap().value, 250);
+        assert_eq!(p.requests.memory.unwrap().value, 64 << 20);
+        for (requests, field) in [
+            (json!({"cpu":"2"}), "resourceRequests.cpu"),
+            (json!({"memory":"1Gi"}), "resourceRequests.memory"),
+            // A process count is a cap, not a weight.
+            (json!({"pids":"10"}), "resourceRequests.pids"),
+        ] {
+            let mut b = base();
+            b["resourceLimits"] = json!({"cpu":"1","memory":"128Mi"});
+            b["resourceRequests"] = requests;
+            let e = plan_create(req(b), &policy(), Utc::now()).unwrap_err();
+            assert_eq!(e.status, 400, "{field}");
+            assert!(e.message.contains(field), "{field}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn extensions_are_read_and_unknown_keys_refused() {
+        let mut b = base();
+        b["extensions"] = json!({"poolRef":"gpu-pool","consistency_mode":"Strong","failurePolicy":"auto_recreate"});
+        let p = plan_create(req(b), &policy(), Utc::now()).unwrap();
         assert_eq!(
-            plan_create(req(b), &policy(), Utc::now()).unwrap_err().code,
-            "UNSUPPORTED_FIELD"
+            p.extensions,
+            Extensions {
+                pool: Some("gpu-pool".into()),
+                consistency: Some(ConsistencyMode::Strong),
+                failure_policy: Some(FailurePolicy::AutoRecreate),
+            }
         );
+        // Either spelling; the same value twice is fine.
+        let ext = parse_extensions(Some(&BTreeMap::from([
+            ("pool_ref".to_string(), "a".to_string()),
+            ("poolRef".to_string(), "a".to_string()),
+            ("failure_policy".to_string(), "Manual".to_string()),
+            ("consistencyMode".to_string(), "fast".to_string()),
+        ])))
+        .unwrap();
+        assert_eq!(ext.pool.as_deref(), Some("a"));
+        assert_eq!(ext.failure_policy, Some(FailurePolicy::Manual));
+        assert_eq!(ext.consistency, Some(ConsistencyMode::Fast));
+        assert!(parse_extensions(None).unwrap().is_empty());
+        for (ext, words) in [
+            (json!({"storage.id":"x"}), "extensions.storage.id"),
+            (
+                json!({"access.renew.extend.seconds":"600"}),
+                "extensions.access.renew.extend.seconds",
+            ),
+            (json!({"poolRef":"a","pool_ref":"b"}), "disagree"),
+            (json!({"poolRef":"Bad_Pool"}), "extensions.poolRef"),
+            (
+                json!({"consistency_mode":"eventual"}),
+                "extensions.consistencyMode",
+            ),
+            (json!({"failurePolicy":"retry"}), "extensions.failurePolicy"),
+        ] {
+            let mut b = base();
+            b["extensions"] = ext.clone();
+            let e = plan_create(req(b), &policy(), Utc::now()).unwrap_err();
+            assert_eq!(e.status, 400, "{ext}");
+            assert!(e.message.contains(words), "{ext}: {}", e.message);
+        }
     }
 }

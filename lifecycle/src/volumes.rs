@@ -7,6 +7,13 @@
 //! normalized (we reject rather than silently rewrite, so what is checked is
 //! what is mounted), lie under an allowlisted prefix, exist, and still lie
 //! under that prefix once symlinks are resolved.
+//!
+//! Where the allowlist is checked depends on who mounts ([`HostPathCheck`]):
+//! the Docker engine mounts what this process names, so the lifecycle checks
+//! its own filesystem; on the controller backend the sandbox lands on some
+//! node whose agent resolves the path under its own allowlist (with
+//! `openat2(RESOLVE_BENEATH)`), and this machine's filesystem says nothing
+//! about that node's, so only the syntax is checked here.
 
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
@@ -16,11 +23,23 @@ use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
 
+/// Who checks host paths against an allowlist and the filesystem.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostPathCheck {
+    /// This process, on its own filesystem, against these prefixes (empty:
+    /// host volumes refused). The path is resolved and `subPath` folded in.
+    Local(Vec<PathBuf>),
+    /// The agent of the node the sandbox lands on. Here only the syntax is
+    /// checked; path and `subPath` travel as the request gave them.
+    OnNode,
+}
+
 /// Where a volume's data lives.
 #[derive(Debug, Clone, PartialEq)]
 pub enum VolumeSource {
-    /// A host directory (`host.path`, or seed `backendType: local`), already
-    /// joined with `subPath` and resolved through symlinks.
+    /// A host directory (`host.path`, or seed `backendType: local`). With
+    /// [`HostPathCheck::Local`] already joined with `subPath` and resolved
+    /// through symlinks; with [`HostPathCheck::OnNode`] as requested.
     Host { path: PathBuf },
     /// A platform-named volume (Kubernetes PVC; Docker named volume).
     Pvc { claim_name: String },
@@ -49,7 +68,8 @@ pub struct VolumeMount {
     pub source: VolumeSource,
     pub mount_path: String,
     pub read_only: bool,
-    /// Only for non-host sources (host sources fold it into the path).
+    /// Relative path below the source. `None` for host sources checked
+    /// locally (folded into the resolved path there).
     pub sub_path: Option<String>,
 }
 
@@ -187,14 +207,38 @@ fn check_mount_path(p: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// Resolves and checks a host path against the allowlist (see module docs).
-fn check_host_path(path: &str, sub: Option<&str>, allow: &[PathBuf]) -> ApiResult<PathBuf> {
+/// Checks a host path as [`HostPathCheck`] says; answers the source and the
+/// `subPath` still to apply below it.
+fn host_source(
+    path: &str,
+    sub: Option<String>,
+    check: &HostPathCheck,
+) -> ApiResult<(VolumeSource, Option<String>)> {
     if !is_normalized_absolute(path) {
         return Err(bad(
             "VOLUME::INVALID_HOST_PATH",
             format!("host path '{path}' must be an absolute, normalized path"),
         ));
     }
+    match check {
+        HostPathCheck::Local(allow) => Ok((
+            VolumeSource::Host {
+                path: check_host_path(path, sub.as_deref(), allow)?,
+            },
+            None,
+        )),
+        HostPathCheck::OnNode => Ok((
+            VolumeSource::Host {
+                path: PathBuf::from(path),
+            },
+            sub,
+        )),
+    }
+}
+
+/// Resolves and checks a normalized host path against the allowlist (see
+/// module docs).
+fn check_host_path(path: &str, sub: Option<&str>, allow: &[PathBuf]) -> ApiResult<PathBuf> {
     if allow.is_empty() {
         return Err(bad(
             "VOLUME::HOST_PATH_NOT_ALLOWED",
@@ -286,12 +330,12 @@ fn parse_entry<T: serde::de::DeserializeOwned>(v: &Value, what: &str) -> ApiResu
         .map_err(|e| bad("VOLUME::INVALID_BACKEND", format!("invalid {what}: {e}")))
 }
 
-/// Parses and validates the request's volume fields. `allow_host_paths` is
-/// the configured allowlist (empty disables host volumes).
+/// Parses and validates the request's volume fields; `host_paths` says
+/// where host paths are checked.
 pub fn parse_volumes(
     volumes: Option<&[Value]>,
     bindings: Option<&[Value]>,
-    allow_host_paths: &[PathBuf],
+    host_paths: &HostPathCheck,
 ) -> ApiResult<Vec<VolumeMount>> {
     let volumes = volumes.unwrap_or(&[]);
     let bindings = bindings.unwrap_or(&[]);
@@ -339,12 +383,7 @@ pub fn parse_volumes(
             };
             let sub = sb.sub_path.as_deref().map(check_sub_path).transpose()?;
             let (source, sub_path) = match vol.backend_type.as_str() {
-                "local" => (
-                    VolumeSource::Host {
-                        path: check_host_path(&vol.backend_ref, sub.as_deref(), allow_host_paths)?,
-                    },
-                    None,
-                ),
+                "local" => host_source(&vol.backend_ref, sub, host_paths)?,
                 "pvc" => {
                     check_pvc(&vol.backend_ref)?;
                     (
@@ -393,12 +432,7 @@ pub fn parse_volumes(
                 ));
             }
             let (source, sub_path) = if let Some(h) = sv.host {
-                (
-                    VolumeSource::Host {
-                        path: check_host_path(&h.path, sub.as_deref(), allow_host_paths)?,
-                    },
-                    None,
-                )
+                host_source(&h.path, sub, host_paths)?
             } else if let Some(p) = sv.pvc {
                 check_pvc(&p.claim_name)?;
                 (
@@ -459,10 +493,14 @@ mod tests {
     use serde_json::json;
 
     fn spec(v: Value, allow: &[PathBuf]) -> ApiResult<Vec<VolumeMount>> {
-        parse_volumes(Some(&[v]), None, allow)
+        parse_volumes(Some(&[v]), None, &HostPathCheck::Local(allow.to_vec()))
     }
     fn seed(v: Value, b: Value, allow: &[PathBuf]) -> ApiResult<Vec<VolumeMount>> {
-        parse_volumes(Some(&[v]), Some(&[b]), allow)
+        parse_volumes(
+            Some(&[v]),
+            Some(&[b]),
+            &HostPathCheck::Local(allow.to_vec()),
+        )
     }
     fn code(r: ApiResult<Vec<VolumeMount>>) -> &'static str {
         r.expect_err("must be rejected").code
@@ -706,7 +744,7 @@ mod tests {
                     json!({"name":"a","mountPath":"/n","pvc":{"claimName":"c"}})
                 ]),
                 None,
-                &[]
+                &HostPathCheck::Local(vec![])
             )),
             "VOLUME::DUPLICATE_NAME"
         );
@@ -717,7 +755,7 @@ mod tests {
                     json!({"name":"b","mountPath":"/m","pvc":{"claimName":"c"}})
                 ]),
                 None,
-                &[]
+                &HostPathCheck::Local(vec![])
             )),
             "VOLUME::INVALID_MOUNT_PATH"
         );
@@ -732,5 +770,60 @@ mod tests {
             code(spec(json!({"name":"a","mountPath":"/m"}), &[])),
             "VOLUME::INVALID_BACKEND"
         );
+    }
+
+    #[test]
+    fn on_node_checks_syntax_only_and_keeps_path_and_sub_path() {
+        // Neither path exists here and there is no allowlist: the agent of
+        // the node decides. The request's path and subPath travel unchanged.
+        let m = parse_volumes(
+            Some(&[
+                json!({"name":"w","mountPath":"/mnt/w","host":{"path":"/srv/nowhere-here"},"subPath":"./task","readOnly":true}),
+            ]),
+            None,
+            &HostPathCheck::OnNode,
+        )
+        .unwrap();
+        assert_eq!(
+            m[0],
+            VolumeMount {
+                name: "w".into(),
+                source: VolumeSource::Host {
+                    path: "/srv/nowhere-here".into()
+                },
+                mount_path: "/mnt/w".into(),
+                read_only: true,
+                sub_path: Some("task".into()),
+            }
+        );
+        let m = parse_volumes(
+            Some(&[json!({"name":"w","backendType":"local","backendRef":"/data/x"})]),
+            Some(&[json!({"volumeName":"w","mountPath":"/m","accessMode":"RW","subPath":"a"})]),
+            &HostPathCheck::OnNode,
+        )
+        .unwrap();
+        assert_eq!(m[0].sub_path.as_deref(), Some("a"));
+        // Syntax is still checked here.
+        let on_node = |v: Value| parse_volumes(Some(&[v]), None, &HostPathCheck::OnNode);
+        for (v, c) in [
+            (
+                json!({"name":"w","mountPath":"/m","host":{"path":"rel"}}),
+                "VOLUME::INVALID_HOST_PATH",
+            ),
+            (
+                json!({"name":"w","mountPath":"/m","host":{"path":"/a/../b"}}),
+                "VOLUME::INVALID_HOST_PATH",
+            ),
+            (
+                json!({"name":"w","mountPath":"/m","host":{"path":"/a"},"subPath":"../b"}),
+                "VOLUME::INVALID_SUB_PATH",
+            ),
+            (
+                json!({"name":"w","mountPath":"/proc/x","host":{"path":"/a"}}),
+                "VOLUME::INVALID_MOUNT_PATH",
+            ),
+        ] {
+            assert_eq!(code(on_node(v.clone())), c, "{v}");
+        }
     }
 }

@@ -5,6 +5,10 @@
 //!   1.1.x calls (v2). `tests/contract_drift.rs` holds them to the contract
 //!   files field by field.
 //! - [`agent::v1`]: sandbolt's own controller ⇄ agent ⇄ janitor API.
+//! - [`control::v1`]: sandbolt's native control API (the whole sandbox),
+//!   served beside FastPath on the controller's port.
+
+pub mod quantity;
 
 pub mod fastpath {
     pub mod v1 {
@@ -18,6 +22,12 @@ pub mod fastpath {
 pub mod agent {
     pub mod v1 {
         tonic::include_proto!("sandbolt.agent.v1");
+    }
+}
+
+pub mod control {
+    pub mod v1 {
+        tonic::include_proto!("sandbolt.control.v1");
     }
 }
 

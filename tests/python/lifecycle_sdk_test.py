@@ -6,7 +6,7 @@ Started by the Rust integration tests in lifecycle/tests/, which set:
   LIFECYCLE_API_KEY  its API key
   SANDBOLT_IMAGE     an image present on the backend (busybox)
   SANDBOLT_HOST_ROOT an allow_host_paths directory (volume tests), optional
-  SANDBOLT_BACKEND   docker | fastpath
+  SANDBOLT_BACKEND   docker | controller
 Every variable is required where used: a missing one fails, never skips.
 """
 

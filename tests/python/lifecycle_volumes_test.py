@@ -1,7 +1,14 @@
 """Volume requests (OSEP-0003) against a running sandbolt lifecycle server:
 validation rules (accept and reject), read-only bindings, and data of a
 read-write binding outliving the sandbox. Environment as in
-lifecycle_sdk_test.py, plus SANDBOLT_HOST_ROOT (the allow_host_paths prefix).
+lifecycle_sdk_test.py, plus SANDBOLT_HOST_ROOT (the allowed host-path root:
+the lifecycle's allow_host_paths on Docker, the agent's allowlist on the
+controller backend).
+
+Where a rule is checked depends on who mounts: on Docker the lifecycle checks
+host paths on its own filesystem (VOLUME::* codes); on the controller backend
+the lifecycle checks syntax only and the agent of the node the sandbox lands
+on checks the allowlist, existence and symlinks (a 400 with its reason).
 """
 
 import os
@@ -19,9 +26,7 @@ API_KEY = os.environ["LIFECYCLE_API_KEY"]
 IMAGE = os.environ["SANDBOLT_IMAGE"]
 BACKEND = os.environ["SANDBOLT_BACKEND"]
 ROOT = os.environ["SANDBOLT_HOST_ROOT"]
-# Mounting volumes needs a runtime that can: this suite is for the Docker
-# backend (the fast path rejects every volume; see lifecycle_sdk_test.py).
-assert BACKEND == "docker", BACKEND
+assert BACKEND in ("docker", "controller"), BACKEND
 
 
 def http() -> httpx.Client:
@@ -62,6 +67,15 @@ def rejected(payload: dict, code: str, *words: str) -> None:
     assert err["code"] == code, err
     for w in words:
         assert w in err["message"], err
+
+
+def node_rejected(payload: dict, docker: tuple, controller: tuple) -> None:
+    """A rule only the machine that mounts can check: on Docker the
+    lifecycle's code and words, on the controller backend the node's."""
+    if BACKEND == "docker":
+        rejected(payload, *docker)
+    else:
+        rejected(payload, "INVALID_REQUEST", *controller)
 
 
 def create_raw(payload: dict) -> SandboxSync:
@@ -121,7 +135,11 @@ def test_seed_read_only_binding():
 
 
 def test_host_path_outside_allowlist_rejected():
-    rejected(body(volumes=[{"name": "x", "host": {"path": "/etc"}, "mountPath": "/mnt/x"}]), "VOLUME::HOST_PATH_NOT_ALLOWED")
+    node_rejected(
+        body(volumes=[{"name": "x", "host": {"path": "/etc"}, "mountPath": "/mnt/x"}]),
+        ("VOLUME::HOST_PATH_NOT_ALLOWED", "/etc"),
+        ("/etc", "allowlisted root"),
+    )
 
 
 def test_relative_and_unnormalized_host_paths_rejected():
@@ -140,16 +158,25 @@ def test_relative_and_unnormalized_host_paths_rejected():
 def test_symlink_escape_rejected():
     d = fresh_dir()
     os.symlink("/etc", os.path.join(d, "escape"))
-    rejected(body(volumes=[{"name": "x", "host": {"path": d + "/escape"}, "mountPath": "/mnt/x"}]), "VOLUME::HOST_PATH_NOT_ALLOWED", "symlink")
-    rejected(
+    node_rejected(
+        body(volumes=[{"name": "x", "host": {"path": d + "/escape"}, "mountPath": "/mnt/x"}]),
+        ("VOLUME::HOST_PATH_NOT_ALLOWED", "symlink"),
+        ("symlink",),
+    )
+    node_rejected(
         body(volumes=[{"name": "x", "host": {"path": d}, "subPath": "escape", "mountPath": "/mnt/x"}]),
-        "VOLUME::HOST_PATH_NOT_ALLOWED",
+        ("VOLUME::HOST_PATH_NOT_ALLOWED",),
+        ("symlink",),
     )
 
 
 def test_missing_host_path_rejected():
     d = fresh_dir()
-    rejected(body(volumes=[{"name": "x", "host": {"path": d + "/nope"}, "mountPath": "/mnt/x"}]), "VOLUME::HOST_PATH_NOT_FOUND")
+    node_rejected(
+        body(volumes=[{"name": "x", "host": {"path": d + "/nope"}, "mountPath": "/mnt/x"}]),
+        ("VOLUME::HOST_PATH_NOT_FOUND", "/nope"),
+        ("/nope", "does not exist"),
+    )
 
 
 @pytest.mark.parametrize("sub", ["../up", "a/../../up", "/abs"])
@@ -215,6 +242,7 @@ def test_access_mode_must_be_rw_or_ro():
     )
 
 
+@pytest.mark.skipif(BACKEND != "docker", reason="the containerd fast path has no named volumes yet")
 def test_pvc_is_a_named_volume_that_outlives_the_sandbox():
     claim = "sbx-" + uuid.uuid4().hex[:10]
     vol = [{"name": "data", "pvc": {"claimName": claim}, "mountPath": "/data"}]
@@ -230,3 +258,17 @@ def test_pvc_is_a_named_volume_that_outlives_the_sandbox():
     finally:
         second.kill()
         second.close()
+
+
+@pytest.mark.skipif(BACKEND != "controller", reason="Docker serves pvc as named volumes")
+def test_pvc_is_refused_by_the_controller_naming_it():
+    rejected(body(volumes=[{"name": "data", "pvc": {"claimName": "claim-a"}, "mountPath": "/data"}]), "INVALID_REQUEST", "pvc")
+
+
+def test_refused_volumes_leave_no_sandbox_behind():
+    with http() as c:
+        before = c.get("/sandboxes", params={"pageSize": 200}).json()["pagination"]["totalItems"]
+        r = c.post("/sandboxes", json=body(volumes=[{"name": "x", "host": {"path": "/etc"}, "mountPath": "/mnt/x"}]))
+        assert r.status_code == 400, r.text
+        after = c.get("/sandboxes", params={"pageSize": 200}).json()["pagination"]["totalItems"]
+    assert after == before

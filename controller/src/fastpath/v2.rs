@@ -67,8 +67,10 @@ pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
         Phase::Pending => (R::Creating, D::Pending, I::Starting),
         Phase::Recovering => (R::Creating, D::Pending, I::Starting),
         Phase::Failed => (R::Failed, D::Unavailable, I::Failed),
+        // A silent agent says nothing about its sandboxes: Unknown, not
+        // failed (they are Ready again when it reports them).
+        Phase::Running | Phase::Paused if !agent_live => (R::Unknown, D::Unknown, I::Starting),
         Phase::Paused => (R::Paused, D::Unavailable, I::Ready),
-        Phase::Running if !agent_live => (R::Unavailable, D::Unavailable, I::Failed),
         Phase::Running => match observed.as_ref().map(|s| s.phase()) {
             Some(AgentPhase::Failed) => (R::Failed, D::Unavailable, I::Failed),
             Some(AgentPhase::Stopped) => (R::Stopped, D::Unavailable, I::Failed),
@@ -102,10 +104,16 @@ pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
 }
 
 fn pool_info(p: &PoolSummary) -> pb::PoolInfo {
+    // What the pool's agents report, never a made-up default.
+    let policy = p.policy.clone().unwrap_or_default();
+    let defaults = policy.default_limits.unwrap_or_default();
     pb::PoolInfo {
         namespace: p.pool.namespace.clone(),
         name: p.pool.pool.clone(),
-        runtime: "runc".into(),
+        runtime: policy.runtime,
+        sandbox_cpu: defaults.cpu,
+        sandbox_memory: defaults.memory,
+        sandbox_pids: defaults.pids_limit,
         max_sandboxes_per_pod: p.max_sandboxes_per_agent,
         total_fastlets: p.total_agents,
         ready_fastlets: p.ready_agents,
@@ -177,6 +185,9 @@ impl FastPathService for FastPathV2 {
             recovery_timeout_seconds: q.recovery_timeout_seconds,
             consistency: None,
             wait_for_execd: completion == pb::CreateCompletion::Ready,
+            // v2 cannot say limits, volumes or a runtime: the pool's
+            // defaults and runtime apply (see `limits`).
+            ..Default::default()
         };
         let r = self.core.create(spec).await?;
         Ok(Response::new(pb::CreateSandboxResponse {

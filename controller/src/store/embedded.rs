@@ -274,6 +274,7 @@ mod tests {
                 proxy_endpoint: "127.0.0.1:2".into(),
                 capacity: 4,
                 node_name: "n".into(),
+                pod: None,
             })
             .unwrap();
         }

@@ -54,14 +54,15 @@ use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 use sandbolt_deploy::sandbox::{
     DataPlaneState, DataPlaneStatus, FINALIZER, FailurePolicy as CrFailurePolicy, READY_CONDITION,
-    RuntimeState, RuntimeStatus, labels_to_metadata, metadata_to_labels,
+    RuntimeState, RuntimeStatus, SandboxResources, SandboxVolume, labels_to_metadata,
+    metadata_to_labels,
 };
 use sandbolt_deploy::{Sandbox, SandboxSpec, SandboxStatus};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AgentRecord, Consistency, Event, FailurePolicy, Phase, SandboxRecord, Store, StoreError,
-    StoreResult,
+    AgentRecord, Consistency, Event, FailurePolicy, HostVolume, Phase, Resources, SandboxRecord,
+    Store, StoreError, StoreResult,
 };
 
 /// Annotation holding the controller's part of the record (JSON).
@@ -115,6 +116,8 @@ struct ControllerState {
     recovery_deadline_unix_ms: i64,
     #[serde(default)]
     events: Vec<Event>,
+    #[serde(default)]
+    last_transition_unix_ms: i64,
 }
 
 /// An own write the watch has not delivered yet.
@@ -430,6 +433,19 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
         recovery_timeout_seconds: (record.recovery_timeout_seconds > 0)
             .then_some(record.recovery_timeout_seconds),
         reset_revision: (!record.reset_revision.is_empty()).then(|| record.reset_revision.clone()),
+        resources: resources_to_spec(&record.resources),
+        volumes: record
+            .volumes
+            .iter()
+            .map(|v| SandboxVolume {
+                name: v.name.clone(),
+                host_path: v.host_path.clone(),
+                sub_path: v.sub_path.clone(),
+                mount_path: v.mount_path.clone(),
+                read_only: v.read_only,
+            })
+            .collect(),
+        runtime: (!record.runtime.is_empty()).then(|| record.runtime.clone()),
     };
     let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
     labels.retain(|k, _| !k.starts_with(sandbolt_deploy::sandbox::METADATA_LABEL_PREFIX));
@@ -448,6 +464,7 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
         assignment_attempt: record.assignment_attempt,
         recovery_deadline_unix_ms: record.recovery_deadline_unix_ms,
         events: record.events.clone(),
+        last_transition_unix_ms: record.last_transition_unix_ms,
     };
     obj.metadata
         .annotations
@@ -512,7 +529,61 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
         recovery_deadline_unix_ms: state.recovery_deadline_unix_ms,
         events: state.events,
         revision: obj.resource_version().unwrap_or_default(),
+        resources: resources_from_spec(spec.resources.as_ref())?,
+        volumes: spec
+            .volumes
+            .iter()
+            .map(|v| HostVolume {
+                name: v.name.clone(),
+                host_path: v.host_path.clone(),
+                sub_path: v.sub_path.clone(),
+                mount_path: v.mount_path.clone(),
+                read_only: v.read_only,
+            })
+            .collect(),
+        runtime: spec.runtime.clone().unwrap_or_default(),
+        last_transition_unix_ms: state.last_transition_unix_ms,
     }))
+}
+
+/// Limits and requests in the Kubernetes shape (`limits.cpu`, …); `None`
+/// when nothing is set.
+fn resources_to_spec(r: &Resources) -> Option<SandboxResources> {
+    if r.is_empty() {
+        return None;
+    }
+    let set = |pairs: &[(&str, &String)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.to_string(), (*v).clone()))
+            .collect()
+    };
+    let mut limits = set(&[("cpu", &r.cpu_limit), ("memory", &r.memory_limit)]);
+    let requests = set(&[("cpu", &r.cpu_request), ("memory", &r.memory_request)]);
+    if r.pids_limit > 0 {
+        limits.insert("pids".into(), r.pids_limit.to_string());
+    }
+    Some(SandboxResources { limits, requests })
+}
+
+fn resources_from_spec(s: Option<&SandboxResources>) -> StoreResult<Resources> {
+    let Some(s) = s else {
+        return Ok(Resources::default());
+    };
+    let get = |m: &BTreeMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
+    Ok(Resources {
+        cpu_limit: get(&s.limits, "cpu"),
+        memory_limit: get(&s.limits, "memory"),
+        pids_limit: match s.limits.get("pids") {
+            None => 0,
+            Some(p) => p
+                .parse()
+                .map_err(|_| StoreError::Corrupt(format!("spec.resources.limits.pids {p:?}")))?,
+        },
+        cpu_request: get(&s.requests, "cpu"),
+        memory_request: get(&s.requests, "memory"),
+    })
 }
 
 /// Status for readers of the Sandbox, derived from the record.

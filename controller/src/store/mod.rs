@@ -61,8 +61,9 @@ pub enum FailurePolicy {
     AutoRecreate,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub enum Phase {
+    #[default]
     /// Record committed, container not confirmed yet (strong mode).
     Pending,
     Running,
@@ -83,10 +84,41 @@ pub struct Event {
     pub message: String,
 }
 
+/// Resource limits and requests of one sandbox, as Kubernetes quantities
+/// (canonical as the client sent them), after the pool's defaults. Empty or
+/// 0 = unset (no cap).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Resources {
+    pub cpu_limit: String,
+    pub memory_limit: String,
+    pub pids_limit: i64,
+    pub cpu_request: String,
+    pub memory_request: String,
+}
+
+impl Resources {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// A host directory bound into a sandbox (checked on the node by the agent
+/// against its allowed roots: only the agent sees the node's filesystem).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HostVolume {
+    pub name: String,
+    pub host_path: String,
+    pub sub_path: String,
+    pub mount_path: String,
+    pub read_only: bool,
+}
+
 /// How many events a record keeps (oldest dropped first).
 pub const MAX_EVENTS: usize = 64;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRecord {
     pub uid: String,
     pub name: String,
@@ -125,9 +157,29 @@ pub struct SandboxRecord {
     /// Store-managed optimistic-concurrency token, opaque to the controller
     /// (empty until the record is stored).
     pub revision: String,
+    /// Limits and requests after the pool's defaults (records written
+    /// before limits existed read back as unlimited).
+    #[serde(default)]
+    pub resources: Resources,
+    #[serde(default)]
+    pub volumes: Vec<HostVolume>,
+    /// OCI runtime; empty = the agent's default (records from before).
+    #[serde(default)]
+    pub runtime: String,
+    /// When `phase` last changed (unix ms).
+    #[serde(default)]
+    pub last_transition_unix_ms: i64,
 }
 
 impl SandboxRecord {
+    /// Sets the phase, stamping the transition time when it changes.
+    pub fn set_phase(&mut self, phase: Phase) {
+        if self.phase != phase {
+            self.phase = phase;
+            self.last_transition_unix_ms = crate::clock::now_unix_ms();
+        }
+    }
+
     pub fn push_event(&mut self, level: &str, source: &str, message: impl Into<String>) {
         let message = message.into();
         tracing::debug!(sandbox = %self.name, namespace = %self.namespace, %level, %source, %message, "event");
@@ -162,6 +214,18 @@ pub struct AgentRecord {
     pub proxy_endpoint: String,
     pub capacity: u32,
     pub node_name: String,
+    /// The agent's pod (Kubernetes), so that a controller restarted while
+    /// the agent is silent can still tell a gone pod from a slow one.
+    #[serde(default)]
+    pub pod: Option<AgentPod>,
+}
+
+/// Identity of the pod an agent runs in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
 }
 
 pub trait Store: Send + Sync + 'static {
@@ -229,6 +293,7 @@ pub(crate) mod tests_support {
             recovery_deadline_unix_ms: 0,
             events: vec![],
             revision: String::new(),
+            ..Default::default()
         }
     }
 }

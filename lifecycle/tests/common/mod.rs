@@ -1,20 +1,290 @@
-//! Shared set-up of the lifecycle integration tests: a private dockerd from
-//! the test bed, the local busybox image, the static execd, and a lifecycle
-//! server on the Docker backend. Anything missing fails the test loudly.
+//! Shared set-up of the lifecycle integration tests: a private dockerd (or
+//! containerd, with a real controller and agent) from the test bed, the
+//! local busybox image, the static execd, and lifecycle servers on either
+//! backend. Anything missing fails the test loudly.
 
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
+use sandbolt_controller::{Controller, ControllerHandle};
 use sandbolt_lifecycle::{
-    BackendConfig, DockerConfig, Lifecycle, LifecycleConfig, LifecycleHandle,
+    BackendConfig, ControllerConfig, DockerConfig, Lifecycle, LifecycleConfig, LifecycleHandle,
 };
-use sandbolt_testbed::Testbed;
+use sandbolt_proto::control::v1 as control;
+use sandbolt_testbed::{Testbed, busybox_image, execd_binary};
+use serde_json::Value;
 
 pub const API_KEY: &str = "sandbolt-test-key-0123456789";
+pub const AGENT_TOKEN: &str = "agent-token-for-tests";
+/// The token of the controller's port (FastPath and the native API).
+pub const CONTROLLER_TOKEN: &str = "controller-token-for-tests";
+/// The namespace the test agent's pool serves (`default`, as in `sandbolt
+/// up`), distinct from its containerd namespace (`k8s.io`).
+pub const POOL_NAMESPACE: &str = "default";
+/// containerd namespace of the agent and of the imported busybox.
+pub const CONTAINERD_NS: &str = "k8s.io";
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,sandbolt_lifecycle=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A real controller (embedded store) and a real agent on the test bed's
+/// private containerd, for lifecycles on the controller backend.
+pub struct ControllerEnv {
+    pub bed: Testbed,
+    pub controller: Option<ControllerHandle>,
+    pub agent: Option<AgentHandle>,
+    pub image: String,
+    pub dirs: tempfile::TempDir,
+    /// The agent's only allowed host-path root.
+    pub host_root: tempfile::TempDir,
+}
+
+/// Starts the controller and one agent holding at most `capacity`
+/// sandboxes, and waits until the agent is a ready member of the pool.
+pub async fn controller_env(capacity: u32) -> ControllerEnv {
+    init_tracing();
+    let (bed, image) = tokio::task::spawn_blocking(|| {
+        let bed = Testbed::start().expect("test bed (private containerd) must start");
+        let image = busybox_image().expect("busybox image builds");
+        bed.import_image(&image, CONTAINERD_NS)
+            .expect("busybox imports");
+        (bed, image.reference().to_string())
+    })
+    .await
+    .unwrap();
+    let dirs = tempfile::tempdir().unwrap();
+    let host_root = tempfile::tempdir().unwrap();
+
+    let mut ccfg = sandbolt_controller::ControllerConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        dirs.path().join("controller"),
+        AGENT_TOKEN,
+    );
+    ccfg.fastpath_token = Some(CONTROLLER_TOKEN.into());
+    ccfg.heartbeat_interval = Duration::from_millis(200);
+    ccfg.expiry_sweep_interval = Duration::from_millis(200);
+    let controller = Controller::start(ccfg).await.expect("controller starts");
+    let caddr = controller.local_addr();
+
+    let mut acfg = AgentConfig::new(
+        "agent-1",
+        bed.containerd_socket(),
+        execd_binary().expect("static execd"),
+        dirs.path().join("agent"),
+        AGENT_TOKEN,
+    );
+    acfg.controller_endpoint = Some(format!("http://{caddr}"));
+    acfg.controller_token = Some(AGENT_TOKEN.into());
+    acfg.heartbeat_interval = Duration::from_millis(200);
+    acfg.stop_grace_period = Duration::from_secs(2);
+    acfg.max_sandboxes = capacity;
+    acfg.allowed_host_paths = vec![host_root.path().to_path_buf()];
+    let agent = Agent::start(acfg).await.expect("agent starts");
+    assert!(
+        controller.wait_ready(Duration::from_secs(30)).await,
+        "controller never became ready"
+    );
+    let env = ControllerEnv {
+        bed,
+        controller: Some(controller),
+        agent: Some(agent),
+        image,
+        dirs,
+        host_root,
+    };
+    env.wait_for_agent().await;
+    env
+}
+
+impl ControllerEnv {
+    pub fn controller_addr(&self) -> SocketAddr {
+        self.controller.as_ref().unwrap().local_addr()
+    }
+
+    /// The native API client, as any sandbolt client reaches it.
+    pub async fn native(&self) -> NativeClient {
+        NativeClient::connect(self.controller_addr(), CONTROLLER_TOKEN).await
+    }
+
+    /// Waits until the agent's heartbeat has made it a ready member of the
+    /// default pool (asked over the native API, as a client would).
+    async fn wait_for_agent(&self) {
+        let mut client = self.native().await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            match client.get_pool("default").await {
+                Ok(pool) if pool.ready_agents > 0 => return,
+                other => last = format!("{other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the agent never joined the default pool: {last}");
+    }
+
+    /// A lifecycle configuration on the controller backend, keeping
+    /// whatever it would keep in `data_dir` (nothing, is the point).
+    pub fn lifecycle_config(&self, data_dir: &Path) -> LifecycleConfig {
+        let mut backend = ControllerConfig::new(format!("http://{}", self.controller_addr()));
+        backend.token = Some(CONTROLLER_TOKEN.into());
+        backend.namespace = POOL_NAMESPACE.into();
+        let mut c = LifecycleConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            BackendConfig::Controller(backend),
+            data_dir,
+        );
+        c.api_key = Some(API_KEY.into());
+        c
+    }
+
+    pub async fn lifecycle(&self, data_dir: &Path) -> LifecycleHandle {
+        Lifecycle::start(self.lifecycle_config(data_dir))
+            .await
+            .expect("lifecycle starts on the controller backend")
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(a) = self.agent.take() {
+            a.shutdown().await;
+        }
+        if let Some(c) = self.controller.take() {
+            c.shutdown().await;
+        }
+    }
+}
+
+/// `sandbolt.control.v1.SandboxService` with the controller's token.
+pub struct NativeClient {
+    client: control::sandbox_service_client::SandboxServiceClient<tonic::transport::Channel>,
+    token: String,
+}
+
+impl NativeClient {
+    pub async fn connect(addr: SocketAddr, token: &str) -> NativeClient {
+        NativeClient {
+            client: control::sandbox_service_client::SandboxServiceClient::connect(format!(
+                "http://{addr}"
+            ))
+            .await
+            .expect("controller answers gRPC"),
+            token: token.into(),
+        }
+    }
+
+    fn req<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", self.token).parse().unwrap(),
+        );
+        r
+    }
+
+    pub async fn get_pool(&mut self, name: &str) -> Result<control::Pool, tonic::Status> {
+        let r = self.req(control::GetPoolRequest { name: name.into() });
+        self.client.get_pool(r).await.map(|r| r.into_inner())
+    }
+
+    pub async fn get(&mut self, name: &str) -> Result<control::Sandbox, tonic::Status> {
+        let r = self.req(control::GetSandboxRequest {
+            sandbox: Some(control::SandboxRef {
+                namespace: POOL_NAMESPACE.into(),
+                name: name.into(),
+                expected_uid: String::new(),
+            }),
+        });
+        self.client.get_sandbox(r).await.map(|r| r.into_inner())
+    }
+}
+
+/// One REST call with the API key: status and JSON body (`Null` if empty).
+pub async fn call(
+    method: reqwest::Method,
+    url: String,
+    body: Option<Value>,
+) -> (reqwest::StatusCode, Value) {
+    let mut rb = reqwest::Client::new()
+        .request(method, url)
+        .header("OPEN-SANDBOX-API-KEY", API_KEY);
+    if let Some(b) = body {
+        rb = rb.json(&b);
+    }
+    let r = rb.send().await.expect("request reaches the server");
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    let v = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
+    (status, v)
+}
+
+/// What one command run through execd answered: stdout, stderr, and the
+/// error frame's message when it did not exit 0.
+#[derive(Debug, Default)]
+pub struct CommandOutput {
+    pub stdout: String,
+    pub stderr: String,
+    pub error: Option<String>,
+}
+
+/// Runs `command` (through `sh -c`) in a sandbox: resolves execd's endpoint
+/// through the lifecycle at `base` (as the SDK does) and calls `/command`.
+pub async fn sh(base: &str, id: &str, command: &str) -> CommandOutput {
+    let (s, ep) = call(
+        reqwest::Method::GET,
+        format!("{base}/v1/sandboxes/{id}/endpoints/44772"),
+        None,
+    )
+    .await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{ep}");
+    let mut rb = reqwest::Client::new().post(format!(
+        "http://{}/command",
+        ep["endpoint"].as_str().expect("endpoint")
+    ));
+    if let Some(h) = ep["headers"].as_object() {
+        for (k, v) in h {
+            rb = rb.header(k, v.as_str().unwrap());
+        }
+    }
+    let r = rb
+        .json(&serde_json::json!({ "command": command }))
+        .send()
+        .await
+        .expect("execd answers");
+    assert!(
+        r.status().is_success(),
+        "execd refused {command:?}: {}",
+        r.status()
+    );
+    let body = r.text().await.unwrap();
+    let mut out = CommandOutput::default();
+    // execd streams bare JSON frames separated by blank lines.
+    for frame in body.split("\n\n").filter(|f| !f.trim().is_empty()) {
+        let v: Value = serde_json::from_str(frame)
+            .unwrap_or_else(|e| panic!("bad execd frame {frame:?}: {e}"));
+        match v["type"].as_str() {
+            Some("stdout") => out.stdout.push_str(v["text"].as_str().unwrap_or("")),
+            Some("stderr") => out.stderr.push_str(v["text"].as_str().unwrap_or("")),
+            Some("error") => out.error = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    out
+}
 
 pub struct DockerEnv {
     pub bed: Testbed,

@@ -1,0 +1,798 @@
+//! Controller backend: every route becomes one call of sandbolt's native
+//! control API (`sandbolt.control.v1.SandboxService`) on the controller.
+//!
+//! The controller's record is the whole sandbox (spec, status, creation and
+//! transition times, expiry), so this backend keeps nothing: no file, no
+//! cache, no expiry sweep (the controller expires sandboxes). A restarted
+//! lifecycle, or any number of replicas behind one address, give the same
+//! answers because they all read the same record.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use sandbolt_proto::control::v1 as pb;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::backend::{Backend, Route};
+use crate::error::{ApiError, ApiResult, StartError};
+use crate::model::{SandboxRecord, State};
+use crate::validate::{
+    ConsistencyMode, CreatePlan, Extensions, FailurePolicy, Quantity, ResourceSet,
+};
+use crate::volumes::{VolumeMount, VolumeSource, unsupported};
+
+type Client = pb::sandbox_service_client::SandboxServiceClient<Channel>;
+
+/// Controller backend settings.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// The controller's gRPC address, e.g. `http://127.0.0.1:9090`.
+    pub controller: String,
+    /// The namespace sandboxes are created and listed in.
+    pub namespace: String,
+    /// Bearer token the controller requires on its FastPath/native port
+    /// (`sandbolt controller --fastpath-token`).
+    pub token: Option<String>,
+}
+
+impl ControllerConfig {
+    pub fn new(controller: impl Into<String>) -> Self {
+        Self {
+            controller: controller.into(),
+            namespace: "default".into(),
+            token: None,
+        }
+    }
+}
+
+pub struct ControllerBackend {
+    client: Client,
+    namespace: String,
+    auth: Option<MetadataValue<Ascii>>,
+}
+
+/// Maps a controller status to the REST error. The native API's codes mean
+/// one thing each (control.proto), so the message is passed on as it is:
+/// for INVALID_ARGUMENT it names the offending field.
+fn map_status(id: &str, s: tonic::Status) -> ApiError {
+    use tonic::Code;
+    let msg = s.message().to_string();
+    match s.code() {
+        Code::NotFound => ApiError::not_found(id),
+        Code::InvalidArgument | Code::OutOfRange => ApiError::invalid(msg),
+        Code::AlreadyExists => ApiError::conflict("SANDBOX_ALREADY_EXISTS", msg),
+        Code::Aborted => ApiError::conflict("SANDBOX_CONFLICT", msg),
+        Code::FailedPrecondition => ApiError::conflict("SANDBOX_INVALID_STATE", msg),
+        Code::ResourceExhausted => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "CONTROLLER::RESOURCE_EXHAUSTED",
+            msg,
+        ),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+            ApiError::unavailable(format!("controller unavailable: {msg}"))
+        }
+        // The client did nothing wrong: this server is misconfigured. 502
+        // says "the server behind me refused", and the message says which
+        // knob to turn, instead of a bare 500.
+        Code::Unauthenticated | Code::PermissionDenied => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "CONTROLLER::UNAUTHENTICATED",
+            format!(
+                "the controller refused the lifecycle's controller token (missing or wrong; \
+                 set the lifecycle's --controller-token to the controller's token): {msg}"
+            ),
+        ),
+        Code::Unimplemented => ApiError::not_implemented(&format!("This operation ({msg})")),
+        _ => ApiError::internal(format!("controller error: {msg}")),
+    }
+}
+
+/// The controller's phase in the REST vocabulary, with a machine-readable
+/// reason where the state alone would hide what is going on.
+fn state_of(phase: i32) -> (State, Option<&'static str>) {
+    use pb::Phase as P;
+    match P::try_from(phase).unwrap_or(P::Unspecified) {
+        P::Pending => (State::Pending, None),
+        P::Running => (State::Running, None),
+        P::Paused => (State::Paused, None),
+        // Being created again on another node: provisioning, as Pending says.
+        P::Recovering => (State::Pending, Some("recovering")),
+        P::Failed => (State::Failed, Some("runtime_error")),
+        // The agent is silent: see `State::Unknown` for why no listed state.
+        P::Unknown => (State::Unknown, Some("agent_unreachable")),
+        // A controller that sets no phase tells us nothing either.
+        P::Unspecified => (State::Unknown, None),
+    }
+}
+
+fn from_millis(ms: i64) -> Option<DateTime<Utc>> {
+    (ms > 0)
+        .then(|| DateTime::from_timestamp_millis(ms))
+        .flatten()
+}
+
+/// The native record as the REST API shows it.
+pub fn to_record(s: &pb::Sandbox) -> SandboxRecord {
+    let spec = s.spec.clone().unwrap_or_default();
+    let status = s.status.clone().unwrap_or_default();
+    let (state, reason) = state_of(status.phase);
+    let mut entrypoint = spec.command;
+    entrypoint.extend(spec.args);
+    SandboxRecord {
+        id: s.name.clone(),
+        image: (!spec.image.is_empty()).then_some(spec.image),
+        entrypoint,
+        metadata: spec.metadata.into_iter().collect(),
+        state,
+        reason: reason.map(str::to_owned),
+        message: (!status.message.is_empty()).then_some(status.message),
+        // A record always has a creation time; epoch rather than "now" if a
+        // controller ever leaves it out, so the answer does not change
+        // from one read to the next.
+        created_at: from_millis(status.created_at_unix_ms).unwrap_or_default(),
+        expires_at: (spec.expires_at_unix_seconds > 0)
+            .then(|| DateTime::from_timestamp(spec.expires_at_unix_seconds, 0))
+            .flatten(),
+        last_transition_at: from_millis(status.last_transition_unix_ms),
+    }
+}
+
+fn resource_list(set: &ResourceSet) -> pb::ResourceList {
+    let text = |q: &Option<Quantity>| q.as_ref().map(|q| q.text.clone()).unwrap_or_default();
+    pb::ResourceList {
+        cpu: text(&set.cpu),
+        memory: text(&set.memory),
+        pids: set.pids.unwrap_or(0),
+        ephemeral_storage: String::new(),
+    }
+}
+
+fn volume(v: &VolumeMount) -> ApiResult<pb::Volume> {
+    let source = match &v.source {
+        VolumeSource::Host { path } => pb::volume::Source::Host(pb::HostPathSource {
+            path: path.to_string_lossy().into_owned(),
+        }),
+        VolumeSource::Pvc { claim_name } => pb::volume::Source::Pvc(pb::PvcSource {
+            claim_name: claim_name.clone(),
+        }),
+        other => return Err(unsupported(other.kind(), "controller")),
+    };
+    Ok(pb::Volume {
+        name: v.name.clone(),
+        source: Some(source),
+        mount_path: v.mount_path.clone(),
+        read_only: v.read_only,
+        sub_path: v.sub_path.clone().unwrap_or_default(),
+    })
+}
+
+/// The native create request for a validated plan.
+pub fn create_request(plan: &CreatePlan, namespace: &str) -> ApiResult<pb::CreateSandboxRequest> {
+    let resources = (!plan.limits.is_empty() || !plan.requests.is_empty()).then(|| pb::Resources {
+        limits: Some(resource_list(&plan.limits)),
+        requests: Some(resource_list(&plan.requests)),
+    });
+    let ext = &plan.extensions;
+    let spec = pb::SandboxSpec {
+        image: plan.image.clone(),
+        // The REST entrypoint replaces the image's, arguments included.
+        command: plan.entrypoint.clone(),
+        args: Vec::new(),
+        env: plan.env.clone().into_iter().collect(),
+        working_dir: String::new(),
+        resources,
+        volumes: plan.volumes.iter().map(volume).collect::<ApiResult<_>>()?,
+        runtime: String::new(),
+        pool: ext.pool.clone().unwrap_or_default(),
+        failure_policy: match ext.failure_policy {
+            None => pb::FailurePolicy::Unspecified,
+            Some(FailurePolicy::Manual) => pb::FailurePolicy::Manual,
+            Some(FailurePolicy::AutoRecreate) => pb::FailurePolicy::AutoRecreate,
+        } as i32,
+        recovery_timeout_seconds: 0,
+        expires_at_unix_seconds: plan.expires_at.map_or(0, ceil_to_second),
+        metadata: plan.metadata.clone().into_iter().collect(),
+        exposed_ports: Vec::new(),
+        network_policy_json: String::new(),
+        snapshot_id: String::new(),
+    };
+    Ok(pb::CreateSandboxRequest {
+        // The id doubles as idempotency key: a retried create is the same one.
+        request_id: plan.id.clone(),
+        namespace: namespace.to_string(),
+        name: plan.id.clone(),
+        spec: Some(spec),
+        consistency: match ext.consistency {
+            None => pb::Consistency::Unspecified,
+            Some(ConsistencyMode::Fast) => pb::Consistency::Fast,
+            Some(ConsistencyMode::Strong) => pb::Consistency::Strong,
+        } as i32,
+        // 202 means Running with execd answering (contracts README).
+        wait_ready: true,
+    })
+}
+
+/// Splits `host:port/path` into authority and path prefix.
+fn split_endpoint(ep: &str) -> (String, String) {
+    let ep = ep
+        .strip_prefix("http://")
+        .or_else(|| ep.strip_prefix("https://"))
+        .unwrap_or(ep);
+    match ep.find('/') {
+        Some(i) => (
+            ep[..i].to_string(),
+            ep[i..].trim_end_matches('/').to_string(),
+        ),
+        None => (ep.to_string(), String::new()),
+    }
+}
+
+/// The controller's sandbox names (letters, digits, `-._`, alphanumeric
+/// first, ≤ 253). Anything else cannot exist: 404 without a round trip.
+fn check_id(id: &str) -> ApiResult<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 253
+        && id.as_bytes()[0].is_ascii_alphanumeric()
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(id))
+    }
+}
+
+/// The controller keeps expiry in whole seconds. Rounding up keeps a
+/// timeout from ending early and a renew "in the future" (checked by the API
+/// layer) in the future once truncated.
+fn ceil_to_second(at: DateTime<Utc>) -> i64 {
+    if at.timestamp_subsec_nanos() > 0 {
+        at.timestamp() + 1
+    } else {
+        at.timestamp()
+    }
+}
+
+impl ControllerBackend {
+    /// Sets up the channel and checks, once, that the controller takes our
+    /// token. The channel connects lazily: a controller that is not up yet
+    /// (a rollout, `sandbolt up` ordering) is not a reason to refuse to start,
+    /// a wrong token is.
+    pub async fn connect(config: ControllerConfig) -> Result<Self, StartError> {
+        let endpoint = Endpoint::from_shared(config.controller.clone())
+            .map_err(|e| {
+                StartError::Config(format!("controller address {}: {e}", config.controller))
+            })?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        let auth = config
+            .token
+            .filter(|t| !t.is_empty())
+            .map(|t| {
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| StartError::Config("controller token is not valid ASCII".into()))
+            })
+            .transpose()?;
+        let backend = Self {
+            client: Client::new(endpoint.connect_lazy()),
+            namespace: config.namespace,
+            auth,
+        };
+        match backend
+            .client
+            .clone()
+            .list_pools(backend.req(pb::ListPoolsRequest {}))
+            .await
+        {
+            Ok(_) => {}
+            Err(s) if matches!(s.code(), tonic::Code::Unauthenticated) => {
+                return Err(StartError::Backend(format!(
+                    "controller {} refused the lifecycle's controller token (missing or wrong): {}",
+                    config.controller,
+                    s.message()
+                )));
+            }
+            Err(s) => tracing::warn!(
+                controller = %config.controller,
+                code = ?s.code(),
+                error = %s.message(),
+                "controller not answering yet; requests will retry the connection"
+            ),
+        }
+        Ok(backend)
+    }
+
+    /// Wraps a message with the controller's bearer token.
+    fn req<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(a) = &self.auth {
+            r.metadata_mut().insert("authorization", a.clone());
+        }
+        r
+    }
+
+    fn reference(&self, id: &str) -> pb::SandboxRef {
+        pb::SandboxRef {
+            namespace: self.namespace.clone(),
+            name: id.to_string(),
+            expected_uid: String::new(),
+        }
+    }
+
+    fn client(&self) -> Client {
+        self.client.clone()
+    }
+}
+
+impl Backend for ControllerBackend {
+    fn runtime_name(&self) -> &'static str {
+        "controller"
+    }
+
+    fn check_volume(&self, v: &VolumeMount) -> ApiResult<()> {
+        match &v.source {
+            // The node's agent enforces its allowlist; whether a pvc can be
+            // served is the controller's to say (it answers 400 naming it).
+            VolumeSource::Host { .. } | VolumeSource::Pvc { .. } => Ok(()),
+            other => Err(unsupported(other.kind(), self.runtime_name())),
+        }
+    }
+
+    fn check_extensions(&self, _: &Extensions) -> ApiResult<()> {
+        // Every extension sandbolt parses is a field of the native spec.
+        Ok(())
+    }
+
+    fn host_paths_checked_on_node(&self) -> bool {
+        true
+    }
+
+    fn expires_sandboxes_itself(&self) -> bool {
+        true
+    }
+
+    async fn create(&self, plan: CreatePlan) -> ApiResult<SandboxRecord> {
+        let req = create_request(&plan, &self.namespace)?;
+        let sandbox = self
+            .client()
+            .create_sandbox(self.req(req))
+            .await
+            .map_err(|s| match s.code() {
+                // Nothing a create names can be "not found" but what it
+                // refers to (a pool, an image): the request's to fix, not
+                // a missing sandbox.
+                tonic::Code::NotFound => ApiError::invalid(s.message()),
+                _ => map_status(&plan.id, s),
+            })?
+            .into_inner();
+        let mut rec = to_record(&sandbox);
+        // wait_ready: the controller answered once execd inside answered.
+        // With fast consistency the record may still say Pending while the
+        // sandbox already serves; Running is the fact.
+        if rec.state == State::Pending && rec.reason.is_none() {
+            rec.state = State::Running;
+        }
+        tracing::info!(id = %rec.id, image = %plan.image, "sandbox created");
+        Ok(rec)
+    }
+
+    async fn get(&self, id: &str) -> ApiResult<SandboxRecord> {
+        check_id(id)?;
+        let sandbox = self
+            .client()
+            .get_sandbox(self.req(pb::GetSandboxRequest {
+                sandbox: Some(self.reference(id)),
+            }))
+            .await
+            .map_err(|s| map_status(id, s))?
+            .into_inner();
+        Ok(to_record(&sandbox))
+    }
+
+    async fn list(&self) -> ApiResult<Vec<SandboxRecord>> {
+        // page_size 0: every sandbox in one answer. The token loop is only
+        // for a controller that pages anyway.
+        let mut out = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let resp = self
+                .client()
+                .list_sandboxes(self.req(pb::ListSandboxesRequest {
+                    namespace: self.namespace.clone(),
+                    metadata: Default::default(),
+                    phases: Vec::new(),
+                    page_size: 0,
+                    page_token,
+                }))
+                .await
+                .map_err(|s| map_status("*", s))?
+                .into_inner();
+            out.extend(resp.items.iter().map(to_record));
+            if resp.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            page_token = resp.next_page_token;
+        }
+    }
+
+    async fn delete(&self, id: &str) -> ApiResult<()> {
+        check_id(id)?;
+        self.client()
+            .delete_sandbox(self.req(pb::DeleteSandboxRequest {
+                sandbox: Some(self.reference(id)),
+            }))
+            .await
+            .map_err(|s| map_status(id, s))?;
+        tracing::info!(%id, "sandbox deleted");
+        Ok(())
+    }
+
+    async fn patch_metadata(
+        &self,
+        id: &str,
+        patch: BTreeMap<String, Option<String>>,
+    ) -> ApiResult<SandboxRecord> {
+        check_id(id)?;
+        let upsert = patch
+            .iter()
+            .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v)))
+            .collect();
+        let delete = patch
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
+        let sandbox = self
+            .client()
+            .update_sandbox(self.req(pb::UpdateSandboxRequest {
+                sandbox: Some(self.reference(id)),
+                expected_generation: 0,
+                expires_at_unix_seconds: None,
+                metadata_upsert: upsert,
+                metadata_delete_keys: delete,
+            }))
+            .await
+            .map_err(|s| map_status(id, s))?
+            .into_inner();
+        Ok(to_record(&sandbox))
+    }
+
+    async fn pause(&self, id: &str) -> ApiResult<()> {
+        check_id(id)?;
+        self.client()
+            .pause_sandbox(self.req(self.reference(id)))
+            .await
+            .map_err(|s| map_status(id, s))?;
+        Ok(())
+    }
+
+    async fn resume(&self, id: &str) -> ApiResult<()> {
+        check_id(id)?;
+        self.client()
+            .resume_sandbox(self.req(self.reference(id)))
+            .await
+            .map_err(|s| map_status(id, s))?;
+        Ok(())
+    }
+
+    async fn set_expiry(&self, id: &str, at: DateTime<Utc>) -> ApiResult<DateTime<Utc>> {
+        check_id(id)?;
+        let sandbox = self
+            .client()
+            .update_sandbox(self.req(pb::UpdateSandboxRequest {
+                sandbox: Some(self.reference(id)),
+                expected_generation: 0,
+                expires_at_unix_seconds: Some(ceil_to_second(at)),
+                metadata_upsert: Default::default(),
+                metadata_delete_keys: Vec::new(),
+            }))
+            .await
+            .map_err(|s| match s.code() {
+                // The API layer read the record first and saw an expiry; the
+                // controller disagreeing means it was made manual-cleanup in
+                // between. Same answer as when the read sees it.
+                tonic::Code::FailedPrecondition => ApiError::conflict(
+                    "SANDBOX_MANUAL_CLEANUP",
+                    format!("Sandbox {id} does not have automatic expiration enabled."),
+                ),
+                _ => map_status(id, s),
+            })?
+            .into_inner();
+        to_record(&sandbox)
+            .expires_at
+            .ok_or_else(|| ApiError::internal("the controller committed no expiry"))
+    }
+
+    async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {
+        // A frozen process accepts connections and never answers: refuse
+        // instead of letting the proxied request hang. Read from the
+        // controller every time; a cached answer would differ between
+        // replicas.
+        let rec = self.get(id).await?;
+        if rec.state == State::Paused {
+            return Err(ApiError::conflict(
+                "SANDBOX_PAUSED",
+                format!("Sandbox {id} is paused; resume it before proxying to it."),
+            ));
+        }
+        self.route(id, port).await
+    }
+
+    async fn route(&self, id: &str, port: u16) -> ApiResult<Route> {
+        check_id(id)?;
+        let ep = self
+            .client()
+            .resolve_endpoint(self.req(pb::ResolveEndpointRequest {
+                sandbox: Some(self.reference(id)),
+                port: u32::from(port),
+            }))
+            .await
+            .map_err(|s| map_status(id, s))?
+            .into_inner();
+        if ep.endpoint.is_empty() {
+            return Err(ApiError::internal("controller resolved no endpoint"));
+        }
+        let (authority, path_prefix) = split_endpoint(&ep.endpoint);
+        Ok(Route {
+            authority,
+            path_prefix,
+            headers: ep.headers.into_iter().collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::{Policy, plan_create};
+    use crate::volumes::HostPathCheck;
+    use serde_json::json;
+
+    fn sandbox(phase: pb::Phase) -> pb::Sandbox {
+        pb::Sandbox {
+            namespace: "default".into(),
+            name: "sbx-1".into(),
+            uid: "u-1".into(),
+            generation: 3,
+            request_id: "sbx-1".into(),
+            spec: Some(pb::SandboxSpec {
+                image: "busybox".into(),
+                command: vec!["sh".into(), "-c".into()],
+                args: vec!["sleep 1000".into()],
+                metadata: [("team".to_string(), "a".to_string())].into(),
+                expires_at_unix_seconds: 1_900_000_000,
+                ..Default::default()
+            }),
+            status: Some(pb::SandboxStatus {
+                phase: phase as i32,
+                message: "agent agent-1 silent for 12s".into(),
+                created_at_unix_ms: 1_800_000_000_123,
+                last_transition_unix_ms: 1_800_000_100_456,
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn record_carries_the_whole_sandbox() {
+        let r = to_record(&sandbox(pb::Phase::Running));
+        assert_eq!(r.id, "sbx-1");
+        assert_eq!(r.image.as_deref(), Some("busybox"));
+        // command + args = the REST entrypoint.
+        assert_eq!(r.entrypoint, ["sh", "-c", "sleep 1000"]);
+        assert_eq!(r.metadata, BTreeMap::from([("team".into(), "a".into())]));
+        assert_eq!(r.state, State::Running);
+        assert_eq!(
+            r.created_at,
+            DateTime::from_timestamp_millis(1_800_000_000_123).unwrap()
+        );
+        assert_eq!(
+            r.expires_at,
+            Some(DateTime::from_timestamp(1_900_000_000, 0).unwrap())
+        );
+        let s = r.to_sandbox();
+        assert_eq!(
+            s.status.last_transition_at.as_deref(),
+            Some("2027-01-15T08:01:40.456000Z")
+        );
+        assert_eq!(s.created_at, "2027-01-15T08:00:00.123000Z");
+        // Manual cleanup: no expiry at all.
+        let mut m = sandbox(pb::Phase::Running);
+        m.spec.as_mut().unwrap().expires_at_unix_seconds = 0;
+        assert_eq!(to_record(&m).expires_at, None);
+        assert!(to_record(&m).to_sandbox().expires_at.is_none());
+    }
+
+    #[test]
+    fn phases_map_to_states_that_do_not_lie() {
+        for (phase, state, reason) in [
+            (pb::Phase::Pending, "Pending", None),
+            (pb::Phase::Running, "Running", None),
+            (pb::Phase::Paused, "Paused", None),
+            (pb::Phase::Recovering, "Pending", Some("recovering")),
+            (pb::Phase::Failed, "Failed", Some("runtime_error")),
+            (pb::Phase::Unknown, "Unknown", Some("agent_unreachable")),
+            (pb::Phase::Unspecified, "Unknown", None),
+        ] {
+            let r = to_record(&sandbox(phase));
+            assert_eq!(r.state.as_str(), state, "{phase:?}");
+            assert_eq!(r.reason.as_deref(), reason, "{phase:?}");
+            assert_eq!(
+                r.message.as_deref(),
+                Some("agent agent-1 silent for 12s"),
+                "{phase:?}"
+            );
+        }
+    }
+
+    fn plan(body: serde_json::Value) -> CreatePlan {
+        let policy = Policy {
+            max_timeout_secs: 86_400,
+            host_paths: HostPathCheck::OnNode,
+        };
+        plan_create(serde_json::from_value(body).unwrap(), &policy, Utc::now()).unwrap()
+    }
+
+    #[test]
+    fn create_passes_everything() {
+        let p = plan(json!({
+            "image": {"uri": "busybox"},
+            "entrypoint": ["sleep", "infinity"],
+            "timeout": 600,
+            "env": {"A": "1", "GONE": null},
+            "metadata": {"team": "a"},
+            "resourceLimits": {"cpu": "500m", "memory": "64Mi", "pids": "256"},
+            "resourceRequests": {"cpu": "250m"},
+            "volumes": [
+                {"name": "w", "host": {"path": "/srv/data"}, "subPath": "t1", "mountPath": "/mnt/w", "readOnly": true},
+                {"name": "p", "pvc": {"claimName": "claim-a"}, "mountPath": "/data"}
+            ],
+            "extensions": {"poolRef": "gpu", "consistency_mode": "strong", "failurePolicy": "auto_recreate"}
+        }));
+        let q = create_request(&p, "team-ns").unwrap();
+        assert_eq!(q.request_id, p.id);
+        assert_eq!(q.name, p.id);
+        assert_eq!(q.namespace, "team-ns");
+        assert!(q.wait_ready);
+        assert_eq!(q.consistency, pb::Consistency::Strong as i32);
+        let spec = q.spec.unwrap();
+        assert_eq!(spec.image, "busybox");
+        assert_eq!(spec.command, ["sleep", "infinity"]);
+        assert!(spec.args.is_empty());
+        assert_eq!(spec.env, [("A".to_string(), "1".to_string())].into());
+        assert_eq!(
+            spec.metadata,
+            [("team".to_string(), "a".to_string())].into()
+        );
+        // Never earlier than asked: whole seconds, rounded up.
+        assert_eq!(
+            spec.expires_at_unix_seconds,
+            ceil_to_second(p.expires_at.unwrap())
+        );
+        assert_eq!(spec.pool, "gpu");
+        assert_eq!(spec.failure_policy, pb::FailurePolicy::AutoRecreate as i32);
+        let res = spec.resources.unwrap();
+        assert_eq!(
+            res.limits.unwrap(),
+            pb::ResourceList {
+                cpu: "500m".into(),
+                memory: "64Mi".into(),
+                pids: 256,
+                ephemeral_storage: String::new(),
+            }
+        );
+        assert_eq!(res.requests.unwrap().cpu, "250m");
+        assert_eq!(
+            spec.volumes,
+            vec![
+                pb::Volume {
+                    name: "w".into(),
+                    source: Some(pb::volume::Source::Host(pb::HostPathSource {
+                        path: "/srv/data".into()
+                    })),
+                    mount_path: "/mnt/w".into(),
+                    read_only: true,
+                    sub_path: "t1".into(),
+                },
+                pb::Volume {
+                    name: "p".into(),
+                    source: Some(pb::volume::Source::Pvc(pb::PvcSource {
+                        claim_name: "claim-a".into()
+                    })),
+                    mount_path: "/data".into(),
+                    read_only: false,
+                    sub_path: String::new(),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn create_leaves_unset_what_the_request_left_unset() {
+        let p =
+            plan(json!({"image": {"uri": "busybox"}, "entrypoint": ["sh"], "resourceLimits": {}}));
+        let q = create_request(&p, "default").unwrap();
+        let spec = q.spec.unwrap();
+        // Unset: the pool's defaults apply on the controller.
+        assert_eq!(spec.resources, None);
+        assert_eq!(spec.expires_at_unix_seconds, 0);
+        assert_eq!(spec.pool, "");
+        assert_eq!(spec.failure_policy, pb::FailurePolicy::Unspecified as i32);
+        assert_eq!(q.consistency, pb::Consistency::Unspecified as i32);
+    }
+
+    #[test]
+    fn statuses_map_to_http() {
+        let e = map_status("x", tonic::Status::unauthenticated("bad bearer token"));
+        assert_eq!(e.status, StatusCode::BAD_GATEWAY);
+        assert!(e.message.contains("controller token"), "{}", e.message);
+        let e = map_status(
+            "x",
+            tonic::Status::invalid_argument(
+                "spec.resources.limits.memory: 64Ti is above the pool maximum 8Gi",
+            ),
+        );
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(
+            e.message.contains("spec.resources.limits.memory"),
+            "{}",
+            e.message
+        );
+        for (status, want) in [
+            (tonic::Status::not_found("x"), StatusCode::NOT_FOUND),
+            (
+                tonic::Status::resource_exhausted("full"),
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            (
+                tonic::Status::failed_precondition("paused"),
+                StatusCode::CONFLICT,
+            ),
+            (tonic::Status::aborted("generation"), StatusCode::CONFLICT),
+            (tonic::Status::already_exists("taken"), StatusCode::CONFLICT),
+            (
+                tonic::Status::unavailable("down"),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                tonic::Status::permission_denied("no"),
+                StatusCode::BAD_GATEWAY,
+            ),
+            (
+                tonic::Status::internal("boom"),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ] {
+            assert_eq!(map_status("x", status.clone()).status, want, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn expiry_rounds_up_to_whole_seconds() {
+        let t = DateTime::from_timestamp(100, 0).unwrap();
+        assert_eq!(ceil_to_second(t), 100);
+        assert_eq!(ceil_to_second(t + chrono::Duration::milliseconds(1)), 101);
+    }
+
+    #[test]
+    fn ids_the_controller_cannot_hold_are_404() {
+        assert!(check_id("4f1c2d9e-aaaa-bbbb-cccc-0123456789ab").is_ok());
+        for bad in ["", ".x", "-x", "a/b", "x y", &"a".repeat(254)] {
+            assert_eq!(check_id(bad).unwrap_err().status, 404, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn endpoint_split() {
+        assert_eq!(
+            split_endpoint("127.0.0.1:8081/sandboxes/x/44772"),
+            ("127.0.0.1:8081".into(), "/sandboxes/x/44772".into())
+        );
+        assert_eq!(split_endpoint("http://h:1"), ("h:1".into(), String::new()));
+    }
+}
