@@ -18,6 +18,12 @@ check /bin/busybox busybox-static
 check /usr/bin/protoc protobuf-compiler
 check /usr/sbin/ip iproute2
 check /sbin/mkfs.btrfs btrfs-progs
+# Makes the oci-archive/docker-archive files `sandbolt image import` is tested with.
+check /usr/bin/skopeo skopeo
+# The README quickstart (run as written by a test) uses curl, jq and docker.
+check /usr/bin/curl curl
+check /usr/bin/jq jq
+check /usr/bin/docker docker.io
 # The benchmark charts are drawn with this font.
 check /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf fonts-dejavu-core
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)

@@ -1,10 +1,10 @@
 //! Images on this node: resolve a reference to what a create needs (the
 //! image's config and the snapshot chain id), unpack layers into the
 //! snapshotter when needed, list the inventory, pull missing images (bounded)
-//! and import OCI image tarballs over the content + images API.
+//! and import image archives over the content + images API (`archive`
+//! reads them).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +27,10 @@ use tonic::Code;
 use crate::containerd::Containerd;
 use crate::error::{AgentError, Result};
 use sandbolt_image_ref::{ImageRef, normalize};
+
+mod archive;
+use archive::ArchiveError;
+pub use archive::{ImportProgress, ImportStage, NoProgress};
 
 const MT_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MT_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
@@ -602,172 +606,269 @@ impl Images {
         Ok(out)
     }
 
-    /// Imports an OCI image layout tarball (`oci-layout`, `index.json`,
-    /// `blobs/sha256/*`) through the content and images API, then unpacks it.
-    /// Each index entry with an `org.opencontainers.image.ref.name`
-    /// annotation becomes an image (a bare tag there is applied to
-    /// `default_name`). Returns the normalized names created.
-    pub async fn import_oci_tar(
-        &self,
-        tar_path: &Path,
-        default_name: Option<&str>,
-    ) -> Result<Vec<String>> {
-        let path = tar_path.to_path_buf();
-        // Pass 1 (blocking): the small JSON documents.
-        let docs = tokio::task::spawn_blocking(move || read_layout_docs(&path))
+    /// Imports an image archive — an OCI image layout tar with or without
+    /// `./` prefixes and directory entries, `docker save` output of either
+    /// format, `skopeo`/`buildah` `oci-archive:`, each plain or gzip — through
+    /// the content and images API, then unpacks it. Of an index of platforms
+    /// only the host's manifest is imported. `name` names a one-image
+    /// archive's image; in an archive of several, the one image it leaves
+    /// unnamed, and it lends its repository to images the archive tags
+    /// without one. Nothing is written unless the whole archive checks out.
+    /// Returns the normalized names created.
+    pub async fn import_oci_tar(&self, tar_path: &Path, name: Option<&str>) -> Result<Vec<String>> {
+        self.import_archive(tar_path, name, Arc::new(NoProgress))
             .await
-            .map_err(|e| AgentError::io("import")(std::io::Error::other(e)))??;
-        let index: RawManifest =
-            serde_json::from_slice(&docs.index_json).map_err(|e| AgentError::BadImage {
-                reference: tar_path.display().to_string(),
-                reason: format!("index.json: {e}"),
-            })?;
-        // Labels that make containerd's GC follow index → manifest → blobs.
-        let mut labels: HashMap<String, BTreeMap<String, String>> = HashMap::new();
-        for (digest, json) in &docs.json_blobs {
-            if let Ok(m) = serde_json::from_slice::<RawManifest>(json) {
-                let mut l = BTreeMap::new();
-                if let Some(c) = &m.config {
-                    l.insert(format!("{GC_REF_CONTENT}.config"), c.digest.clone());
-                }
-                for (i, layer) in m.layers.iter().flatten().enumerate() {
-                    l.insert(format!("{GC_REF_CONTENT}.l.{i}"), layer.digest.clone());
-                }
-                for (i, sub) in m.manifests.iter().flatten().enumerate() {
-                    l.insert(format!("{GC_REF_CONTENT}.m.{i}"), sub.digest.clone());
-                }
-                if !l.is_empty() {
-                    labels.insert(digest.clone(), l);
-                }
-            }
-        }
-        let lease = Lease::create(&self.ctrd).await?;
-        let result = self
-            .import_inner(tar_path, &index, &labels, default_name, &lease.id)
-            .await;
-        lease.delete(&self.ctrd).await;
-        result
     }
 
-    async fn import_inner(
+    /// [`Images::import_oci_tar`], reporting its progress.
+    pub async fn import_archive(
         &self,
         tar_path: &Path,
-        index: &RawManifest,
-        labels: &HashMap<String, BTreeMap<String, String>>,
-        default_name: Option<&str>,
-        lease: &str,
+        name: Option<&str>,
+        progress: Arc<dyn ImportProgress>,
     ) -> Result<Vec<String>> {
-        // Pass 2: stream every blob into the content store, one at a time.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<(String, Vec<u8>)>>(1);
-        let path = tar_path.to_path_buf();
-        let reader = tokio::task::spawn_blocking(move || {
-            let res = (|| -> std::io::Result<()> {
-                let mut ar = tar::Archive::new(std::fs::File::open(&path)?);
-                for entry in ar.entries()? {
-                    let mut entry = entry?;
-                    let p = entry
-                        .path()?
-                        .to_string_lossy()
-                        .trim_start_matches("./")
-                        .to_string();
-                    if let Some(hex) = p.strip_prefix("blobs/sha256/") {
-                        let mut data = Vec::with_capacity(entry.size() as usize);
-                        entry.read_to_end(&mut data)?;
-                        if tx
-                            .blocking_send(Ok((format!("sha256:{hex}"), data)))
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
+        let name = match name {
+            None => None,
+            Some(n) => match ImageRef::parse(n) {
+                Ok(r @ ImageRef::Named { .. }) => Some(r),
+                Ok(ImageRef::Digest(_)) => {
+                    return Err(AgentError::InvalidArgument(format!(
+                        "--name {n}: a digest names content, not an image: give a name such as example/image:tag"
+                    )));
                 }
-                Ok(())
-            })();
-            if let Err(e) = res {
-                let _ = tx.blocking_send(Err(e));
-            }
-        });
-        while let Some(item) = rx.recv().await {
-            let (digest, data) = item.map_err(AgentError::io("reading image tarball"))?;
-            let actual = format!("sha256:{}", hex::encode(Sha256::digest(&data)));
-            if actual != digest {
-                return Err(AgentError::BadImage {
-                    reference: tar_path.display().to_string(),
-                    reason: format!("blob {digest} has digest {actual}"),
-                });
-            }
-            let l = labels.get(&digest).cloned().unwrap_or_default();
-            self.write_blob(&digest, data, l.clone(), lease).await?;
-        }
-        let _ = reader.await;
+                Err(e) => return Err(AgentError::InvalidArgument(format!("--name: {e}"))),
+            },
+        };
+        // One line, whatever names an archive carries.
+        let bad = |e: ArchiveError| AgentError::BadImage {
+            reference: tar_path.display().to_string(),
+            reason: archive::escape_controls(&e.to_string()),
+        };
+        let size = std::fs::metadata(tar_path)
+            .map_err(|e| bad(ArchiveError::Open(e)))?
+            .len();
 
+        // Pass 1 (blocking): hash and check everything, decide the plan.
+        progress.stage(ImportStage::Checking, size);
+        let (path, p) = (tar_path.to_path_buf(), progress.clone());
+        let plan = tokio::task::spawn_blocking(move || {
+            let scan = archive::scan(&path, p)?;
+            archive::plan(&scan, name.as_ref())
+        })
+        .await
+        .map_err(|e| AgentError::io("import")(std::io::Error::other(e)))?
+        .map_err(bad)?;
+
+        let lease = Lease::create(&self.ctrd).await?;
+        let result = self
+            .import_planned(tar_path, size, plan, &progress, &lease.id)
+            .await;
+        lease.delete(&self.ctrd).await;
+        result.map_err(|e| match e {
+            ImportError::Archive(e) => bad(e),
+            ImportError::Agent(e) => e,
+        })
+    }
+
+    async fn import_planned(
+        &self,
+        tar_path: &Path,
+        size: u64,
+        plan: archive::Plan,
+        progress: &Arc<dyn ImportProgress>,
+        lease: &str,
+    ) -> Result<Vec<String>, ImportError> {
+        // Blobs containerd has already (an earlier import, a shared layer)
+        // only get their labels: a re-import reads the archive once.
+        let mut wanted = BTreeMap::new();
+        for (ordinal, blob) in plan.from_archive {
+            if self.content_exists(&blob.digest).await? {
+                self.set_content_labels(&blob.digest, blob.labels).await?;
+            } else {
+                wanted.insert(ordinal, blob);
+            }
+        }
+        for (blob, data) in plan.synthesized {
+            self.write_blob(&blob.digest, data, blob.labels, lease)
+                .await?;
+        }
+        if !wanted.is_empty() {
+            progress.stage(ImportStage::Writing, size);
+            self.stream_archive_blobs(tar_path, wanted, progress.clone(), lease)
+                .await?;
+        }
+
+        progress.stage(ImportStage::Unpacking, 0);
         let mut names = Vec::new();
-        for m in index.manifests.iter().flatten() {
-            let ann = m.annotations.clone().unwrap_or_default();
-            let Some(ref_name) = ann
-                .get("io.containerd.image.name")
-                .or_else(|| ann.get("org.opencontainers.image.ref.name"))
-            else {
+        for image in plan.images {
+            for name in &image.names {
+                self.put_image(name, &image.target, lease).await?;
+            }
+            let Some(first) = image.names.first() else {
                 continue;
             };
-            let name = if ref_name.contains('/') || ref_name.contains(':') {
-                normalize(ref_name)
-            } else if let Some(base) = default_name {
-                let base = ImageRef::parse(base)
-                    .map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
-                match base {
-                    ImageRef::Named { domain, path, .. } => format!("{domain}/{path}:{ref_name}"),
-                    ImageRef::Digest(_) => continue,
-                }
-            } else {
-                normalize(ref_name)
-            };
-            let image = Image {
-                name: name.clone(),
-                labels: Default::default(),
-                target: Some(m.to_descriptor()),
-                created_at: None,
-                updated_at: None,
-            };
-            let created = self
-                .ctrd
-                .images()
-                .create(self.ctrd.leased_req(
-                    CreateImageRequest {
-                        image: Some(image.clone()),
-                        source_date_epoch: None,
-                    },
-                    lease,
-                )?)
-                .await;
-            match created {
-                Ok(_) => {}
-                Err(s) if s.code() == Code::AlreadyExists => {
-                    self.ctrd
-                        .images()
-                        .update(self.ctrd.req(UpdateImageRequest {
-                            image: Some(image),
-                            update_mask: Some(prost_types::FieldMask {
-                                paths: vec!["target".into()],
-                            }),
-                            source_date_epoch: None,
-                        }))
-                        .await
-                        .map_err(AgentError::containerd("images.Update"))?;
-                }
-                Err(s) => return Err(AgentError::containerd("images.Create")(s)),
-            }
-            let resolved = self.resolve(&name).await?;
+            tracing::info!(image = %first, platform = %image.platform, digest = %image.target.digest, "imported");
+            let resolved = self.resolve(first).await?;
             self.ensure_unpacked(&resolved).await?;
-            names.push(name);
-        }
-        if names.is_empty() {
-            return Err(AgentError::BadImage {
-                reference: tar_path.display().to_string(),
-                reason: "index.json names no image (org.opencontainers.image.ref.name)".into(),
-            });
+            names.extend(image.names);
         }
         Ok(names)
+    }
+
+    async fn content_exists(&self, digest: &str) -> Result<bool> {
+        match self
+            .ctrd
+            .content()
+            .info(self.ctrd.req(InfoRequest {
+                digest: digest.to_string(),
+            }))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(s) if s.code() == Code::NotFound => Ok(false),
+            Err(s) => Err(AgentError::containerd("content.Info")(s)),
+        }
+    }
+
+    /// Creates the image record `name` → `target`, or points an existing
+    /// one at it.
+    async fn put_image(&self, name: &str, target: &Descriptor, lease: &str) -> Result<()> {
+        let image = Image {
+            name: name.to_string(),
+            labels: Default::default(),
+            target: Some(target.clone()),
+            created_at: None,
+            updated_at: None,
+        };
+        let created = self
+            .ctrd
+            .images()
+            .create(self.ctrd.leased_req(
+                CreateImageRequest {
+                    image: Some(image.clone()),
+                    source_date_epoch: None,
+                },
+                lease,
+            )?)
+            .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::AlreadyExists => {
+                self.ctrd
+                    .images()
+                    .update(self.ctrd.req(UpdateImageRequest {
+                        image: Some(image),
+                        update_mask: Some(prost_types::FieldMask {
+                            paths: vec!["target".into()],
+                        }),
+                        source_date_epoch: None,
+                    }))
+                    .await
+                    .map_err(AgentError::containerd("images.Update"))?;
+                Ok(())
+            }
+            Err(s) => Err(AgentError::containerd("images.Create")(s)),
+        }
+    }
+
+    /// Pass 2: a blocking reader hands the wanted blobs over in 1 MiB
+    /// chunks; each blob is one `content.Write` stream, so memory stays at
+    /// a few chunks whatever the layer's size.
+    async fn stream_archive_blobs(
+        &self,
+        tar_path: &Path,
+        wanted: BTreeMap<usize, archive::PlannedBlob>,
+        progress: Arc<dyn ImportProgress>,
+        lease: &str,
+    ) -> Result<(), ImportError> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<archive::Piece>(4);
+        let path = tar_path.to_path_buf();
+        let expected: Vec<String> = wanted.values().map(|b| b.digest.clone()).collect();
+        let reader = tokio::task::spawn_blocking(move || {
+            archive::stream_blobs(&path, &wanted, progress, |piece| {
+                tx.blocking_send(piece).is_ok()
+            })
+        });
+        let mut written = Vec::new();
+        let mut current: Option<BlobWriter> = None;
+        let mut failure: Option<ImportError> = None;
+        while let Some(piece) = rx.recv().await {
+            let step = match piece {
+                archive::Piece::Start(blob) => self.open_writer(blob, lease).map(|w| {
+                    current = Some(w);
+                }),
+                archive::Piece::Data(data) => match current.as_mut() {
+                    Some(w) => w.write(data).await,
+                    None => Ok(()),
+                },
+                archive::Piece::End => match current.take() {
+                    Some(w) => {
+                        let digest = w.blob.digest.clone();
+                        let labels = w.blob.labels.clone();
+                        match w.commit().await {
+                            Ok(()) => Ok(()),
+                            // Someone wrote the same blob meanwhile.
+                            Err(AgentError::Containerd { status, .. })
+                                if status.code() == Code::AlreadyExists =>
+                            {
+                                self.set_content_labels(&digest, labels).await
+                            }
+                            Err(e) => Err(e),
+                        }
+                        .map(|()| written.push(digest))
+                    }
+                    None => Ok(()),
+                },
+            };
+            if let Err(e) = step {
+                failure = Some(ImportError::Agent(e));
+                break;
+            }
+        }
+        // Dropping the receiver stops the reader at its next send.
+        drop(rx);
+        let read = reader
+            .await
+            .map_err(|e| AgentError::io("import")(std::io::Error::other(e)))?;
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        read.map_err(ImportError::Archive)?;
+        if let Some(missing) = expected.iter().find(|d| !written.contains(d)) {
+            return Err(ImportError::Archive(ArchiveError::Content(format!(
+                "blob {missing} was not found again in the second pass: the archive changed during the import"
+            ))));
+        }
+        Ok(())
+    }
+
+    fn open_writer(&self, blob: archive::PlannedBlob, lease: &str) -> Result<BlobWriter> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(2);
+        let request = self
+            .ctrd
+            .leased_req(tokio_stream::wrappers::ReceiverStream::new(rx), lease)?;
+        let mut client = self.ctrd.content();
+        // Responses are drained as they come: containerd answers every
+        // write, and an unread answer stream would stall the request stream
+        // once HTTP/2's window is full.
+        let task = tokio::spawn(async move {
+            let mut responses = client
+                .write(request)
+                .await
+                .map_err(AgentError::containerd("content.Write"))?
+                .into_inner();
+            while let Some(r) = responses.next().await {
+                r.map_err(AgentError::containerd("content.Write"))?;
+            }
+            Ok(())
+        });
+        Ok(BlobWriter {
+            r#ref: format!("sandbolt-import-{}", blob.digest),
+            blob,
+            offset: 0,
+            tx,
+            task,
+        })
     }
 
     /// Writes one blob (1 MiB chunks) and commits it with `labels`; a blob
@@ -937,48 +1038,75 @@ impl Lease {
     }
 }
 
-struct LayoutDocs {
-    index_json: Vec<u8>,
-    /// Blobs small enough to be manifests/indexes/configs, by digest.
-    json_blobs: HashMap<String, Vec<u8>>,
+/// An import's failure: the archive's (named after the archive by the
+/// caller) or containerd's.
+enum ImportError {
+    Archive(ArchiveError),
+    Agent(AgentError),
 }
 
-fn read_layout_docs(path: &Path) -> Result<LayoutDocs> {
-    let ctx = || format!("reading {}", path.display());
-    let mut ar = tar::Archive::new(std::fs::File::open(path).map_err(AgentError::io(ctx()))?);
-    let mut index_json = None;
-    let mut json_blobs = HashMap::new();
-    for entry in ar.entries().map_err(AgentError::io(ctx()))? {
-        let mut entry = entry.map_err(AgentError::io(ctx()))?;
-        let p = entry
-            .path()
-            .map_err(AgentError::io(ctx()))?
-            .to_string_lossy()
-            .trim_start_matches("./")
-            .to_string();
-        if p == "index.json" {
-            let mut v = Vec::new();
-            entry.read_to_end(&mut v).map_err(AgentError::io(ctx()))?;
-            index_json = Some(v);
-        } else if let Some(hex) = p.strip_prefix("blobs/sha256/")
-            && entry.size() <= 4 << 20
-        {
-            let mut v = Vec::new();
-            entry.read_to_end(&mut v).map_err(AgentError::io(ctx()))?;
-            // Only JSON documents matter here; layers are skipped by shape.
-            if v.first() == Some(&b'{') {
-                json_blobs.insert(format!("sha256:{hex}"), v);
-            }
+impl From<AgentError> for ImportError {
+    fn from(e: AgentError) -> Self {
+        ImportError::Agent(e)
+    }
+}
+
+/// One blob's `content.Write` stream in flight.
+struct BlobWriter {
+    blob: archive::PlannedBlob,
+    r#ref: String,
+    offset: u64,
+    tx: tokio::sync::mpsc::Sender<WriteContentRequest>,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl BlobWriter {
+    fn request(&self, action: WriteAction, data: Vec<u8>) -> WriteContentRequest {
+        WriteContentRequest {
+            action: action as i32,
+            r#ref: self.r#ref.clone(),
+            total: self.blob.size as i64,
+            expected: self.blob.digest.clone(),
+            offset: self.offset as i64,
+            data,
+            labels: Default::default(),
         }
     }
-    let index_json = index_json.ok_or_else(|| AgentError::BadImage {
-        reference: path.display().to_string(),
-        reason: "not an OCI image layout (no index.json)".into(),
-    })?;
-    Ok(LayoutDocs {
-        index_json,
-        json_blobs,
-    })
+
+    async fn write(&mut self, data: Vec<u8>) -> Result<()> {
+        let len = data.len() as u64;
+        let req = self.request(WriteAction::Write, data);
+        if self.tx.send(req).await.is_err() {
+            // The stream ended early: its task holds the reason.
+            return Err(self.fail().await);
+        }
+        self.offset += len;
+        Ok(())
+    }
+
+    /// Commits with the blob's labels; containerd checks the digest.
+    async fn commit(mut self) -> Result<()> {
+        let mut req = self.request(WriteAction::Commit, Vec::new());
+        req.labels = self.blob.labels.clone().into_iter().collect();
+        if self.tx.send(req).await.is_err() {
+            return Err(self.fail().await);
+        }
+        drop(self.tx);
+        self.task
+            .await
+            .map_err(|e| AgentError::io("content.Write")(std::io::Error::other(e)))?
+    }
+
+    async fn fail(&mut self) -> AgentError {
+        match (&mut self.task).await {
+            Ok(Err(e)) => e,
+            Ok(Ok(())) => AgentError::Containerd {
+                op: "content.Write",
+                status: tonic::Status::internal("the write stream ended early"),
+            },
+            Err(e) => AgentError::io("content.Write")(std::io::Error::other(e)),
+        }
+    }
 }
 
 /// Chain ids of a layer stack (OCI image spec): the first is the first diff

@@ -1,22 +1,39 @@
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use sandbolt_agent::AgentError;
 use sandbolt_agent::containerd::Containerd;
-use sandbolt_agent::images::Images;
+use sandbolt_agent::images::{Images, ImportProgress, ImportStage};
+
+/// Archives smaller than this import in a moment: a bar would only flicker.
+const PROGRESS_MIN_BYTES: u64 = 16 << 20;
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum ImageCommand {
-    /// Import an OCI image archive (an image layout tar) into containerd and
-    /// unpack it, for nodes without a registry.
+    /// Import an image archive into containerd and unpack it, for nodes
+    /// without a registry.
+    ///
+    /// Reads OCI image layouts in a tar (`tar -C layout -cf image.tar .`,
+    /// `skopeo copy … oci-archive:image.tar`, `docker save` of Docker ≥ 25)
+    /// and the older `docker save` format (`manifest.json`), plain or
+    /// gzip-compressed. Of an index of platforms, only this machine's
+    /// platform is imported. Prints the names it created, one a line.
     Import(ImportArgs),
 }
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct ImportArgs {
-    /// The OCI image layout tar to import.
+    /// The archive to import (`.tar` or `.tar.gz`).
     archive: PathBuf,
-    /// Reference for images the archive does not name.
+    /// Name of the imported image. For an archive of one image, its name
+    /// instead of the archive's (needed when the archive gives none, e.g.
+    /// `docker save <image id>`, or only a tag); in an archive of several,
+    /// the name of the one it leaves unnamed, and the repository of those it
+    /// tags without one.
     #[arg(long)]
     name: Option<String>,
     #[arg(
@@ -25,6 +42,7 @@ pub(crate) struct ImportArgs {
         default_value = "/run/containerd/containerd.sock"
     )]
     containerd_socket: PathBuf,
+    /// containerd namespace (`k8s.io`, as `sandbolt up` and the kubelet use).
     #[arg(long, env = "SANDBOLT_CONTAINERD_NAMESPACE", default_value = "k8s.io")]
     containerd_namespace: String,
     #[arg(long, default_value = "overlayfs")]
@@ -33,28 +51,88 @@ pub(crate) struct ImportArgs {
 
 pub(crate) async fn run(cmd: ImageCommand) -> anyhow::Result<()> {
     match cmd {
-        ImageCommand::Import(args) => {
-            let ctrd = Containerd::connect(
-                &args.containerd_socket,
-                &args.containerd_namespace,
-                Duration::from_secs(10),
-            )
-            .await
-            .with_context(|| {
-                format!(
-                    "connecting to containerd at {}",
-                    args.containerd_socket.display()
-                )
-            })?;
-            let images = Images::new(ctrd, args.snapshotter);
-            let names = images
-                .import_oci_tar(&args.archive, args.name.as_deref())
-                .await
-                .with_context(|| format!("importing {}", args.archive.display()))?;
-            for n in names {
-                println!("{n}");
-            }
-            Ok(())
+        ImageCommand::Import(args) => import(args).await,
+    }
+}
+
+async fn import(args: ImportArgs) -> anyhow::Result<()> {
+    // Checked before connecting: a wrong path is the likelier mistake, and
+    // its message should not depend on containerd being up.
+    let size = std::fs::metadata(&args.archive)
+        .with_context(|| format!("cannot import {}", args.archive.display()))?
+        .len();
+    let ctrd = Containerd::connect(
+        &args.containerd_socket,
+        &args.containerd_namespace,
+        Duration::from_secs(10),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "connecting to containerd at {}",
+            args.containerd_socket.display()
+        )
+    })?;
+    let images = Images::new(ctrd, args.snapshotter);
+    let bar = (std::io::stderr().is_terminal() && size >= PROGRESS_MIN_BYTES)
+        .then(|| Arc::new(Bar::new()));
+    let progress: Arc<dyn ImportProgress> = match &bar {
+        Some(b) => b.clone(),
+        None => Arc::new(sandbolt_agent::images::NoProgress),
+    };
+    let result = images
+        .import_archive(&args.archive, args.name.as_deref(), progress)
+        .await;
+    if let Some(b) = &bar {
+        b.bar.finish_and_clear();
+    }
+    let names = result.map_err(|e| match e {
+        // The reason names the entry or document at fault; one line.
+        AgentError::BadImage { reason, .. } => {
+            anyhow::anyhow!("cannot import {}: {reason}", args.archive.display())
         }
+        e => anyhow::Error::new(e).context(format!("cannot import {}", args.archive.display())),
+    })?;
+    for n in names {
+        println!("{n}");
+    }
+    Ok(())
+}
+
+/// The progress bar: bytes of the archive read in each pass, then a
+/// spinner while the layers are unpacked.
+struct Bar {
+    bar: ProgressBar,
+}
+
+impl Bar {
+    fn new() -> Self {
+        Self {
+            bar: ProgressBar::new(0),
+        }
+    }
+}
+
+impl ImportProgress for Bar {
+    fn stage(&self, stage: ImportStage, total: u64) {
+        let template = if total > 0 {
+            "{msg:>10} [{bar:40}] {bytes}/{total_bytes} ({eta})"
+        } else {
+            "{msg:>10} {spinner} {elapsed}"
+        };
+        self.bar.set_message(stage.to_string());
+        self.bar.set_length(total);
+        self.bar.set_position(0);
+        self.bar.set_style(
+            ProgressStyle::with_template(template)
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        // Ticks keep the spinner and the estimate moving between reads.
+        self.bar.enable_steady_tick(Duration::from_millis(200));
+    }
+
+    fn position(&self, bytes: u64) {
+        self.bar.set_position(bytes);
     }
 }

@@ -59,8 +59,10 @@ pub(crate) struct JanitorArgs {
     )]
     state_dir: PathBuf,
     /// Read this node's agent pods from the Kubernetes API (in-cluster
-    /// configuration): a sandbox whose agent pod left the node is reaped like
-    /// one whose agent stopped heartbeating.
+    /// configuration): once the controller is recreating a sandbox
+    /// elsewhere, its old container is reaped when its agent pod left the
+    /// node and a Ready agent pod that did not adopt it is there. A merely
+    /// silent agent's containers are never reaped.
     #[arg(long, env = "SANDBOLT_KUBE")]
     kube: bool,
     /// Namespace of the agent pods (with --kube).

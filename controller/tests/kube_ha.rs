@@ -22,6 +22,8 @@ use kube::api::Api;
 use sandbolt_deploy::pool::CapacityBounds;
 use sandbolt_deploy::{Sandbox, SandboxPool, SandboxPoolSpec};
 use sandbolt_kube_double::ApiDouble;
+use sandbolt_proto::control::v1 as native;
+use sandbolt_proto::control::v1::sandbox_service_client::SandboxServiceClient;
 use sandbolt_proto::fastpath::v2;
 use support::bed::{
     V2, containers, eventually, free_port, reference, running_tasks, sandbox_id, start_agent,
@@ -154,6 +156,53 @@ async fn create(c: &mut V2, name: &str) -> v2::CreateSandboxResponse {
     .into_inner()
 }
 
+type Native = SandboxServiceClient<tonic::transport::Channel>;
+
+fn native_ref(name: &str) -> Option<native::SandboxRef> {
+    Some(native::SandboxRef {
+        namespace: "default".into(),
+        name: name.into(),
+        expected_uid: String::new(),
+    })
+}
+
+/// A sandbox with limits and an expiry, through the native API.
+async fn create_native(c: &mut Native, name: &str, expires_at: i64) -> native::Sandbox {
+    c.create_sandbox(native::CreateSandboxRequest {
+        request_id: name.into(),
+        namespace: "default".into(),
+        wait_ready: true,
+        spec: Some(native::SandboxSpec {
+            image: "busybox".into(),
+            command: vec!["sleep".into(), "3600".into()],
+            expires_at_unix_seconds: expires_at,
+            resources: Some(native::Resources {
+                limits: Some(native::ResourceList {
+                    cpu: "250m".into(),
+                    memory: "48Mi".into(),
+                    pids: 64,
+                    ..Default::default()
+                }),
+                requests: None,
+            }),
+            metadata: [("team".to_string(), "ha".to_string())].into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("native create {name}: {e:?}"))
+    .into_inner()
+}
+
+async fn get_native(c: &mut Native, name: &str) -> Result<native::Sandbox, tonic::Status> {
+    c.get_sandbox(native::GetSandboxRequest {
+        sandbox: native_ref(name),
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
 async fn connect(addr: SocketAddr) -> V2 {
     V2::connect(format!("http://{addr}"))
         .await
@@ -234,6 +283,27 @@ async fn a_standby_takes_over_from_a_killed_leader_with_the_records() {
     )
     .await;
 
+    // The whole sandbox through the native API: limits, expiry, times. A
+    // stateless lifecycle renders exactly this, so if it survives a leader
+    // change unchanged, every REST answer does too.
+    let mut n = Native::connect(format!("http://{listen}")).await.unwrap();
+    let expires_at = sandbolt_controller::clock::now_unix_secs() + 25;
+    let ttl = create_native(&mut n, "fsb-ha-ttl", expires_at).await;
+    let ttl_status = ttl.status.clone().unwrap();
+    assert_eq!(ttl_status.phase, native::Phase::Running as i32);
+    assert!(ttl_status.created_at_unix_ms > 0);
+    let before = get_native(&mut n, "fsb-ha-ttl").await.unwrap();
+    let limits = before
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.clone())
+        .and_then(|r| r.limits)
+        .unwrap();
+    assert_eq!(
+        (limits.cpu.as_str(), limits.memory.as_str(), limits.pids),
+        ("250m", "48Mi", 64)
+    );
+
     // The leader dies without a word.
     let (_, term_before) = holder(&api).await;
     a.kill9();
@@ -261,6 +331,39 @@ async fn a_standby_takes_over_from_a_killed_leader_with_the_records() {
     );
     assert_eq!(sandbox_id(&mut c, "fsb-ha-1").await, first_id);
     assert!(running_tasks(&bed).await.contains_key(&first_id));
+
+    // Once the agent heartbeats to the new leader, the native answer is the
+    // one the old leader gave, field for field (spec, uid, generation,
+    // creation and transition times, expiry, limits, container).
+    wait_agents(&c, 1).await;
+    let mut n = Native::connect(format!("http://{listen}")).await.unwrap();
+    let after = get_native(&mut n, "fsb-ha-ttl").await.unwrap();
+    assert_eq!(after, before, "a leader change changes no answer");
+    // And the TTL still ends it on time, now on the new leader's sweep.
+    eventually(
+        "the TTL sandbox expires on the new leader",
+        Duration::from_secs(40),
+        || {
+            let mut n = n.clone();
+            async move {
+                matches!(
+                    get_native(&mut n, "fsb-ha-ttl").await,
+                    Err(s) if s.code() == tonic::Code::NotFound
+                )
+            }
+        },
+    )
+    .await;
+    let now = sandbolt_controller::clock::now_unix_secs();
+    assert!(now >= expires_at, "expired early: {now} < {expires_at}");
+    assert!(
+        now <= expires_at + 10,
+        "expired late: {now} > {expires_at} + 10"
+    );
+    assert!(
+        !containers(&bed).await.contains(&ttl_status.container_id),
+        "the expired sandbox's container is gone"
+    );
 
     // And it writes: a new sandbox, then a delete that empties the resource.
     wait_agents(&c, 1).await;

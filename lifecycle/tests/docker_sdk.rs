@@ -17,6 +17,23 @@ async fn sdk_suite_on_docker() {
     handle.shutdown().await.unwrap();
 }
 
+/// The same limits test the containerd fast path passes (`cli/tests/up_e2e.rs`),
+/// through the SDK: the cgroup shows them, a 200 MiB allocation is
+/// OOM-killed inside the sandbox, a CPU burner gets about its quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_on_docker() {
+    let env = common::docker_env();
+    let handle = env.start().await;
+    let addr = handle.addr();
+    let image = env.image.clone();
+    tokio::task::spawn_blocking(move || {
+        common::run_pytest("limits_sdk_test.py", addr, &image, "docker", None)
+    })
+    .await
+    .unwrap();
+    handle.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_on_docker() {
     let env = common::docker_env();

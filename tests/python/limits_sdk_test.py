@@ -15,7 +15,7 @@ from opensandbox.config.connection_sync import ConnectionConfigSync
 
 DOMAIN = os.environ["LIFECYCLE_DOMAIN"]
 API_KEY = os.environ["LIFECYCLE_API_KEY"]
-IMAGE = os.environ.get("LIMITS_IMAGE", "busybox")
+IMAGE = os.environ.get("SANDBOLT_IMAGE", "busybox")
 
 MIB = 1024 * 1024
 
