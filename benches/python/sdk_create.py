@@ -1,15 +1,29 @@
 """The harness's "sdk create" timing loop: the official OpenSandbox Python SDK
 (`opensandbox==1.1.1`) against several lifecycle servers, interleaved.
 
-Each round creates one sandbox on every system (in a rotating order, so that
-no system always goes first after a slow moment), timing `SandboxSync.create`
+Each round creates one sandbox on every system, timing `SandboxSync.create`
 until it returns — POST /sandboxes, the endpoint look-ups for 44772 and 18080
 and execd's /ping answering, exactly what a user waits for — and then `kill`.
 Stages of a create (µs from its start, read off the SDK's HTTP exchanges):
 post_answered, endpoints_resolved, execd_ready; "pings" counts /ping tries.
 
-Input (argv): --systems JSON list of {"name", "url", "api_key"}; --rounds N
-(recorded rounds; one more unrecorded warm-up round runs first); --image REF.
+The order of the systems within a round follows a Williams design (see
+`williams`): over one cycle of rounds every system takes every position
+equally often and follows every other system equally often. A create pays for
+the teardown its predecessor's kill leaves behind on a shared daemon (on this
+2-core machine a FastPath create right after another FastPath kill measured
+~40 ms slower than one after a Docker kill), so a plain rotation, where a
+system always follows the same neighbour, biased comparisons between systems.
+Run a multiple of the cycle (n rounds for n systems, 2n when n is odd) to
+balance exactly.
+
+Input (argv): --systems JSON list of {"name", "url", "api_key"} with an
+optional "resource" object, the SDK's `resource` argument (e.g. {"cpu": "500m",
+"memory": "256Mi"}): absent, the SDK sends its default ({"cpu": "1",
+"memory": "2Gi"}); empty ({}), the request carries an empty resourceLimits, i.e.
+no limits at all. Several entries may share one url and differ only in
+"resource"; names must be unique. --rounds N (recorded rounds; one more
+unrecorded warm-up round runs first); --image REF.
 Output: one JSON document on stdout:
   {"samples": [{"system", "round", "create_us", "kill_us", "stages"}],
    "failures": [{"system", "round", "reason"}]}
@@ -105,11 +119,29 @@ def describe(exc: BaseException) -> str:
     return text
 
 
+class NoLimits(dict):
+    """An empty `resource` the SDK does not replace with its default: it
+    substitutes one for any falsy value (`resource or {"cpu": "1", ...}`), and
+    an empty resourceLimits is how a REST client asks for no limits."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def resource_arg(system: dict) -> dict:
+    """The keyword arguments that carry the system's "resource", if any."""
+    if "resource" not in system:
+        return {}
+    resource = system["resource"]
+    return {"resource": dict(resource) if resource else NoLimits()}
+
+
 def one(system: dict, image: str) -> tuple[int, int, dict[str, int]]:
     """Creates a sandbox (ready), kills it; returns (create_us, kill_us,
     stages of the create)."""
     EXCHANGES.clear()
     config = connection(system["url"], system["api_key"])
+    extra = resource_arg(system)
     t0 = time.perf_counter()
     sbx = SandboxSync.create(
         image,
@@ -117,6 +149,7 @@ def one(system: dict, image: str) -> tuple[int, int, dict[str, int]]:
         timeout=timedelta(minutes=10),
         connection_config=config,
         ready_timeout=timedelta(seconds=60),
+        **extra,
     )
     t1 = time.perf_counter()
     try:
@@ -125,6 +158,24 @@ def one(system: dict, image: str) -> tuple[int, int, dict[str, int]]:
     finally:
         sbx.close()
     return int((t1 - t0) * 1e6), int((t2 - t1) * 1e6), stages(t0, t1)
+
+
+def williams(n: int) -> list[list[int]]:
+    """Orders of range(n), one a round, in which each index is first and
+    follows each other index equally often over the cycle (a Williams Latin
+    square; for odd n, it and its mirror image)."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        if len(first) % 2 == 1:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2 == 1:
+        rows += [row[::-1] for row in rows]
+    return rows
 
 
 def main() -> int:
@@ -140,8 +191,10 @@ def main() -> int:
     for rnd in range(args.rounds + 1):
         if not alive:
             break
-        k = rnd % len(alive)
-        for system in alive[k:] + alive[:k]:
+        rows = williams(len(alive))
+        # Round 1, the first recorded one, starts the cycle.
+        order = [alive[i] for i in rows[(rnd - 1) % len(rows)]]
+        for system in order:
             try:
                 create_us, kill_us, st = one(system, args.image)
             except Exception as exc:  # noqa: BLE001 - reported, the run goes on

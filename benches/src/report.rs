@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::scenarios::RunOutput;
-use crate::stats::{Summary, ms, summarize};
+use crate::stats::{Summary, ms, paired_ratio, summarize};
 use crate::systems::System;
 use crate::{BenchError, Result};
 
@@ -45,6 +45,9 @@ pub fn ratios(out: &RunOutput) -> Vec<(String, f64)> {
         (System::FastPathFast, System::Docker),
         (System::FastPathFast, System::CtrRun),
         (System::FastPathStrong, System::FastPathFast),
+        // Issue 13: what resource limits cost at create (goal ≤ 1.02×).
+        (System::NativeFastLimits, System::NativeFast),
+        (System::NativeFast, System::FastPathFast),
     ];
     let mut ratios: Vec<(String, f64)> = pairs
         .iter()
@@ -55,6 +58,54 @@ pub fn ratios(out: &RunOutput) -> Vec<(String, f64)> {
         .collect();
     ratios.extend(crate::sdk::ratios(&out.samples));
     ratios
+}
+
+/// Issue 13's comparisons, each in the same run: (scenario, system with
+/// limits, the same system without).
+pub fn limit_pairs() -> [(&'static str, &'static str, &'static str); 2] {
+    [
+        (
+            "sequential",
+            System::NativeFastLimits.name(),
+            System::NativeFast.name(),
+        ),
+        (
+            crate::sdk::SCENARIO_CREATE,
+            crate::sdk::LIFECYCLE_FASTPATH_LIMITS,
+            crate::sdk::LIFECYCLE_FASTPATH_NO_LIMITS,
+        ),
+    ]
+}
+
+/// One row per limits pair measured: p50/p90 of both, their ratios, and
+/// the median of the per-iteration ratios (the least noisy of the three).
+fn limits_table(out: &RunOutput) -> String {
+    let all = summaries(out);
+    let find = |scenario: &str, system: &str| {
+        all.iter()
+            .find(|(sc, sy, _)| sc == scenario && sy == system)
+            .map(|(_, _, s)| *s)
+    };
+    let mut md = String::new();
+    for (scenario, with, without) in limit_pairs() {
+        let (Some(w), Some(wo)) = (find(scenario, with), find(scenario, without)) else {
+            continue;
+        };
+        let paired = paired_ratio(&out.samples, scenario, with, without)
+            .map(|(r, n)| format!("{r:.3}× (n={n})"))
+            .unwrap_or_else(|| "–".into());
+        let _ = writeln!(
+            md,
+            "| {scenario} | {without} | {:.1} / {:.1} | {:.1} / {:.1} | {:.3}× | {:.3}× | {paired} |",
+            ms(wo.p50_us),
+            ms(wo.p90_us),
+            ms(w.p50_us),
+            ms(w.p90_us),
+            w.p50_us as f64 / wo.p50_us as f64,
+            w.p90_us as f64 / wo.p90_us as f64,
+        );
+    }
+    md
 }
 
 pub fn markdown(out: &RunOutput, command: &str) -> String {
@@ -78,15 +129,16 @@ pub fn markdown(out: &RunOutput, command: &str) -> String {
     );
     let _ = writeln!(
         md,
-        "| scenario | system | n | p50 ms | p95 ms | p99 ms | max ms |"
+        "| scenario | system | n | p50 ms | p90 ms | p95 ms | p99 ms | max ms |"
     );
-    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|");
     for (scenario, system, s) in summaries(out) {
         let _ = writeln!(
             md,
-            "| {scenario} | {system} | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            "| {scenario} | {system} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
             s.count,
             ms(s.p50_us),
+            ms(s.p90_us),
             ms(s.p95_us),
             ms(s.p99_us),
             ms(s.max_us)
@@ -123,6 +175,19 @@ pub fn markdown(out: &RunOutput, command: &str) -> String {
         for (name, r) in ratios {
             let _ = writeln!(md, "- {name}: **{r:.2}×**");
         }
+    }
+    let limits = limits_table(out);
+    if !limits.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nLimits vs no limits (issue 13; with limits ÷ without, same run, interleaved):\n"
+        );
+        let _ = writeln!(
+            md,
+            "| scenario | system (without limits) | without p50 / p90 ms | with p50 / p90 ms | p50 ratio | p90 ratio | median of per-iteration ratios |"
+        );
+        let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|");
+        md.push_str(&limits);
     }
     if !out.retried.is_empty() {
         let _ = writeln!(md, "\nFailed creates, each retried once under a new id:\n");

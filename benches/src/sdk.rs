@@ -4,7 +4,12 @@
 //! across
 //!
 //! - sandbolt's lifecycle adapter on the FastPath backend (the harness's
-//!   fast-mode controller and its agent, on the test bed's containerd),
+//!   fast-mode controller and its agent, on the test bed's containerd; the
+//!   adapter creates through the controller's native API), three times over
+//!   on the same server: with the SDK's default `resource` (it always sends
+//!   one: `{"cpu": "1", "memory": "2Gi"}`), with no limits at all (an empty
+//!   `resourceLimits`), and with `{"cpu": "500m", "memory": "256Mi"}` —
+//!   the last two are issue 13's limits vs no limits,
 //! - sandbolt's lifecycle adapter on the Docker backend (the test bed's
 //!   dockerd, execd from [`execd_binary`]),
 //! - the OpenSandbox server 1.1.1 (PyPI) with its Docker runtime on the same
@@ -31,11 +36,26 @@ use crate::{Sample, Skipped};
 
 pub const SCENARIO_CREATE: &str = "sdk create";
 pub const SCENARIO_KILL: &str = "sdk kill";
+/// The SDK's default `resource` (cpu 1, memory 2Gi): what a user who names
+/// no limits gets, and what the OpenSandbox server is sent too.
 pub const LIFECYCLE_FASTPATH: &str = "sandbolt lifecycle, FastPath (fast)";
+/// Same server, `resourceLimits: {}`: no CPU quota, no memory limit.
+pub const LIFECYCLE_FASTPATH_NO_LIMITS: &str = "sandbolt lifecycle, FastPath (fast), no limits";
+/// Same server, `resource={"cpu": "500m", "memory": "256Mi"}`.
+pub const LIFECYCLE_FASTPATH_LIMITS: &str = "sandbolt lifecycle, FastPath (fast), limits";
 pub const LIFECYCLE_DOCKER: &str = "sandbolt lifecycle, Docker";
 pub const OPENSANDBOX: &str = "OpenSandbox server 1.1.1, Docker";
 /// Every system of the scenario, in the order the table shows them.
-pub const SYSTEMS: [&str; 3] = [LIFECYCLE_FASTPATH, LIFECYCLE_DOCKER, OPENSANDBOX];
+pub const SYSTEMS: [&str; 5] = [
+    LIFECYCLE_FASTPATH,
+    LIFECYCLE_FASTPATH_NO_LIMITS,
+    LIFECYCLE_FASTPATH_LIMITS,
+    LIFECYCLE_DOCKER,
+    OPENSANDBOX,
+];
+/// What the limits target asks for (the native API's limits system adds
+/// pids, which the SDK's `resource` has no key for).
+const SDK_LIMITS: [(&str, &str); 2] = [("cpu", "500m"), ("memory", "256Mi")];
 
 const API_KEY: &str = "sandbolt-bench-sdk-key-0123456789";
 /// The image the OpenSandbox server copies execd and bootstrap.sh out of.
@@ -53,6 +73,9 @@ pub struct SdkOutcome {
 struct Target {
     name: &'static str,
     url: String,
+    /// The SDK's `resource` argument: `None` leaves the SDK's default,
+    /// an empty map sends no limits.
+    resource: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Runs `rounds` recorded rounds (after one warm-up round) on every system
@@ -87,13 +110,34 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
     .await
     {
         Ok(h) => {
-            targets.push(Target {
-                name: LIFECYCLE_FASTPATH,
-                url: format!("http://{}", h.addr()),
-            });
+            // One server for all three: the limits are the only difference.
+            let url = format!("http://{}", h.addr());
+            let limits = SDK_LIMITS
+                .iter()
+                .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+                .collect();
+            for (name, resource) in [
+                (LIFECYCLE_FASTPATH, None),
+                (LIFECYCLE_FASTPATH_NO_LIMITS, Some(serde_json::Map::new())),
+                (LIFECYCLE_FASTPATH_LIMITS, Some(limits)),
+            ] {
+                targets.push(Target {
+                    name,
+                    url: url.clone(),
+                    resource,
+                });
+            }
             lifecycles.push(h);
         }
-        Err(e) => skip(&mut out, LIFECYCLE_FASTPATH, e),
+        Err(e) => {
+            for s in [
+                LIFECYCLE_FASTPATH,
+                LIFECYCLE_FASTPATH_NO_LIMITS,
+                LIFECYCLE_FASTPATH_LIMITS,
+            ] {
+                skip(&mut out, s, e.clone());
+            }
+        }
     }
 
     let docker_socket = bench
@@ -110,6 +154,7 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
                     targets.push(Target {
                         name: LIFECYCLE_DOCKER,
                         url: format!("http://{}", h.addr()),
+                        resource: None,
                     });
                     lifecycles.push(h);
                 }
@@ -125,6 +170,7 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
             targets.push(Target {
                 name: OPENSANDBOX,
                 url: format!("http://{}", s.addr),
+                resource: None,
             });
             Some(s)
         }
@@ -196,8 +242,9 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
 }
 
 /// p50 ratios of the scenario against the OpenSandbox server, creates and
-/// kills (issue 6's goal: sandbolt's create ≤ 0.25× the server's p50), for
-/// the report's ratio list.
+/// kills (issue 6's goal: sandbolt's create ≤ 0.25× the server's p50), and
+/// of the limits targets against the no-limits one on the same lifecycle
+/// (issue 13's goal: ≤ 1.02×), for the report's ratio list.
 pub fn ratios(samples: &[Sample]) -> Vec<(String, f64)> {
     let p50 = |scenario: &str, system: &str| {
         crate::stats::summarize(
@@ -214,6 +261,15 @@ pub fn ratios(samples: &[Sample]) -> Vec<(String, f64)> {
             if let (Some(x), Some(y)) = (p50(scenario, system), p50(scenario, OPENSANDBOX)) {
                 out.push((
                     format!("{scenario}: {system} ÷ {OPENSANDBOX}"),
+                    x as f64 / y as f64,
+                ));
+            }
+        }
+        for system in [LIFECYCLE_FASTPATH_LIMITS, LIFECYCLE_FASTPATH] {
+            let base = LIFECYCLE_FASTPATH_NO_LIMITS;
+            if let (Some(x), Some(y)) = (p50(scenario, system), p50(scenario, base)) {
+                out.push((
+                    format!("{scenario}: {system} ÷ {base}"),
                     x as f64 / y as f64,
                 ));
             }
@@ -261,7 +317,13 @@ async fn run_python(targets: &[Target], rounds: u32) -> std::result::Result<PyRe
         .map_err(|e| format!("the SDK's venv: {e}"))?;
     let systems: Vec<serde_json::Value> = targets
         .iter()
-        .map(|t| serde_json::json!({"name": t.name, "url": t.url, "api_key": API_KEY}))
+        .map(|t| {
+            let mut system = serde_json::json!({"name": t.name, "url": t.url, "api_key": API_KEY});
+            if let Some(resource) = &t.resource {
+                system["resource"] = serde_json::Value::Object(resource.clone());
+            }
+            system
+        })
         .collect();
     let script = workspace_root().join("benches/python/sdk_create.py");
     let image = busybox_image().map_err(|e| e.to_string())?;

@@ -2,10 +2,13 @@
 
 use hdrhistogram::Histogram;
 
+use crate::Sample;
+
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Summary {
     pub count: u64,
     pub p50_us: u64,
+    pub p90_us: u64,
     pub p95_us: u64,
     pub p99_us: u64,
     pub max_us: u64,
@@ -25,11 +28,44 @@ pub fn summarize(samples_us: impl IntoIterator<Item = u64>) -> Option<Summary> {
     Some(Summary {
         count: h.len(),
         p50_us: h.value_at_quantile(0.50),
+        p90_us: h.value_at_quantile(0.90),
         p95_us: h.value_at_quantile(0.95),
         p99_us: h.value_at_quantile(0.99),
         max_us: h.max(),
         mean_us: h.mean(),
     })
+}
+
+/// Median over iterations of `a`'s latency ÷ `b`'s in the same iteration
+/// of `scenario`, and the number of such pairs; `None` without pairs.
+///
+/// Two systems measured back to back in each iteration see nearly the same
+/// machine, so the per-iteration ratio cancels most of a busy machine's
+/// drift that a ratio of two separately taken percentiles keeps.
+pub fn paired_ratio(samples: &[Sample], scenario: &str, a: &str, b: &str) -> Option<(f64, usize)> {
+    let of = |system: &str| {
+        samples
+            .iter()
+            .filter(|s| s.scenario == scenario && s.system == system)
+            .map(|s| (s.iteration, s.total_us))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let base = of(b);
+    let mut ratios: Vec<f64> = of(a)
+        .into_iter()
+        .filter_map(|(i, x)| Some(x as f64 / *base.get(&i)?.max(&1) as f64))
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    let median = if n % 2 == 1 {
+        ratios[n / 2]
+    } else {
+        (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
+    };
+    Some((median, n))
 }
 
 pub fn ms(us: u64) -> f64 {
@@ -49,5 +85,36 @@ mod tests {
         assert!((s.p99_us as f64 - 990_000.0).abs() <= 1000.0, "{s:?}");
         assert!((s.max_us as f64 - 1_000_000.0).abs() <= 1000.0, "{s:?}");
         assert!(summarize([]).is_none());
+    }
+
+    fn sample(system: &str, iteration: u32, total_us: u64) -> Sample {
+        Sample {
+            scenario: "sequential".into(),
+            system: system.into(),
+            iteration,
+            total_us,
+            stages: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn paired_ratio_pairs_by_iteration() {
+        // Iteration 3 of "a" has no partner and does not count.
+        let samples = [
+            sample("a", 1, 110),
+            sample("b", 1, 100),
+            sample("a", 2, 300),
+            sample("b", 2, 200),
+            sample("b", 4, 100),
+            sample("a", 4, 100),
+            sample("a", 3, 999),
+        ];
+        let (median, n) = paired_ratio(&samples, "sequential", "a", "b").unwrap();
+        assert_eq!(n, 3);
+        assert!((median - 1.1).abs() < 1e-9, "{median}");
+        let (median, n) = paired_ratio(&samples[..4], "sequential", "a", "b").unwrap();
+        assert_eq!(n, 2);
+        assert!((median - 1.3).abs() < 1e-9, "{median}");
+        assert!(paired_ratio(&samples, "burst", "a", "b").is_none());
     }
 }

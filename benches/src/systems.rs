@@ -3,8 +3,11 @@
 //! Baselines: containerd's API called directly through the same Rust client
 //! (the floor any containerd-based system pays), `ctr run -d` (what an
 //! operator would script), and the Docker engine. sandbolt: the agent's gRPC
-//! API (task started; execd ready), and the controller's FastPath v2 in fast
-//! and strong consistency (each with its own agent), READY = execd answers.
+//! API (task started; execd ready), the controller's FastPath v2 in fast
+//! and strong consistency (each with its own agent), READY = execd answers,
+//! and the controller's native API (`sandbolt.control.v1`) on the fast-mode
+//! controller, with and without resource limits (issue 13: what the limits
+//! cost at create).
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +24,8 @@ use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
 use sandbolt_controller::{Consistency, Controller, ControllerConfig, ControllerHandle};
 use sandbolt_proto::agent::v1 as agentpb;
 use sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient;
+use sandbolt_proto::control::v1 as control;
+use sandbolt_proto::control::v1::sandbox_service_client::SandboxServiceClient;
 use sandbolt_proto::fastpath::v2;
 use sandbolt_proto::fastpath::v2::fast_path_service_client::FastPathServiceClient;
 use sandbolt_testbed::{BUSYBOX_REF, Testbed, busybox_image, execd_binary};
@@ -33,6 +38,11 @@ use crate::{BenchError, Result};
 pub const NAMESPACE: &str = "k8s.io";
 const TOKEN: &str = "bench-agent-token";
 const SLEEP: [&str; 2] = ["sleep", "3600"];
+/// What the native API's "limits" system asks for: a CFS quota of half a
+/// CPU, 256 MiB of memory (swap held to it) and 512 processes.
+pub const LIMIT_CPU: &str = "500m";
+pub const LIMIT_MEMORY: &str = "256Mi";
+pub const LIMIT_PIDS: i64 = 512;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum System {
@@ -43,10 +53,15 @@ pub enum System {
     AgentExecd,
     FastPathFast,
     FastPathStrong,
+    /// `sandbolt.control.v1` CreateSandbox on the fast-mode controller,
+    /// `wait_ready`, no resource limits.
+    NativeFast,
+    /// The same with limits (cpu 500m, memory 256Mi, pids 512).
+    NativeFastLimits,
 }
 
 impl System {
-    pub const ALL: [System; 7] = [
+    pub const ALL: [System; 9] = [
         System::ContainerdRaw,
         System::CtrRun,
         System::Docker,
@@ -54,6 +69,8 @@ impl System {
         System::AgentExecd,
         System::FastPathFast,
         System::FastPathStrong,
+        System::NativeFast,
+        System::NativeFastLimits,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +82,8 @@ impl System {
             System::AgentExecd => "sandbolt agent (execd ready)",
             System::FastPathFast => "sandbolt FastPath v2, fast",
             System::FastPathStrong => "sandbolt FastPath v2, strong",
+            System::NativeFast => "sandbolt native API (fast)",
+            System::NativeFastLimits => "sandbolt native API (fast), limits",
         }
     }
 
@@ -72,7 +91,11 @@ impl System {
     pub fn waits_for_execd(self) -> bool {
         matches!(
             self,
-            System::AgentExecd | System::FastPathFast | System::FastPathStrong
+            System::AgentExecd
+                | System::FastPathFast
+                | System::FastPathStrong
+                | System::NativeFast
+                | System::NativeFastLimits
         )
     }
 }
@@ -99,6 +122,9 @@ pub struct Bench {
     agent_client: AgentClient,
     fast: ControllerPath,
     strong: ControllerPath,
+    /// The native API on the fast-mode controller's port (its own
+    /// connection, as the FastPath client has its own).
+    native: SandboxServiceClient<Channel>,
     containerd: containerd_client::Client,
     docker: bollard::Docker,
     chain_id: String,
@@ -221,6 +247,10 @@ impl Bench {
         }
         let strong = paths.pop().expect("two paths");
         let fast = paths.pop().expect("two paths");
+        let native =
+            SandboxServiceClient::connect(format!("http://{}", fast.controller.local_addr()))
+                .await
+                .map_err(|e| BenchError::system(System::NativeFast.name(), e))?;
 
         let containerd = containerd_client::Client::from_path(bed.containerd_socket())
             .await
@@ -242,6 +272,7 @@ impl Bench {
             agent_client,
             fast,
             strong,
+            native,
             containerd,
             docker,
             chain_id,
@@ -345,6 +376,17 @@ impl Bench {
                 self.names.insert(id.to_string(), name);
                 Vec::new()
             }
+            System::NativeFast | System::NativeFastLimits => {
+                let limits = system == System::NativeFastLimits;
+                let sandbox = self
+                    .native
+                    .create_sandbox(native_create(id, limits))
+                    .await
+                    .map_err(|e| err(&e))?
+                    .into_inner();
+                check_native(&sandbox, limits).map_err(|e| err(&e))?;
+                Vec::new()
+            }
         };
         Ok(Measured {
             total_us: started.elapsed().as_micros() as u64,
@@ -406,6 +448,18 @@ impl Bench {
                     .map(|_| ())
                     .map_err(|e| err(&e))
             }
+            System::NativeFast | System::NativeFastLimits => self
+                .native
+                .delete_sandbox(control::DeleteSandboxRequest {
+                    sandbox: Some(control::SandboxRef {
+                        namespace: "default".into(),
+                        name: id.into(),
+                        expected_uid: String::new(),
+                    }),
+                })
+                .await
+                .map(|_| ())
+                .map_err(|e| err(&e)),
         }
     }
 
@@ -755,6 +809,65 @@ pub(crate) fn v2_create(id: &str) -> v2::CreateSandboxRequest {
         completion: v2::CreateCompletion::Ready as i32,
         ..Default::default()
     }
+}
+
+/// A native create that answers once execd answers, in fast consistency (as
+/// the FastPath v2 systems on this controller), named `id`; with `limits`,
+/// the limits of [`System::NativeFastLimits`]. Everything else is the same
+/// in both, so their ratio is the cost of the limits alone.
+pub(crate) fn native_create(id: &str, limits: bool) -> control::CreateSandboxRequest {
+    let resources = limits.then(|| control::Resources {
+        limits: Some(control::ResourceList {
+            cpu: LIMIT_CPU.into(),
+            memory: LIMIT_MEMORY.into(),
+            pids: LIMIT_PIDS,
+            ephemeral_storage: String::new(),
+        }),
+        requests: None,
+    });
+    control::CreateSandboxRequest {
+        request_id: format!("bench-{id}"),
+        namespace: "default".into(),
+        name: id.into(),
+        spec: Some(control::SandboxSpec {
+            image: "busybox".into(),
+            command: SLEEP.iter().map(|s| s.to_string()).collect(),
+            resources,
+            ..Default::default()
+        }),
+        consistency: control::Consistency::Fast as i32,
+        wait_ready: true,
+    }
+}
+
+/// What the controller committed must be what the system claims to
+/// measure: Running, and limits exactly as asked — or none at all, so that
+/// a pool default (the bench's agents set none) cannot turn the baseline
+/// into a second limited system without anyone noticing.
+fn check_native(sandbox: &control::Sandbox, limits: bool) -> std::result::Result<(), String> {
+    let phase = sandbox.status.as_ref().map(|s| s.phase());
+    if phase != Some(control::Phase::Running) {
+        return Err(format!("create answered in phase {phase:?}, not Running"));
+    }
+    let committed = sandbox
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.limits.as_ref());
+    let (cpu, memory, pids) = committed
+        .map(|l| (l.cpu.as_str(), l.memory.as_str(), l.pids))
+        .unwrap_or_default();
+    let want = if limits {
+        (LIMIT_CPU, LIMIT_MEMORY, LIMIT_PIDS)
+    } else {
+        ("", "", 0)
+    };
+    if (cpu, memory, pids) != want {
+        return Err(format!(
+            "committed limits (cpu {cpu:?}, memory {memory:?}, pids {pids}), expected {want:?}"
+        ));
+    }
+    Ok(())
 }
 
 /// A spec close to what `ctr run` generates by default: the floor.

@@ -62,6 +62,14 @@ async fn quick_run_measures_every_system_and_writes_results() {
     assert!(md.contains("| sequential | ctr run -d |"), "{md}");
     assert!(md.contains("Ratios of p50"), "{md}");
     assert!(md.contains("sdk create: "), "{md}");
+    // Issue 13: both limits pairs (native API, SDK) get their row.
+    assert!(md.contains("Limits vs no limits"), "{md}");
+    for (scenario, _, without) in report::limit_pairs() {
+        assert!(
+            md.contains(&format!("| {scenario} | {without} |")),
+            "{scenario}: {md}"
+        );
+    }
     let csv = std::fs::read_to_string(dir.path().join("samples.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + out.samples.len());
     let png = std::fs::read(dir.path().join("latency.png")).unwrap();

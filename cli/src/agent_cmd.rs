@@ -99,35 +99,40 @@ pub(crate) struct AgentArgs {
 #[derive(Debug, Default, clap::Args)]
 pub(crate) struct PoolLimitArgs {
     /// CPU limit of sandboxes that ask for none, e.g. `1` or `500m`.
-    #[arg(long, env = "SANDBOLT_POOL_DEFAULT_CPU", default_value = "")]
-    pool_default_cpu: String,
+    #[arg(long, env = "SANDBOLT_POOL_DEFAULT_CPU")]
+    pool_default_cpu: Option<String>,
     /// Memory limit of sandboxes that ask for none, e.g. `512Mi`.
-    #[arg(long, env = "SANDBOLT_POOL_DEFAULT_MEMORY", default_value = "")]
-    pool_default_memory: String,
+    #[arg(long, env = "SANDBOLT_POOL_DEFAULT_MEMORY")]
+    pool_default_memory: Option<String>,
     /// pids.max of sandboxes that ask for none (0: the agent's default, 1024).
     #[arg(long, env = "SANDBOLT_POOL_DEFAULT_PIDS", default_value_t = 0)]
     pool_default_pids: i64,
     /// Largest CPU limit a sandbox of this pool may ask for.
-    #[arg(long, env = "SANDBOLT_POOL_MAX_CPU", default_value = "")]
-    pool_max_cpu: String,
+    #[arg(long, env = "SANDBOLT_POOL_MAX_CPU")]
+    pool_max_cpu: Option<String>,
     /// Largest memory limit a sandbox of this pool may ask for.
-    #[arg(long, env = "SANDBOLT_POOL_MAX_MEMORY", default_value = "")]
-    pool_max_memory: String,
+    #[arg(long, env = "SANDBOLT_POOL_MAX_MEMORY")]
+    pool_max_memory: Option<String>,
     /// Largest pids limit a sandbox of this pool may ask for.
     #[arg(long, env = "SANDBOLT_POOL_MAX_PIDS", default_value_t = 0)]
     pool_max_pids: i64,
 }
 
+/// An unset flag and an empty one (a blank Helm value) both mean "none".
+fn trimmed(v: Option<String>) -> String {
+    v.map(|v| v.trim().to_string()).unwrap_or_default()
+}
+
 impl PoolLimitArgs {
     pub(crate) fn apply(self, config: &mut AgentConfig) {
         config.pool_default_limits = sandbolt_agent::config::PoolLimits {
-            cpu: self.pool_default_cpu.trim().to_string(),
-            memory: self.pool_default_memory.trim().to_string(),
+            cpu: trimmed(self.pool_default_cpu),
+            memory: trimmed(self.pool_default_memory),
             pids: self.pool_default_pids,
         };
         config.pool_max_limits = sandbolt_agent::config::PoolLimits {
-            cpu: self.pool_max_cpu.trim().to_string(),
-            memory: self.pool_max_memory.trim().to_string(),
+            cpu: trimmed(self.pool_max_cpu),
+            memory: trimmed(self.pool_max_memory),
             pids: self.pool_max_pids,
         };
     }
