@@ -1,1 +1,1 @@
-//! End-to-end tests live in tests/tests/.
+//! End-to-end and cross-component tests live in `tests/tests/`.
