@@ -243,6 +243,70 @@ async fn pool_defaults_and_maxima_hold_on_every_api() {
         ("runc", "300m", "96Mi", 200)
     );
 
+    // Listing: every phase filter and paging of the native API.
+    let list = |phases: Vec<native::Phase>, page_size: i32, page_token: String| {
+        native::ListSandboxesRequest {
+            namespace: "default".into(),
+            phases: phases.into_iter().map(|p| p as i32).collect(),
+            page_size,
+            page_token,
+            ..Default::default()
+        }
+    };
+    let names = |r: &native::ListSandboxesResponse| {
+        r.items.iter().map(|s| s.name.clone()).collect::<Vec<_>>()
+    };
+    let all = n
+        .list_sandboxes(list(vec![], 0, String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(names(&all), ["asked", "via-v2"]);
+    let running = n
+        .list_sandboxes(list(vec![native::Phase::Running], 0, String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(names(&running), ["asked", "via-v2"]);
+    let failed = n
+        .list_sandboxes(list(vec![native::Phase::Failed], 0, String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(failed.items.is_empty(), "{:?}", names(&failed));
+    let first = n
+        .list_sandboxes(list(vec![], 1, String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(names(&first), ["asked"]);
+    assert!(!first.next_page_token.is_empty());
+    let second = n
+        .list_sandboxes(list(vec![], 1, first.next_page_token.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(names(&second), ["via-v2"]);
+    assert!(second.next_page_token.is_empty());
+    let e = n
+        .list_sandboxes(list(vec![], -1, String::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let pools = n
+        .list_pools(native::ListPoolsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        pools
+            .items
+            .iter()
+            .map(|p| (p.name.as_str(), p.runtime.as_str()))
+            .collect::<Vec<_>>(),
+        [("default", "runc")]
+    );
+
     for name in ["asked", "via-v2"] {
         n.delete_sandbox(native::DeleteSandboxRequest {
             sandbox: Some(native::SandboxRef {
