@@ -425,7 +425,7 @@ fn openat2_beneath(dir: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
                 dir.as_raw_fd(),
                 c.as_ptr(),
                 &how as *const libc::open_how,
-                std::mem::size_of::<libc::open_how>(),
+                size_of::<libc::open_how>(),
             )
         };
         if ret >= 0 {

@@ -406,7 +406,7 @@ fn async_stream<T, F, Fut>(producer: F) -> tokio_stream::wrappers::ReceiverStrea
 where
     T: Send + 'static,
     F: FnOnce(mpsc::Sender<T>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(producer(tx));

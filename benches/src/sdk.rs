@@ -278,10 +278,7 @@ pub fn ratios(samples: &[Sample]) -> Vec<(String, f64)> {
     out
 }
 
-async fn start_lifecycle(
-    backend: BackendConfig,
-    data: &Path,
-) -> std::result::Result<LifecycleHandle, String> {
+async fn start_lifecycle(backend: BackendConfig, data: &Path) -> Result<LifecycleHandle, String> {
     let mut config = LifecycleConfig::new("127.0.0.1:0".parse().unwrap(), backend, data);
     config.api_key = Some(API_KEY.into());
     Lifecycle::start(config).await.map_err(|e| e.to_string())
@@ -310,7 +307,7 @@ struct PyFailure {
     reason: String,
 }
 
-async fn run_python(targets: &[Target], rounds: u32) -> std::result::Result<PyReport, String> {
+async fn run_python(targets: &[Target], rounds: u32) -> Result<PyReport, String> {
     let python = tokio::task::spawn_blocking(sandbolt_testbed::python)
         .await
         .map_err(|e| e.to_string())?
@@ -381,7 +378,7 @@ impl OpenSandboxServer {
         bench: &Bench,
         docker_socket: &Path,
         dir: &Path,
-    ) -> std::result::Result<OpenSandboxServer, String> {
+    ) -> Result<OpenSandboxServer, String> {
         // Its venv (made once, then reused), and the execd image.
         let exe = tokio::task::spawn_blocking(server_venv)
             .await
@@ -491,7 +488,7 @@ mode = "direct"
 }
 
 /// `benches/python/server-env.sh`: the server's own venv.
-fn server_venv() -> std::result::Result<PathBuf, String> {
+fn server_venv() -> Result<PathBuf, String> {
     let script = workspace_root().join("benches/python/server-env.sh");
     let out = std::process::Command::new("bash")
         .arg(&script)
@@ -515,7 +512,7 @@ fn server_venv() -> std::result::Result<PathBuf, String> {
 /// of each sandbox, and starts the sandbox as `bootstrap.sh <entrypoint>`.
 /// Its optional extras (bwrap, session gate, launcher) are absent: the
 /// server logs that and goes on.
-fn execd_image() -> std::result::Result<OciImage, String> {
+fn execd_image() -> Result<OciImage, String> {
     let execd = execd_binary().map_err(|e| format!("execd: {e}"))?;
     OciImage::builder(EXECD_IMAGE)
         .file(&execd, "/execd", 0o755)

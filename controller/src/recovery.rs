@@ -317,7 +317,7 @@ impl Core {
     fn spawn_once<F, Fut>(self: &Arc<Self>, r: &SandboxRecord, f: F)
     where
         F: FnOnce(Arc<Core>, SandboxRecord) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
     {
         if !self.inflight.lock().insert(r.sandbox_id.clone()) {
             return;

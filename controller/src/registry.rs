@@ -640,7 +640,7 @@ impl KubeAgentPresence {
     async fn call<T>(
         &self,
         what: &str,
-        f: impl std::future::Future<Output = kube::Result<T>>,
+        f: impl Future<Output = kube::Result<T>>,
     ) -> crate::Result<T> {
         tokio::time::timeout(self.timeout, f)
             .await

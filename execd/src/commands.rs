@@ -628,7 +628,7 @@ async fn run_background(record: Arc<CommandRecord>, mut sp: Spawned, timeout: Op
 }
 
 /// `DELETE /command?id=`
-pub async fn interrupt(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+pub async fn interrupt(State(state): State<AppState>, uri: http::Uri) -> Response {
     let q = match Query::from_uri(&uri) {
         Ok(q) => q,
         Err(e) => return e.into_response(),
@@ -699,7 +699,7 @@ pub async fn status(State(state): State<AppState>, UrlPath(id): UrlPath<String>)
 pub async fn logs(
     State(state): State<AppState>,
     UrlPath(id): UrlPath<String>,
-    uri: axum::http::Uri,
+    uri: http::Uri,
 ) -> Response {
     let q = match Query::from_uri(&uri) {
         Ok(q) => q,

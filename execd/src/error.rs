@@ -113,7 +113,7 @@ pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
     let body = serde_json::to_vec(&Body { code, message }).unwrap_or_default();
     (
         status,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        [(http::header::CONTENT_TYPE, "application/json")],
         body,
     )
         .into_response()

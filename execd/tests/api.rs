@@ -987,9 +987,9 @@ async fn upload_rejects_bad_multipart() {
     assert_eq!(error_of(r).await.0, 400);
     // The temporary file is removed as the failed upload unwinds, which may
     // finish just after the response is written: allow it a moment.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while std::fs::read_dir(&d).unwrap().count() > 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::fs::read_dir(&d).unwrap().count() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
         std::fs::read_dir(&d).unwrap().count(),

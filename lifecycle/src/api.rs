@@ -290,7 +290,7 @@ async fn endpoint<B: Backend>(
     Path((id, port)): Path<(String, String)>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-    req_uri: axum::http::Uri,
+    req_uri: http::Uri,
 ) -> ApiResult<Response> {
     let port = parse_port(&port)?;
     let params = form_decode(query.as_deref().unwrap_or(""));

@@ -7,9 +7,15 @@
 //! - [`agent::v1`]: sandbolt's own controller ⇄ agent ⇄ janitor API.
 //! - [`control::v1`]: sandbolt's native control API (the whole sandbox),
 //!   served beside FastPath on the controller's port.
+//! - [`auth`]: bearer tokens on every gRPC port, client and server side.
+//! - [`wire`]: constants every component must agree on (execd's port, header).
 
+pub mod auth;
 pub mod quantity;
+pub mod wire;
 
+// Generated code: its style is tonic-build's, not ours.
+#[allow(unused_qualifications, rust_2018_idioms)]
 pub mod fastpath {
     pub mod v1 {
         tonic::include_proto!("fastpath.v1");
@@ -19,12 +25,16 @@ pub mod fastpath {
     }
 }
 
+// Generated code: its style is tonic-build's, not ours.
+#[allow(unused_qualifications, rust_2018_idioms)]
 pub mod agent {
     pub mod v1 {
         tonic::include_proto!("sandbolt.agent.v1");
     }
 }
 
+// Generated code: its style is tonic-build's, not ours.
+#[allow(unused_qualifications, rust_2018_idioms)]
 pub mod control {
     pub mod v1 {
         tonic::include_proto!("sandbolt.control.v1");

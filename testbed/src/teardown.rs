@@ -118,7 +118,7 @@ pub(crate) fn sweep_stale() {
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|t| t.elapsed().ok())
-                .is_none_or(|age| age < std::time::Duration::from_secs(60)),
+                .is_none_or(|age| age < Duration::from_secs(60)),
         };
         if !alive {
             tracing::warn!(dir = %dir.display(), "removing a test bed left by a dead process");

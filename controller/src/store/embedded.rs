@@ -13,11 +13,11 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use super::{AgentRecord, SandboxRecord, Store, StoreError, StoreResult};
 
 /// `namespace \0 name` → record JSON.
-const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
+const SANDBOXES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("sandboxes");
 /// request id → `namespace \0 name`.
-const REQUEST_IDS: TableDefinition<&str, &str> = TableDefinition::new("request_ids");
+const REQUEST_IDS: TableDefinition<'_, &str, &str> = TableDefinition::new("request_ids");
 /// agent id → agent JSON.
-const AGENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agents");
+const AGENTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("agents");
 
 pub struct RedbStore {
     db: Database,

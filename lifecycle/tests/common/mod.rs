@@ -297,9 +297,9 @@ pub struct DockerEnv {
 
 pub fn docker_env() -> DockerEnv {
     let bed = Testbed::start_with_docker().expect("test bed with dockerd must start");
-    let image = sandbolt_testbed::busybox_image().expect("busybox image builds");
+    let image = busybox_image().expect("busybox image builds");
     bed.docker_load(&image).expect("busybox loads into dockerd");
-    let execd = sandbolt_testbed::execd_binary().expect("static execd builds");
+    let execd = execd_binary().expect("static execd builds");
     DockerEnv {
         image: image.reference().to_string(),
         bed,
