@@ -17,11 +17,20 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   step "installing cargo-nextest"
   cargo install --locked cargo-nextest >/dev/null
 fi
+if ! cargo machete --version >/dev/null 2>&1; then
+  step "installing cargo-machete"
+  cargo install --locked cargo-machete >/dev/null
+fi
 
 step "cargo fmt --check"
 cargo fmt --all --check
 step "cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+step "no library or binary function over 100 lines (clippy.toml)"
+# Tests are left out: a test reads best as one story, however long.
+cargo clippy --workspace --lib --bins --quiet -- -D clippy::too_many_lines
+step "cargo machete (no unused dependencies)"
+cargo machete --skip-target-dir
 
 step "static binaries (execd for sandboxes; sandbolt for its container image)"
 # Built once here rather than inside tests: a test's build would count

@@ -14,10 +14,10 @@ use containerd_client::services::v1::{
     WaitRequest,
 };
 use sandbolt_agent::containerd::Containerd;
-use sandbolt_agent::server::BearerToken;
 use sandbolt_agent::{Agent, AgentConfig};
 use sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient;
 use sandbolt_proto::agent::v1::{CreateSandboxRequest, DeleteSandboxRequest, SandboxSpec};
+use sandbolt_proto::auth::BearerToken;
 use sandbolt_testbed::{Testbed, busybox_image, execd_binary};
 
 const NS: &str = "k8s.io";

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbolt_proto::agent::v1::agent_service_server::AgentServiceServer;
+use sandbolt_proto::auth::RequireBearer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -17,7 +18,7 @@ use crate::containerd::Containerd;
 use crate::error::{AgentError, Result};
 use crate::heartbeat::Heartbeat;
 use crate::sandbox::Sandboxes;
-use crate::server::{AgentApi, BearerAuth, Identity};
+use crate::server::{AgentApi, Identity};
 use crate::{events, proxy, runtime, warm};
 
 /// How long `Agent::start` waits for containerd to answer.
@@ -43,153 +44,46 @@ pub struct AgentHandle {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 impl Agent {
+    /// Validates the configuration, recovers the sandboxes containerd still
+    /// has, then serves: gRPC API, data-plane proxy, heartbeat, warm images.
     pub async fn start(config: AgentConfig) -> Result<AgentHandle> {
-        if config.api_token.is_empty() {
-            return Err(AgentError::InvalidArgument(
-                "api_token must not be empty: every AgentService call is authenticated".into(),
-            ));
-        }
-        if !config.execd_binary.is_file() {
-            return Err(AgentError::InvalidArgument(format!(
-                "execd binary {} does not exist",
-                config.execd_binary.display()
-            )));
-        }
-        warm::validate(&config)?;
-        config
-            .pool_default_limits
-            .validate("pool default")
-            .and_then(|()| config.pool_max_limits.validate("pool max"))
-            .map_err(AgentError::InvalidArgument)?;
-        let logs = config.logs_dir();
-        std::fs::create_dir_all(&logs)
-            .map_err(AgentError::io(format!("creating {}", logs.display())))?;
+        validate(&config)?;
         let cfg = Arc::new(config);
         let instance_id = uuid::Uuid::new_v4().to_string();
-
-        let ctrd = Containerd::connect(
-            &cfg.containerd_socket,
-            &cfg.containerd_namespace,
-            CONTAINERD_START_TIMEOUT,
-        )
-        .await?;
-        let runtimes = runtime::probe();
-        for r in &runtimes {
-            tracing::info!(runtime = %r.name, available = r.available, reason = %r.reason, "OCI runtime");
-        }
-        let sandboxes = Arc::new(Sandboxes::new(cfg.clone(), ctrd, runtimes));
-        let recovered = sandboxes.recover().await?;
-        // Recovery also re-labelled adopted containers with this pod's UID;
-        // only now may the agent serve (and so turn its pod Ready).
-        tracing::info!(
-            recovered,
-            agent_id = %cfg.agent_id,
-            %instance_id,
-            pod_uid = cfg.pod_uid().unwrap_or(""),
-            pod = cfg.pod_name.as_deref().unwrap_or(""),
-            pod_namespace = cfg.pod_namespace.as_deref().unwrap_or(""),
-            "agent state recovered from containerd"
-        );
+        let sandboxes = recover_sandboxes(&cfg, &instance_id).await?;
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = vec![(
             "events",
             tokio::spawn(events::run(sandboxes.clone(), shutdown_rx.clone())),
         )];
-
-        let grpc = TcpListener::bind(cfg.grpc_listen)
-            .await
-            .map_err(AgentError::io(format!("binding {}", cfg.grpc_listen)))?;
-        let proxy_listener = TcpListener::bind(cfg.proxy_listen)
-            .await
-            .map_err(AgentError::io(format!("binding {}", cfg.proxy_listen)))?;
-        let grpc_addr = grpc.local_addr().map_err(AgentError::io("grpc addr"))?;
-        let proxy_addr = proxy_listener
-            .local_addr()
-            .map_err(AgentError::io("proxy addr"))?;
-
-        let advertise = |a: SocketAddr| {
-            let host = cfg.advertise_host.clone().unwrap_or_else(|| {
-                if a.ip().is_unspecified() {
-                    "127.0.0.1".to_string()
-                } else {
-                    a.ip().to_string()
-                }
-            });
-            format!("{host}:{}", a.port())
-        };
+        let listeners = Listeners::bind(&cfg).await?;
         let api = Arc::new(AgentApi {
             sandboxes: sandboxes.clone(),
-            identity: Identity {
-                agent_id: cfg.agent_id.clone(),
-                instance_id: instance_id.clone(),
-                node_name: cfg.node_name.clone(),
-                pool: cfg.pool.clone(),
-                namespace: cfg.pool_namespace.clone(),
-                max_sandboxes: cfg.max_sandboxes as i32,
-                api_endpoint: advertise(grpc_addr),
-                proxy_endpoint: advertise(proxy_addr),
-                pod: crate::heartbeat::agent_pod(&cfg),
-            },
+            identity: identity(&cfg, &instance_id, &listeners),
         });
-
-        let svc = InterceptedService::new(
-            AgentServiceServer::from_arc(api.clone()),
-            BearerAuth::new(&cfg.api_token),
-        );
-        let mut rx = shutdown_rx.clone();
+        let (grpc_addr, proxy_addr) = (listeners.grpc_addr, listeners.proxy_addr);
         tasks.push((
             "grpc",
-            tokio::spawn(async move {
-                let res = tonic::transport::Server::builder()
-                    .add_service(svc)
-                    .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async move {
-                        let _ = rx.wait_for(|s| *s).await;
-                    })
-                    .await;
-                if let Err(e) = res {
-                    tracing::error!(error = %e, "agent gRPC server failed");
-                }
-            }),
+            serve_grpc(&cfg, api.clone(), listeners.grpc, shutdown_rx.clone()),
         ));
-
-        let mut rx = shutdown_rx.clone();
-        let lookup: Arc<dyn proxy::SandboxLookup> = sandboxes.clone();
         tasks.push((
             "proxy",
-            tokio::spawn(async move {
-                let stop = async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                };
-                if let Err(e) = proxy::serve(proxy_listener, lookup, stop).await {
-                    tracing::error!(error = %e, "data-plane proxy failed");
-                }
-            }),
+            serve_proxy(sandboxes.clone(), listeners.proxy, shutdown_rx.clone()),
         ));
-
-        if let Some(endpoint) = cfg.controller_endpoint.clone() {
-            let hb = Heartbeat {
-                endpoint,
-                token: cfg.controller_token.clone().unwrap_or_default(),
-                interval: cfg.heartbeat_interval,
-            };
-            tasks.push((
-                "heartbeat",
-                tokio::spawn(hb.into_task(api.clone(), shutdown_rx.clone())?),
-            ));
+        if let Some(heartbeat) = start_heartbeat(&cfg, api.clone(), shutdown_rx.clone())? {
+            tasks.push(("heartbeat", heartbeat));
         }
         // Warm images are ensured in the background: a slow or unreachable
         // registry must delay neither serving nor creates of other images.
         for reference in &cfg.warm_images {
-            tasks.push((
-                "warm-image",
-                tokio::spawn(warm::keep_warm(
-                    sandboxes.clone(),
-                    cfg.warm_recheck_interval,
-                    reference.clone(),
-                    shutdown_rx.clone(),
-                )),
-            ));
+            let keep = warm::keep_warm(
+                sandboxes.clone(),
+                cfg.warm_recheck_interval,
+                reference.clone(),
+                shutdown_rx.clone(),
+            );
+            tasks.push(("warm-image", tokio::spawn(keep)));
         }
         tracing::info!(%grpc_addr, %proxy_addr, warm_images = ?cfg.warm_images, "agent started");
         Ok(AgentHandle {
@@ -202,6 +96,168 @@ impl Agent {
             tasks,
         })
     }
+}
+
+/// Refuses a configuration the agent cannot serve with, and makes the log
+/// directory.
+fn validate(config: &AgentConfig) -> Result<()> {
+    if config.api_token.is_empty() {
+        return Err(AgentError::InvalidArgument(
+            "api_token must not be empty: every AgentService call is authenticated".into(),
+        ));
+    }
+    if !config.execd_binary.is_file() {
+        return Err(AgentError::InvalidArgument(format!(
+            "execd binary {} does not exist",
+            config.execd_binary.display()
+        )));
+    }
+    warm::validate(config)?;
+    config
+        .pool_default_limits
+        .validate("pool default")
+        .and_then(|()| config.pool_max_limits.validate("pool max"))
+        .map_err(AgentError::InvalidArgument)?;
+    let logs = config.logs_dir();
+    std::fs::create_dir_all(&logs).map_err(AgentError::io(format!("creating {}", logs.display())))
+}
+
+/// Connects to containerd, probes the OCI runtimes and rebuilds the sandbox
+/// table from containerd's labels.
+async fn recover_sandboxes(cfg: &Arc<AgentConfig>, instance_id: &str) -> Result<Arc<Sandboxes>> {
+    let ctrd = Containerd::connect(
+        &cfg.containerd_socket,
+        &cfg.containerd_namespace,
+        CONTAINERD_START_TIMEOUT,
+    )
+    .await?;
+    let runtimes = runtime::probe();
+    for r in &runtimes {
+        tracing::info!(runtime = %r.name, available = r.available, reason = %r.reason, "OCI runtime");
+    }
+    let sandboxes = Arc::new(Sandboxes::new(cfg.clone(), ctrd, runtimes));
+    let recovered = sandboxes.recover().await?;
+    // Recovery also re-labelled adopted containers with this pod's UID;
+    // only now may the agent serve (and so turn its pod Ready).
+    tracing::info!(
+        recovered,
+        agent_id = %cfg.agent_id,
+        %instance_id,
+        pod_uid = cfg.pod_uid().unwrap_or(""),
+        pod = cfg.pod_name.as_deref().unwrap_or(""),
+        pod_namespace = cfg.pod_namespace.as_deref().unwrap_or(""),
+        "agent state recovered from containerd"
+    );
+    Ok(sandboxes)
+}
+
+/// The gRPC and proxy sockets, bound before anything is served so that the
+/// addresses (port 0 resolved) can be advertised.
+struct Listeners {
+    grpc: TcpListener,
+    grpc_addr: SocketAddr,
+    proxy: TcpListener,
+    proxy_addr: SocketAddr,
+}
+
+impl Listeners {
+    async fn bind(cfg: &AgentConfig) -> Result<Self> {
+        let grpc = TcpListener::bind(cfg.grpc_listen)
+            .await
+            .map_err(AgentError::io(format!("binding {}", cfg.grpc_listen)))?;
+        let proxy = TcpListener::bind(cfg.proxy_listen)
+            .await
+            .map_err(AgentError::io(format!("binding {}", cfg.proxy_listen)))?;
+        Ok(Self {
+            grpc_addr: grpc.local_addr().map_err(AgentError::io("grpc addr"))?,
+            proxy_addr: proxy.local_addr().map_err(AgentError::io("proxy addr"))?,
+            grpc,
+            proxy,
+        })
+    }
+}
+
+/// What the inventory says about this agent.
+fn identity(cfg: &AgentConfig, instance_id: &str, listeners: &Listeners) -> Identity {
+    let advertise = |a: SocketAddr| {
+        let host = cfg.advertise_host.clone().unwrap_or_else(|| {
+            if a.ip().is_unspecified() {
+                "127.0.0.1".to_string()
+            } else {
+                a.ip().to_string()
+            }
+        });
+        format!("{host}:{}", a.port())
+    };
+    Identity {
+        agent_id: cfg.agent_id.clone(),
+        instance_id: instance_id.to_string(),
+        node_name: cfg.node_name.clone(),
+        pool: cfg.pool.clone(),
+        namespace: cfg.pool_namespace.clone(),
+        max_sandboxes: cfg.max_sandboxes as i32,
+        api_endpoint: advertise(listeners.grpc_addr),
+        proxy_endpoint: advertise(listeners.proxy_addr),
+        pod: crate::heartbeat::agent_pod(cfg),
+    }
+}
+
+/// Serves AgentService (bearer token required) until shutdown.
+fn serve_grpc(
+    cfg: &AgentConfig,
+    api: Arc<AgentApi>,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let svc = InterceptedService::new(
+        AgentServiceServer::from_arc(api),
+        RequireBearer::new(Some(&cfg.api_token), "agent"),
+    );
+    tokio::spawn(async move {
+        let res = tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                let _ = shutdown.wait_for(|s| *s).await;
+            })
+            .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "agent gRPC server failed");
+        }
+    })
+}
+
+/// Serves the data-plane proxy until shutdown.
+fn serve_proxy(
+    sandboxes: Arc<Sandboxes>,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let lookup: Arc<dyn proxy::SandboxLookup> = sandboxes;
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        };
+        if let Err(e) = proxy::serve(listener, lookup, stop).await {
+            tracing::error!(error = %e, "data-plane proxy failed");
+        }
+    })
+}
+
+/// The heartbeat task, when a controller is configured.
+fn start_heartbeat(
+    cfg: &AgentConfig,
+    api: Arc<AgentApi>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Option<JoinHandle<()>>> {
+    let Some(endpoint) = cfg.controller_endpoint.clone() else {
+        return Ok(None);
+    };
+    let heartbeat = Heartbeat {
+        endpoint,
+        token: cfg.controller_token.clone().unwrap_or_default(),
+        interval: cfg.heartbeat_interval,
+    };
+    Ok(Some(tokio::spawn(heartbeat.into_task(api, shutdown)?)))
 }
 
 impl AgentHandle {

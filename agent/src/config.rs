@@ -156,7 +156,7 @@ impl AgentConfig {
             plain_http_registries: Vec::new(),
             warm_recheck_interval: Duration::from_secs(60),
             execd_ready_timeout: Duration::from_secs(15),
-            execd_port: 44772,
+            execd_port: sandbolt_proto::wire::EXECD_PORT,
             pool_default_limits: PoolLimits::default(),
             pool_max_limits: PoolLimits::default(),
         }

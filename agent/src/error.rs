@@ -1,18 +1,21 @@
 //! The agent's error type and its mapping onto gRPC status codes (callers read
-//! codes, never message text).
+//! codes, never message text). The one translation to a reply is
+//! `From<AgentError> for Status`; errors of the node crate are wrapped
+//! whole ([`AgentError::Node`]) and the teardown's become node errors, each
+//! keeping the code it had when the agent had its own copies of them.
 
+use sandbolt_node::NodeError;
+use sandbolt_node::teardown::TeardownError;
 use tonic::{Code, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// A request the agent refuses as malformed (its own checks; the node
+    /// crate's come as [`AgentError::Node`]).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("sandbox {0} not found")]
     SandboxNotFound(String),
-    #[error("image {reference} is not present on this node")]
-    ImageNotFound { reference: String },
-    #[error("pull of {reference} failed: {reason}")]
-    PullFailed { reference: String, reason: String },
     #[error("OCI runtime {runtime} cannot run here: {reason}")]
     RuntimeUnavailable { runtime: String, reason: String },
     #[error("agent is at capacity ({max} sandboxes)")]
@@ -29,64 +32,42 @@ pub enum AgentError {
     Volume(String),
     #[error("execd in sandbox {id} did not become ready: {reason}")]
     ExecdNotReady { id: String, reason: String },
-    #[error("image {reference}: {reason}")]
-    BadImage { reference: String, reason: String },
-    #[error("containerd {op}: {status}")]
-    Containerd {
-        op: &'static str,
-        #[source]
-        status: Status,
-    },
-    #[error("cannot connect to containerd at {socket}: {reason}")]
-    Connect { socket: String, reason: String },
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// containerd, images and the host, as the node crate reports them.
+    #[error(transparent)]
+    Node(#[from] NodeError),
 }
 
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
 
-impl From<crate::teardown::TeardownError> for AgentError {
-    fn from(e: crate::teardown::TeardownError) -> Self {
-        use crate::teardown::TeardownError as T;
-        match e {
-            T::Containerd { op, status } => AgentError::Containerd {
-                op,
-                status: *status,
-            },
-            T::Io { what, path, source } => AgentError::Io {
+impl From<TeardownError> for AgentError {
+    fn from(e: TeardownError) -> Self {
+        let node = match e {
+            TeardownError::Containerd { op, status } => NodeError::Containerd { op, status },
+            TeardownError::Io { what, path, source } => NodeError::Io {
                 context: format!("{what} {}", path.display()),
                 source,
             },
             // Reported as before the teardown was shared: a wait that ran out.
-            T::StillRunning { after } => AgentError::Containerd {
-                op: "tasks.Wait",
-                status: Status::deadline_exceeded(format!(
-                    "task did not exit {after:?} after SIGKILL"
-                )),
-            },
-            T::Unmount { mount, errno } => AgentError::Io {
+            TeardownError::StillRunning { after } => NodeError::containerd("tasks.Wait")(
+                Status::deadline_exceeded(format!("task did not exit {after:?} after SIGKILL")),
+            ),
+            TeardownError::Unmount { mount, errno } => NodeError::Io {
                 context: format!("umount {mount}"),
                 source: std::io::Error::from_raw_os_error(errno as i32),
             },
-        }
+        };
+        AgentError::Node(node)
     }
 }
 
 impl AgentError {
     /// Wraps a containerd call's failure with the call's name.
     pub fn containerd(op: &'static str) -> impl FnOnce(Status) -> AgentError {
-        move |status| AgentError::Containerd { op, status }
+        move |status| AgentError::Node(NodeError::containerd(op)(status))
     }
 
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
-        move |source| AgentError::Io {
-            context: context.into(),
-            source,
-        }
+        move |source| AgentError::Node(NodeError::io(context)(source))
     }
 
     /// The gRPC code the failure travels with.
@@ -94,35 +75,167 @@ impl AgentError {
         match self {
             AgentError::InvalidArgument(_) | AgentError::Volume(_) => Code::InvalidArgument,
             AgentError::SandboxNotFound(_) => Code::NotFound,
-            AgentError::ImageNotFound { .. } | AgentError::BadImage { .. } => {
-                Code::FailedPrecondition
-            }
-            AgentError::PullFailed { .. } => Code::Unavailable,
             AgentError::RuntimeUnavailable { .. } => Code::FailedPrecondition,
             AgentError::Capacity { .. } => Code::ResourceExhausted,
             AgentError::WrongPhase { .. } | AgentError::NotManaged(_) => Code::FailedPrecondition,
             AgentError::ExecdNotReady { .. } => Code::DeadlineExceeded,
-            AgentError::Containerd { status, .. } => match status.code() {
-                Code::NotFound => Code::NotFound,
-                Code::AlreadyExists => Code::AlreadyExists,
-                Code::Unavailable => Code::Unavailable,
-                Code::InvalidArgument => Code::InvalidArgument,
-                Code::FailedPrecondition => Code::FailedPrecondition,
-                _ => Code::Internal,
-            },
-            AgentError::Connect { .. } => Code::Unavailable,
-            AgentError::Io { .. } => Code::Internal,
+            AgentError::Node(e) => node_code(e),
         }
     }
 
     /// True when containerd said "not found" (used to make deletes idempotent).
     pub fn is_not_found(&self) -> bool {
-        matches!(self, AgentError::Containerd { status, .. } if status.code() == Code::NotFound)
+        matches!(self, AgentError::Node(e) if e.is_containerd(Code::NotFound))
+    }
+}
+
+/// The code of a node-crate failure: what containerd said about the request
+/// passes through, the rest says whose side failed.
+fn node_code(e: &NodeError) -> Code {
+    match e {
+        NodeError::InvalidArgument(_) => Code::InvalidArgument,
+        NodeError::ImageNotFound { .. } | NodeError::BadImage { .. } => Code::FailedPrecondition,
+        NodeError::PullFailed { .. } | NodeError::Connect { .. } => Code::Unavailable,
+        NodeError::Containerd { status, .. } => match status.code() {
+            Code::NotFound => Code::NotFound,
+            Code::AlreadyExists => Code::AlreadyExists,
+            Code::Unavailable => Code::Unavailable,
+            Code::InvalidArgument => Code::InvalidArgument,
+            Code::FailedPrecondition => Code::FailedPrecondition,
+            _ => Code::Internal,
+        },
+        NodeError::Io { .. } => Code::Internal,
     }
 }
 
 impl From<AgentError> for Status {
     fn from(e: AgentError) -> Status {
         Status::new(e.code(), e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(e: impl Into<AgentError>) -> Code {
+        Status::from(e.into()).code()
+    }
+
+    fn ctrd(c: Code) -> NodeError {
+        NodeError::containerd("op")(Status::new(c, "x"))
+    }
+
+    fn io() -> std::io::Error {
+        std::io::Error::other("x")
+    }
+
+    #[test]
+    fn every_failure_keeps_its_grpc_code() {
+        let s = String::new;
+        let cases: Vec<(AgentError, Code)> = vec![
+            (AgentError::InvalidArgument(s()), Code::InvalidArgument),
+            (AgentError::Volume(s()), Code::InvalidArgument),
+            (AgentError::SandboxNotFound(s()), Code::NotFound),
+            (
+                AgentError::RuntimeUnavailable {
+                    runtime: s(),
+                    reason: s(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (AgentError::Capacity { max: 1 }, Code::ResourceExhausted),
+            (
+                AgentError::WrongPhase {
+                    id: s(),
+                    phase: "p",
+                    action: "a",
+                },
+                Code::FailedPrecondition,
+            ),
+            (AgentError::NotManaged(s()), Code::FailedPrecondition),
+            (
+                AgentError::ExecdNotReady {
+                    id: s(),
+                    reason: s(),
+                },
+                Code::DeadlineExceeded,
+            ),
+            (
+                NodeError::InvalidArgument(s()).into(),
+                Code::InvalidArgument,
+            ),
+            (
+                NodeError::ImageNotFound { reference: s() }.into(),
+                Code::FailedPrecondition,
+            ),
+            (
+                NodeError::BadImage {
+                    reference: s(),
+                    reason: s(),
+                }
+                .into(),
+                Code::FailedPrecondition,
+            ),
+            (
+                NodeError::PullFailed {
+                    reference: s(),
+                    reason: s(),
+                }
+                .into(),
+                Code::Unavailable,
+            ),
+            (
+                NodeError::Connect {
+                    socket: s(),
+                    reason: s(),
+                }
+                .into(),
+                Code::Unavailable,
+            ),
+            (NodeError::io("c")(io()).into(), Code::Internal),
+            (AgentError::io("c")(io()), Code::Internal),
+        ];
+        for (e, want) in cases {
+            let text = e.to_string();
+            assert_eq!(code(e), want, "{text}");
+        }
+        for (said, want) in [
+            (Code::NotFound, Code::NotFound),
+            (Code::AlreadyExists, Code::AlreadyExists),
+            (Code::Unavailable, Code::Unavailable),
+            (Code::InvalidArgument, Code::InvalidArgument),
+            (Code::FailedPrecondition, Code::FailedPrecondition),
+            (Code::DeadlineExceeded, Code::Internal),
+            (Code::Unknown, Code::Internal),
+        ] {
+            assert_eq!(code(ctrd(said)), want, "containerd said {said:?}");
+            assert_eq!(
+                code(AgentError::containerd("op")(Status::new(said, "x"))),
+                want
+            );
+        }
+        assert!(AgentError::from(ctrd(Code::NotFound)).is_not_found());
+        assert!(!AgentError::from(ctrd(Code::Unknown)).is_not_found());
+    }
+
+    #[test]
+    fn teardown_failures_keep_their_codes_and_text() {
+        let still = TeardownError::StillRunning {
+            after: std::time::Duration::from_secs(1),
+        };
+        let e = AgentError::from(still);
+        assert_eq!(code(e), Code::Internal);
+        let e = AgentError::from(TeardownError::Containerd {
+            op: "tasks.Kill",
+            status: Box::new(Status::not_found("gone")),
+        });
+        assert!(e.is_not_found());
+        assert!(e.to_string().starts_with("containerd tasks.Kill: "), "{e}");
+        let e = AgentError::from(TeardownError::Unmount {
+            mount: "/m".into(),
+            errno: nix::errno::Errno::EBUSY,
+        });
+        assert_eq!(code(e), Code::Internal);
     }
 }

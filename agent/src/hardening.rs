@@ -1,7 +1,7 @@
 //! Sandbox hardening and resource limits for the OCI runtime spec.
 //!
-//! [`apply`] takes the runtime spec the agent built (as JSON, the shape runc
-//! reads from `config.json`) and adds the defences every sandbox gets:
+//! [`apply`] takes the runtime spec the agent built ([`crate::spec::build`])
+//! and adds the defences every sandbox gets:
 //! no-new-privileges, Docker's default capability set, a default seccomp
 //! profile (allowlist, errno by default), containerd's default masked and
 //! read-only `/proc` and `/sys` paths, a device cgroup that denies by
@@ -12,8 +12,15 @@
 //! below are well-known facts of Docker's and containerd's defaults; the
 //! seccomp profile lives in `seccomp_default.json` next to this file.
 
+use std::sync::LazyLock;
+
+use oci_spec::runtime::{
+    Capabilities, Capability, LinuxCapabilities, LinuxCpu, LinuxMemory, LinuxPids, LinuxResources,
+    LinuxSeccomp, PosixRlimitBuilder, PosixRlimitType, Process, Spec,
+};
 use sandbolt_proto::quantity::{self, QuantityError};
-use serde_json::{Map, Value, json};
+
+use crate::spec::deny_all_devices;
 
 /// The default seccomp profile: `SCMP_ACT_ERRNO` (EPERM) by default, an
 /// allowlist of the syscalls an ordinary unprivileged workload needs, and the
@@ -40,21 +47,21 @@ pub const DEFAULT_SECCOMP_JSON: &str = include_str!("seccomp_default.json");
 
 /// Docker's default capability set. Everything else — notably `SYS_ADMIN`,
 /// `NET_ADMIN`, `SYS_PTRACE`, `SYS_MODULE`, `DAC_READ_SEARCH` — is dropped.
-pub const DEFAULT_CAPABILITIES: &[&str] = &[
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
+pub const DEFAULT_CAPABILITIES: &[Capability] = &[
+    Capability::Chown,
+    Capability::DacOverride,
+    Capability::Fsetid,
+    Capability::Fowner,
+    Capability::Mknod,
+    Capability::NetRaw,
+    Capability::Setgid,
+    Capability::Setuid,
+    Capability::Setfcap,
+    Capability::Setpcap,
+    Capability::NetBindService,
+    Capability::SysChroot,
+    Capability::Kill,
+    Capability::AuditWrite,
 ];
 
 /// containerd's default masked paths: kernel state that leaks host
@@ -159,85 +166,110 @@ impl Default for Options {
 /// Adds the hardening and limits to an OCI runtime spec. Fields the policy
 /// owns (capabilities, seccomp, masked/readonly paths, noNewPrivileges, the
 /// limits) are replaced; everything else in the spec is left as it is.
-pub fn apply(spec: &mut Value, opts: &Options) {
-    let root = object(spec);
+pub fn apply(spec: &mut Spec, opts: &Options) {
+    let mut process = spec.process().clone().unwrap_or_default();
+    harden_process(&mut process, opts.nofile);
+    spec.set_process(Some(process));
 
-    let process = object(root.entry("process").or_insert_with(|| json!({})));
-    process.insert("noNewPrivileges".into(), json!(true));
-    process.insert(
-        "capabilities".into(),
-        json!({
-            "bounding": DEFAULT_CAPABILITIES,
-            "effective": DEFAULT_CAPABILITIES,
-            "permitted": DEFAULT_CAPABILITIES,
-            "inheritable": [],
-            "ambient": [],
-        }),
-    );
+    let mut linux = spec.linux().clone().unwrap_or_default();
+    let owned = |paths: &[&str]| paths.iter().map(|p| p.to_string()).collect();
+    linux
+        .set_seccomp(Some(default_seccomp()))
+        .set_masked_paths(Some(owned(MASKED_PATHS)))
+        .set_readonly_paths(Some(owned(READONLY_PATHS)));
+    let resources = linux
+        .resources_mut()
+        .get_or_insert_with(LinuxResources::default);
+    set_limits(resources, opts);
+    deny_devices_by_default(resources);
+    spec.set_linux(Some(linux));
+}
+
+/// no-new-privileges, Docker's capability set, and `RLIMIT_NOFILE`.
+fn harden_process(process: &mut Process, nofile: u64) {
+    let caps: Capabilities = DEFAULT_CAPABILITIES.iter().copied().collect();
+    let mut capabilities = LinuxCapabilities::default();
+    capabilities
+        .set_bounding(Some(caps.clone()))
+        .set_effective(Some(caps.clone()))
+        .set_permitted(Some(caps))
+        .set_inheritable(Some(Capabilities::new()))
+        .set_ambient(Some(Capabilities::new()));
     // Replace any RLIMIT_NOFILE the base spec had; keep other rlimits.
-    let rlimits = process.entry("rlimits").or_insert_with(|| json!([]));
-    if !rlimits.is_array() {
-        *rlimits = json!([]);
-    }
-    let list = rlimits.as_array_mut().expect("made an array above");
-    list.retain(|r| r.get("type").and_then(Value::as_str) != Some("RLIMIT_NOFILE"));
-    list.push(json!({"type": "RLIMIT_NOFILE", "hard": opts.nofile, "soft": opts.nofile}));
+    let mut rlimits = process.rlimits().clone().unwrap_or_default();
+    rlimits.retain(|r| r.typ() != PosixRlimitType::RlimitNofile);
+    // `PosixRlimit` has no setters; its builder cannot fail (every field
+    // has a default).
+    let nofile_limit = PosixRlimitBuilder::default()
+        .typ(PosixRlimitType::RlimitNofile)
+        .hard(nofile)
+        .soft(nofile)
+        .build()
+        .expect("a PosixRlimit builder with every field set builds");
+    rlimits.push(nofile_limit);
+    process
+        .set_no_new_privileges(Some(true))
+        .set_capabilities(Some(capabilities))
+        .set_rlimits(Some(rlimits));
+}
 
-    let linux = object(root.entry("linux").or_insert_with(|| json!({})));
-    linux.insert("seccomp".into(), default_seccomp());
-    linux.insert("maskedPaths".into(), json!(MASKED_PATHS));
-    linux.insert("readonlyPaths".into(), json!(READONLY_PATHS));
-
-    let resources = object(linux.entry("resources").or_insert_with(|| json!({})));
-    resources.insert("pids".into(), json!({"limit": opts.pids_limit}));
-    if let Some(cpu) = opts.cpu {
-        let entry = object(resources.entry("cpu").or_insert_with(|| json!({})));
-        entry.insert("quota".into(), json!(cpu.quota_us));
-        entry.insert("period".into(), json!(cpu.period_us));
-    }
-    if let Some(shares) = opts.cpu_shares {
-        let entry = object(resources.entry("cpu").or_insert_with(|| json!({})));
-        entry.insert("shares".into(), json!(shares));
-    }
-    if let Some(bytes) = opts.memory_bytes {
-        let entry = object(resources.entry("memory").or_insert_with(|| json!({})));
-        entry.insert("limit".into(), json!(bytes));
-        if opts.limit_swap {
-            // OCI `swap` is memory+swap: equal to the limit means no swap.
-            entry.insert("swap".into(), json!(bytes));
+/// pids, CPU (CFS quota and shares) and memory (limit, swap, reservation).
+fn set_limits(resources: &mut LinuxResources, opts: &Options) {
+    let mut pids = LinuxPids::default();
+    pids.set_limit(opts.pids_limit);
+    resources.set_pids(Some(pids));
+    if opts.cpu.is_some() || opts.cpu_shares.is_some() {
+        let cpu = resources.cpu_mut().get_or_insert_with(LinuxCpu::default);
+        if let Some(limit) = opts.cpu {
+            cpu.set_quota(Some(limit.quota_us))
+                .set_period(Some(limit.period_us));
+        }
+        if let Some(shares) = opts.cpu_shares {
+            cpu.set_shares(Some(shares));
         }
     }
-    if let Some(bytes) = opts.memory_reservation {
-        let entry = object(resources.entry("memory").or_insert_with(|| json!({})));
-        entry.insert("reservation".into(), json!(bytes));
+    if opts.memory_bytes.is_some() || opts.memory_reservation.is_some() {
+        let memory = resources
+            .memory_mut()
+            .get_or_insert_with(LinuxMemory::default);
+        if let Some(bytes) = opts.memory_bytes {
+            memory.set_limit(Some(oci_bytes(bytes)));
+            if opts.limit_swap {
+                // OCI `swap` is memory+swap: equal to the limit means no swap.
+                memory.set_swap(Some(oci_bytes(bytes)));
+            }
+        }
+        if let Some(bytes) = opts.memory_reservation {
+            memory.set_reservation(Some(oci_bytes(bytes)));
+        }
     }
-    // The device cgroup must deny by default; runc then adds its standard
-    // allowed character devices (null, zero, full, tty, random, urandom,
-    // ptmx/pts) after the spec's rules. A deny-all first rule is always
-    // correct because later rules override earlier ones.
-    let devices = resources.entry("devices").or_insert_with(|| json!([]));
-    if !devices.is_array() {
-        *devices = json!([]);
-    }
-    let rules = devices.as_array_mut().expect("made an array above");
-    let deny_all = json!({"allow": false, "access": "rwm"});
+}
+
+/// The OCI spec carries byte counts as `i64`; [`parse_memory`] never returns
+/// more than `i64::MAX` (it rejects `8Ei` and up).
+fn oci_bytes(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+/// The device cgroup must deny by default; runc then adds its standard
+/// allowed character devices (null, zero, full, tty, random, urandom,
+/// ptmx/pts) after the spec's rules. A deny-all first rule is always
+/// correct because later rules override earlier ones.
+fn deny_devices_by_default(resources: &mut LinuxResources) {
+    let rules = resources.devices_mut().get_or_insert_with(Vec::new);
+    let deny_all = deny_all_devices();
     if rules.first() != Some(&deny_all) {
         rules.insert(0, deny_all);
     }
 }
 
-/// The default seccomp profile as a JSON value (parsed from the embedded file).
-pub fn default_seccomp() -> Value {
-    serde_json::from_str(DEFAULT_SECCOMP_JSON)
-        .expect("seccomp_default.json is valid JSON (unit-tested)")
-}
-
-/// Makes `v` an object (replacing a non-object) and returns its map.
-fn object(v: &mut Value) -> &mut Map<String, Value> {
-    if !v.is_object() {
-        *v = json!({});
-    }
-    v.as_object_mut().expect("made an object above")
+/// The default seccomp profile (parsed once from the embedded file).
+pub fn default_seccomp() -> LinuxSeccomp {
+    static PROFILE: LazyLock<LinuxSeccomp> = LazyLock::new(|| {
+        serde_json::from_str(DEFAULT_SECCOMP_JSON)
+            .expect("seccomp_default.json is a valid OCI seccomp profile (unit-tested)")
+    });
+    PROFILE.clone()
 }
 
 /// Parses a CPU quantity as OpenSandbox sends it (`"500m"`, `"2"`, `"0.5"`)
@@ -270,6 +302,16 @@ pub fn parse_memory(s: &str) -> Result<u64, QuantityError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
+
+    /// A spec from JSON: the fixtures name fields as runc reads them.
+    fn spec_from(v: Value) -> Spec {
+        serde_json::from_value(v).expect("fixture is a valid OCI spec")
+    }
+
+    fn as_json(spec: &Spec) -> Value {
+        serde_json::to_value(spec).unwrap()
+    }
 
     fn cpu(s: &str) -> (u64, i64) {
         let c = parse_cpu(s).unwrap_or_else(|e| panic!("{s}: {e}"));
@@ -423,16 +465,18 @@ mod tests {
 
     #[test]
     fn apply_sets_the_policy() {
-        let mut spec = json!({
+        let mut spec = spec_from(json!({
             "ociVersion": "1.0.2",
             "process": {
+                "user": {"uid": 0, "gid": 0},
+                "cwd": "/",
                 "args": ["/opt/sandbolt/execd", "--init"],
                 "capabilities": {"bounding": ["CAP_SYS_ADMIN"]},
                 "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
                             {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]
             },
             "linux": {"namespaces": [{"type": "pid"}], "resources": {"devices": [{"allow": true, "access": "rwm"}]}}
-        });
+        }));
         let opts = Options {
             pids_limit: 512,
             nofile: 4096,
@@ -443,6 +487,8 @@ mod tests {
             memory_reservation: Some(parse_memory("128Mi").unwrap()),
         };
         apply(&mut spec, &opts);
+        let applied = spec.clone();
+        let spec = as_json(&spec);
 
         // Untouched fields survive.
         assert_eq!(spec["process"]["args"][0], "/opt/sandbolt/execd");
@@ -505,15 +551,16 @@ mod tests {
         );
 
         // Idempotent: applying twice gives the same spec.
-        let once = spec.clone();
-        apply(&mut spec, &opts);
-        assert_eq!(spec, once);
+        let mut twice = applied.clone();
+        apply(&mut twice, &opts);
+        assert_eq!(twice, applied);
     }
 
     #[test]
     fn apply_on_empty_spec_and_without_limits() {
-        let mut spec = json!({});
+        let mut spec = spec_from(json!({"ociVersion": "1.0.2"}));
         apply(&mut spec, &Options::default());
+        let spec = as_json(&spec);
         assert_eq!(spec["linux"]["resources"]["pids"]["limit"], 4096);
         assert!(spec["linux"]["resources"].get("cpu").is_none());
         assert!(spec["linux"]["resources"].get("memory").is_none());
@@ -525,7 +572,11 @@ mod tests {
 
     #[test]
     fn seccomp_profile_shape() {
-        let s = default_seccomp();
+        // The typed profile says exactly what the file says (nothing lost
+        // or added on the way through oci-spec).
+        let file: Value = serde_json::from_str(DEFAULT_SECCOMP_JSON).unwrap();
+        let s = serde_json::to_value(default_seccomp()).unwrap();
+        assert_eq!(s, file);
         let rules = s["syscalls"].as_array().unwrap();
         let allowed = |name: &str| {
             rules.iter().any(|r| {

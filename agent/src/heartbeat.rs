@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use sandbolt_proto::agent::v1::registry_service_client::RegistryServiceClient;
 use sandbolt_proto::agent::v1::{AgentPod, HeartbeatRequest};
+use sandbolt_proto::auth::BearerToken;
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
 
 use crate::config::AgentConfig;
 use crate::error::{AgentError, Result};
-use crate::server::{AgentApi, BearerToken};
+use crate::server::AgentApi;
 
 pub struct Heartbeat {
     pub endpoint: String,
@@ -35,7 +36,8 @@ impl Heartbeat {
             })?
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(10));
-        let token = BearerToken::new(&self.token)?;
+        let token = BearerToken::new(&self.token)
+            .map_err(|e| AgentError::InvalidArgument(format!("controller token: {e}")))?;
         let channel = endpoint.connect_lazy();
         let mut client = RegistryServiceClient::with_interceptor(channel, token);
         let mut interval = self.interval;

@@ -8,22 +8,22 @@
 
 pub mod agent;
 pub mod config;
-pub mod containerd;
 pub mod error;
 pub mod events;
 pub mod hardening;
 pub mod heartbeat;
-pub mod images;
-pub mod labels;
 pub mod netns;
 pub mod proxy;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;
 pub mod spec;
-pub mod teardown;
 pub mod volumes;
 pub mod warm;
+
+// Node-level pieces live in `sandbolt-node` (the janitor and the CLI use
+// them without the agent); re-exported under their old paths.
+pub use sandbolt_node::{containerd, images, labels, teardown};
 
 pub use agent::{Agent, AgentHandle};
 pub use config::AgentConfig;

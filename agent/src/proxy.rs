@@ -34,12 +34,14 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use sandbolt_proto::auth::constant_time_eq;
 use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// The header carrying the per-sandbox access token.
-pub const TOKEN_HEADER: &str = "x-sandbolt-access-token";
+/// The header carrying the per-sandbox access token (header names are
+/// case-insensitive; the wire constant is shared with the controller).
+pub use sandbolt_proto::wire::PROXY_TOKEN_HEADER as TOKEN_HEADER;
 
 /// How long a connect inside a sandbox may take. Loopback connects finish or
 /// are refused at once; this only bounds a pathological namespace.
@@ -203,27 +205,41 @@ fn parse_route(path: &str) -> Option<(&str, u16, &str)> {
 
 fn token_matches(presented: &[u8], expected: &[u8; 32]) -> bool {
     let digest: [u8; 32] = Sha256::digest(presented).into();
-    // Constant time over the digest: no early exit on the first mismatch.
-    let diff = digest
-        .iter()
-        .zip(expected)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    std::hint::black_box(diff) == 0
+    constant_time_eq(&digest, expected)
 }
 
-fn json_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response<ProxyBody> {
-    let body = serde_json::json!({"code": code, "message": message.into()}).to_string();
-    let mut resp = Response::new(
-        Full::new(Bytes::from(body))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
+/// Why the proxy answers a request itself instead of forwarding it; sent
+/// as `{"code": …, "message": …}` with the status.
+#[derive(Debug)]
+struct Rejection {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl Rejection {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn into_response(self) -> Response<ProxyBody> {
+        let body = serde_json::json!({"code": self.code, "message": self.message}).to_string();
+        let mut resp = Response::new(
+            Full::new(Bytes::from(body))
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *resp.status_mut() = self.status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
 }
 
 /// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus
@@ -275,75 +291,107 @@ async fn handle(
     lookup: Arc<dyn SandboxLookup>,
     peer: SocketAddr,
 ) -> Result<Response<ProxyBody>, Infallible> {
-    Ok(match forward(req, lookup, peer).await {
-        Ok(resp) => resp,
-        Err(resp) => resp,
-    })
+    Ok(forward(req, lookup, peer)
+        .await
+        .unwrap_or_else(Rejection::into_response))
 }
 
+/// One proxied request: route and authenticate it, rewrite it for the
+/// upstream, dial inside the sandbox, send it, and relay the answer (and a
+/// protocol upgrade, when the upstream accepts one).
+#[tracing::instrument(skip_all, fields(sandbox_id, port))]
 async fn forward(
     mut req: Request<Incoming>,
     lookup: Arc<dyn SandboxLookup>,
     peer: SocketAddr,
-) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
+) -> Result<Response<ProxyBody>, Rejection> {
     let path = req.uri().path().to_owned();
     let Some((sandbox_id, port, rest)) = parse_route(&path) else {
-        return Err(json_error(
+        return Err(Rejection::new(
             StatusCode::BAD_REQUEST,
             "INVALID_ROUTE",
             "path must be /<sandbox id>/<port>/<path inside the sandbox>",
         ));
     };
+    let span = tracing::Span::current();
+    span.record("sandbox_id", sandbox_id);
+    span.record("port", port);
+    let route = authorize(&req, lookup.as_ref(), sandbox_id, peer)?;
+    let upgrade = wants_upgrade(req.headers());
+    rewrite_for_upstream(&mut req, sandbox_id, port, rest, peer, upgrade)?;
+    // Take the client side of a possible upgrade before the request moves on.
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let mut resp = send_upstream(req, route.pid, sandbox_id, port).await?;
+    let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if switched {
+        let Some(client_upgrade) = client_upgrade else {
+            return Err(Rejection::new(
+                StatusCode::BAD_GATEWAY,
+                "UPSTREAM_FAILED",
+                "upstream switched protocols without being asked",
+            ));
+        };
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        tokio::spawn(relay_upgraded(
+            client_upgrade,
+            upstream_upgrade,
+            sandbox_id.to_string(),
+        ));
+    }
+    strip_hop_by_hop(resp.headers_mut(), switched);
+    Ok(resp.map(|b| b.boxed()))
+}
 
-    // A missing token is refused before the sandbox table is consulted.
+/// The sandbox's route, if the request carries exactly one token header
+/// and it is the sandbox's token. A missing token is refused before the
+/// sandbox table is consulted.
+fn authorize(
+    req: &Request<Incoming>,
+    lookup: &dyn SandboxLookup,
+    sandbox_id: &str,
+    peer: SocketAddr,
+) -> Result<Route, Rejection> {
+    let unauthorized = |msg: &str| Rejection::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", msg);
     let tokens: Vec<&HeaderValue> = req.headers().get_all(TOKEN_HEADER).iter().collect();
     let presented = match tokens.as_slice() {
-        [one] => one.as_bytes().to_vec(),
-        [] => {
-            return Err(json_error(
-                StatusCode::UNAUTHORIZED,
-                "UNAUTHORIZED",
-                "missing X-Sandbolt-Access-Token header",
-            ));
-        }
-        _ => {
-            return Err(json_error(
-                StatusCode::UNAUTHORIZED,
-                "UNAUTHORIZED",
-                "more than one X-Sandbolt-Access-Token header",
-            ));
-        }
+        [one] => one.as_bytes(),
+        [] => return Err(unauthorized("missing X-Sandbolt-Access-Token header")),
+        _ => return Err(unauthorized("more than one X-Sandbolt-Access-Token header")),
     };
     let Some(route) = lookup.lookup(sandbox_id) else {
-        return Err(json_error(
+        return Err(Rejection::new(
             StatusCode::NOT_FOUND,
             "SANDBOX_NOT_FOUND",
             format!("sandbox {sandbox_id:?} is not on this node"),
         ));
     };
-    if !token_matches(&presented, &route.token_sha256) {
+    if !token_matches(presented, &route.token_sha256) {
         tracing::info!(sandbox_id, %peer, "proxy request with a wrong access token");
-        return Err(json_error(
-            StatusCode::UNAUTHORIZED,
-            "UNAUTHORIZED",
-            "invalid access token",
-        ));
+        return Err(unauthorized("invalid access token"));
     }
+    Ok(route)
+}
 
-    let upgrade = wants_upgrade(req.headers());
+/// Points the request at `rest` inside the sandbox: drops the token and the
+/// hop-by-hop headers, sets `Host` to the upstream and adds the
+/// `X-Forwarded-*` headers.
+fn rewrite_for_upstream(
+    req: &mut Request<Incoming>,
+    sandbox_id: &str,
+    port: u16,
+    rest: &str,
+    peer: SocketAddr,
+    upgrade: bool,
+) -> Result<(), Rejection> {
+    let invalid = |msg: &str| Rejection::new(StatusCode::BAD_REQUEST, "INVALID_ROUTE", msg);
     let upstream_uri: Uri = match req.uri().query() {
         Some(q) => format!("{rest}?{q}"),
         None => rest.to_string(),
     }
     .parse()
-    .map_err(|_| {
-        json_error(
-            StatusCode::BAD_REQUEST,
-            "INVALID_ROUTE",
-            "path is not a valid request target",
-        )
-    })?;
-    let prefix = format!("/{sandbox_id}/{port}");
+    .map_err(|_| invalid("path is not a valid request target"))?;
+    let prefix = HeaderValue::from_str(&format!("/{sandbox_id}/{port}"))
+        .map_err(|_| invalid("sandbox id is not a valid header value"))?;
     let original_host = req.headers().get(header::HOST).cloned();
 
     let headers = req.headers_mut();
@@ -357,16 +405,7 @@ async fn forward(
         headers.insert("x-forwarded-host", h);
     }
     headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
-    headers.insert(
-        "x-forwarded-prefix",
-        HeaderValue::from_str(&prefix).map_err(|_| {
-            json_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_ROUTE",
-                "sandbox id is not a valid header value",
-            )
-        })?,
-    );
+    headers.insert("x-forwarded-prefix", prefix);
     let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
         Some(prev) => format!("{prev}, {}", peer.ip()),
         None => peer.ip().to_string(),
@@ -376,72 +415,64 @@ async fn forward(
         HeaderValue::from_str(&xff).expect("ip addresses are ascii"),
     );
     *req.uri_mut() = upstream_uri;
-    // Take the client side of a possible upgrade before the request moves on.
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    Ok(())
+}
 
-    let stream = dial_in_sandbox(route.pid, port).await.map_err(|e| {
-        tracing::debug!(sandbox_id, port, error = %e, "dial inside sandbox failed");
-        let msg = if e.kind() == io::ErrorKind::ConnectionRefused {
+/// Dials `port` inside the sandbox and sends the request over a fresh
+/// HTTP/1 connection (kept alive for an upgrade).
+async fn send_upstream(
+    req: Request<Incoming>,
+    pid: u32,
+    sandbox_id: &str,
+    port: u16,
+) -> Result<Response<Incoming>, Rejection> {
+    let unavailable =
+        |msg: String| Rejection::new(StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", msg);
+    let stream = dial_in_sandbox(pid, port).await.map_err(|e| {
+        tracing::debug!(error = %e, "dial inside sandbox failed");
+        unavailable(if e.kind() == io::ErrorKind::ConnectionRefused {
             format!("nothing is listening on port {port} in sandbox {sandbox_id:?}")
         } else {
             format!("cannot connect to port {port} in sandbox {sandbox_id:?}: {e}")
-        };
-        json_error(StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", msg)
+        })
     })?;
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| {
-            json_error(
-                StatusCode::BAD_GATEWAY,
-                "UPSTREAM_UNAVAILABLE",
-                format!("upstream handshake failed: {e}"),
-            )
-        })?;
+        .map_err(|e| unavailable(format!("upstream handshake failed: {e}")))?;
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "upstream connection ended with an error");
         }
     });
-    let mut resp = sender.send_request(req).await.map_err(|e| {
-        json_error(
+    sender.send_request(req).await.map_err(|e| {
+        Rejection::new(
             StatusCode::BAD_GATEWAY,
             "UPSTREAM_FAILED",
             format!("upstream request failed: {e}"),
         )
-    })?;
+    })
+}
 
-    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-        let Some(client_upgrade) = client_upgrade else {
-            return Err(json_error(
-                StatusCode::BAD_GATEWAY,
-                "UPSTREAM_FAILED",
-                "upstream switched protocols without being asked",
-            ));
-        };
-        let upstream_upgrade = hyper::upgrade::on(&mut resp);
-        let sandbox = sandbox_id.to_string();
-        tokio::spawn(async move {
-            let (client, upstream) = match tokio::try_join!(client_upgrade, upstream_upgrade) {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::debug!(sandbox, error = %e, "upgrade did not complete");
-                    return;
-                }
-            };
-            let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
-            match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-                Ok((up, down)) => tracing::debug!(sandbox, up, down, "upgraded stream closed"),
-                Err(e) => {
-                    tracing::debug!(sandbox, error = %e, "upgraded stream ended with an error")
-                }
-            }
-        });
-        strip_hop_by_hop(resp.headers_mut(), true);
-    } else {
-        strip_hop_by_hop(resp.headers_mut(), false);
+/// Copies bytes both ways between the two upgraded connections until either
+/// side closes.
+async fn relay_upgraded(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    sandbox: String,
+) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::debug!(sandbox, error = %e, "upgrade did not complete");
+            return;
+        }
+    };
+    let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok((up, down)) => tracing::debug!(sandbox, up, down, "upgraded stream closed"),
+        Err(e) => tracing::debug!(sandbox, error = %e, "upgraded stream ended with an error"),
     }
-    Ok(resp.map(|b| b.boxed()))
 }
 
 #[cfg(test)]

@@ -5,22 +5,29 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use backon::{ExponentialBuilder, Retryable};
 use containerd_client::services::v1::snapshots::PrepareSnapshotRequest;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, GetContainerRequest, GetRequest,
     ListContainersRequest, PauseTaskRequest, ResumeTaskRequest, StartRequest,
     UpdateContainerRequest,
 };
+use containerd_client::types::Mount;
 use containerd_client::types::v1::Status as TaskStatus;
 use parking_lot::RwLock;
-use sandbolt_proto::agent::v1::{CreateTimings, SandboxPhase, SandboxSpec, SandboxStatus};
+use sandbolt_node::NodeError;
+use sandbolt_proto::agent::v1::{
+    CreateTimings, Resources, SandboxPhase, SandboxSpec, SandboxStatus,
+};
+use sandbolt_proto::quantity::QuantityError;
+use sandbolt_proto::wire::EXECD_TOKEN_HEADER;
 use sha2::{Digest, Sha256};
 use tonic::Code;
 
 use crate::config::AgentConfig;
 use crate::containerd::Containerd;
 use crate::error::{AgentError, Result};
-use crate::images::{self, Images};
+use crate::images::{self, Images, ResolvedImage};
 use crate::labels;
 use crate::runtime::RuntimeInfo;
 use crate::teardown::{SnapshotRef, Stop, Teardown};
@@ -31,8 +38,6 @@ use sandbolt_image_ref::normalize;
 const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
 /// Env var that hands execd its access token.
 pub const EXECD_TOKEN_ENV: &str = "EXECD_ACCESS_TOKEN";
-/// execd's auth header (OpenSandbox execd API).
-const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
 
 /// One sandbox as the agent knows it.
 #[derive(Debug, Clone)]
@@ -135,6 +140,58 @@ fn validate_id(id: &str) -> Result<()> {
     }
 }
 
+/// The request checks that need neither the table nor containerd.
+fn validate_request(spec: &SandboxSpec) -> Result<()> {
+    validate_id(&spec.sandbox_id)?;
+    if spec.image.trim().is_empty() {
+        return Err(AgentError::InvalidArgument("image is required".into()));
+    }
+    if spec.access_token.is_empty() {
+        return Err(AgentError::InvalidArgument(
+            "access_token is required (it authenticates execd and the proxy route)".into(),
+        ));
+    }
+    if let Some(k) = spec
+        .labels
+        .keys()
+        .find(|k| k.starts_with(labels::RESERVED_PREFIX))
+    {
+        return Err(AgentError::InvalidArgument(format!(
+            "label {k:?} uses the reserved prefix {}",
+            labels::RESERVED_PREFIX
+        )));
+    }
+    Ok(())
+}
+
+/// `value`, or `default` when `value` is empty (proto3 strings have no
+/// "unset").
+fn or_default<'a>(value: &'a str, default: &'a str) -> &'a str {
+    if value.is_empty() { default } else { value }
+}
+
+/// Microseconds since the create began, for [`CreateTimings`].
+struct CreateClock(Instant);
+
+impl CreateClock {
+    fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    fn elapsed_us(&self) -> i64 {
+        self.0.elapsed().as_micros() as i64
+    }
+}
+
+/// Why one `/ping` of execd did not succeed.
+#[derive(Debug)]
+enum ExecdProbe {
+    /// The sandbox exited (with this status): waiting longer cannot help.
+    Exited(i32),
+    /// No answer, or not 200 (what happened, for the final error).
+    NoAnswer(String),
+}
+
 impl Sandboxes {
     /// How this agent pulls a missing image (creates and warm images alike).
     pub fn pull_options(&self) -> images::PullOptions<'_> {
@@ -212,103 +269,42 @@ impl Sandboxes {
         v
     }
 
-    /// Creates and starts a sandbox. Idempotent by id.
+    /// Creates and starts a sandbox. Idempotent by id. The steps, in order:
+    /// check the request, reserve a table entry, create and start the task
+    /// ([`Self::create_and_start`]), mark it running and (when asked) wait
+    /// for execd; a failure undoes what this create made.
+    #[tracing::instrument(skip_all)]
     pub async fn create(&self, spec: SandboxSpec) -> Result<(SandboxStatus, CreateTimings)> {
-        let t0 = Instant::now();
-        let us = |t: Instant| t.duration_since(t0).as_micros() as i64;
-        validate_id(&spec.sandbox_id)?;
-        if spec.image.trim().is_empty() {
-            return Err(AgentError::InvalidArgument("image is required".into()));
-        }
-        if spec.access_token.is_empty() {
-            return Err(AgentError::InvalidArgument(
-                "access_token is required (it authenticates execd and the proxy route)".into(),
-            ));
-        }
-        if let Some(k) = spec
-            .labels
-            .keys()
-            .find(|k| k.starts_with(labels::RESERVED_PREFIX))
-        {
-            return Err(AgentError::InvalidArgument(format!(
-                "label {k:?} uses the reserved prefix {}",
-                labels::RESERVED_PREFIX
-            )));
-        }
+        let clock = CreateClock::start();
+        validate_request(&spec)?;
         let id = spec.sandbox_id.clone();
         let lock = self.lock_for(&id);
         let _guard = lock.lock().await;
         if let Some(s) = self.status_of(&id) {
             return Ok((s, CreateTimings::default()));
         }
-        {
-            let mut table = self.table.write();
-            if table.len() >= self.cfg.max_sandboxes as usize {
-                return Err(AgentError::Capacity {
-                    max: self.cfg.max_sandboxes,
-                });
-            }
-            let runtime = if spec.runtime.is_empty() {
-                self.cfg.default_runtime.clone()
-            } else {
-                spec.runtime.clone()
-            };
-            table.insert(
-                id.clone(),
-                Entry {
-                    id: id.clone(),
-                    name: spec.name.clone(),
-                    namespace: spec.namespace.clone(),
-                    record_uid: spec.record_uid.clone(),
-                    image: normalize(&spec.image),
-                    runtime,
-                    pool: if spec.pool.is_empty() {
-                        self.cfg.pool.clone()
-                    } else {
-                        spec.pool.clone()
-                    },
-                    created_at_ms: now_ms(),
-                    phase: SandboxPhase::Creating,
-                    exit_code: 0,
-                    pid: 0,
-                    message: String::new(),
-                    exposed_ports: spec.exposed_ports.clone(),
-                    token_sha256: Sha256::digest(spec.access_token.as_bytes()).into(),
-                },
-            );
-        }
+        self.reserve_entry(&spec)?;
         let mut timings = CreateTimings::default();
         // Whether this create made the container: only then is cleaning up
         // after a failure ours to do (an id clash must not remove someone
         // else's container).
         let mut created = false;
-        match self
-            .create_inner(&spec, t0, &mut timings, &mut created)
+        let outcome = match self
+            .create_and_start(&spec, &clock, &mut timings, &mut created)
             .await
         {
             Ok(pid) => {
-                timings.task_started_us = us(Instant::now());
-                {
-                    let mut table = self.table.write();
-                    if let Some(e) = table.get_mut(&id) {
-                        e.pid = pid;
-                        // An exit event may have beaten us here.
-                        if e.phase == SandboxPhase::Creating {
-                            e.phase = SandboxPhase::Running;
-                        }
-                    }
-                }
-                if spec.wait_for_execd {
-                    if let Err(e) = self.wait_for_execd(&id, pid, &spec.access_token).await {
-                        tracing::warn!(sandbox = %id, error = %e, "execd not ready; removing sandbox");
-                        self.cleanup(&id).await;
-                        self.table.write().remove(&id);
-                        self.release_lock(&id, &lock);
-                        return Err(e);
-                    }
-                    timings.execd_ready_us = us(Instant::now());
-                }
-                tracing::info!(sandbox = %id, pid, total_us = us(Instant::now()), "sandbox running");
+                timings.task_started_us = clock.elapsed_us();
+                self.mark_running(&id, pid);
+                self.wait_until_ready(&spec, pid, &clock, &mut timings)
+                    .await
+                    .map(|()| pid)
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(pid) => {
+                tracing::info!(sandbox = %id, pid, total_us = clock.elapsed_us(), "sandbox running");
                 Ok((self.get(&id)?, timings))
             }
             Err(e) => {
@@ -323,25 +319,80 @@ impl Sandboxes {
         }
     }
 
-    async fn create_inner(
+    /// Puts the sandbox in the table as Creating, unless the agent is full.
+    fn reserve_entry(&self, spec: &SandboxSpec) -> Result<()> {
+        let mut table = self.table.write();
+        if table.len() >= self.cfg.max_sandboxes as usize {
+            return Err(AgentError::Capacity {
+                max: self.cfg.max_sandboxes,
+            });
+        }
+        let entry = Entry {
+            id: spec.sandbox_id.clone(),
+            name: spec.name.clone(),
+            namespace: spec.namespace.clone(),
+            record_uid: spec.record_uid.clone(),
+            image: normalize(&spec.image),
+            runtime: self.runtime_name(spec).to_string(),
+            pool: or_default(&spec.pool, &self.cfg.pool).to_string(),
+            created_at_ms: now_ms(),
+            phase: SandboxPhase::Creating,
+            exit_code: 0,
+            pid: 0,
+            message: String::new(),
+            exposed_ports: spec.exposed_ports.clone(),
+            token_sha256: Sha256::digest(spec.access_token.as_bytes()).into(),
+        };
+        table.insert(entry.id.clone(), entry);
+        Ok(())
+    }
+
+    /// Everything that makes the sandbox exist, top-down: checks that need
+    /// no I/O first, then the image, the runtime spec, the container and its
+    /// snapshot, and the task. Returns the task's pid.
+    async fn create_and_start(
         &self,
         spec: &SandboxSpec,
-        t0: Instant,
+        clock: &CreateClock,
         timings: &mut CreateTimings,
         created: &mut bool,
     ) -> Result<u32> {
-        let id = &spec.sandbox_id;
-        let runtime_name = if spec.runtime.is_empty() {
-            self.cfg.default_runtime.as_str()
-        } else {
-            spec.runtime.as_str()
-        };
+        let runtime = self.runtime_for(spec)?;
+        let limits = self.limits_for(spec.resources.clone().unwrap_or_default())?;
+        let binds = self.bind_mounts(spec)?;
+
+        let image = self.image_for(spec).await?;
+        timings.image_resolved_us = clock.elapsed_us();
+
+        let oci = self.runtime_spec(spec, &image, &binds, &limits)?;
+        let labels = self.container_labels(spec, runtime)?;
+        // The container first: it references the snapshot key, which keeps
+        // containerd's GC off the snapshot from the moment it exists.
+        self.create_container(spec, runtime, &image, &oci, labels)
+            .await?;
+        *created = true;
+        let rootfs = self
+            .prepare_snapshot(&spec.sandbox_id, &image.chain_id)
+            .await?;
+        timings.container_created_us = clock.elapsed_us();
+
+        self.start_task(&spec.sandbox_id, rootfs, runtime).await
+    }
+
+    /// The request's runtime, or the pool's default.
+    fn runtime_name<'a>(&'a self, spec: &'a SandboxSpec) -> &'a str {
+        or_default(&spec.runtime, &self.cfg.default_runtime)
+    }
+
+    /// The OCI runtime the sandbox runs under; it must be available here.
+    fn runtime_for(&self, spec: &SandboxSpec) -> Result<&RuntimeInfo> {
+        let name = self.runtime_name(spec);
         let runtime = self
             .runtimes
             .iter()
-            .find(|r| r.name == runtime_name)
+            .find(|r| r.name == name)
             .ok_or_else(|| AgentError::RuntimeUnavailable {
-                runtime: runtime_name.to_string(),
+                runtime: name.to_string(),
                 reason: "unknown runtime (known: runc, crun, runsc)".into(),
             })?;
         if !runtime.available {
@@ -350,10 +401,18 @@ impl Sandboxes {
                 reason: runtime.reason.clone(),
             });
         }
+        Ok(runtime)
+    }
 
-        // Validate everything that needs no I/O before touching containerd.
-        let resources = spec.resources.clone().unwrap_or_default();
-        let mut hopts = hardening::Options {
+    /// The hardening options: the request's limits parsed, the agent's
+    /// defaults where it sets none.
+    fn limits_for(&self, resources: Resources) -> Result<hardening::Options> {
+        let invalid = |what: &str| {
+            let what = what.to_string();
+            move |e: QuantityError| AgentError::InvalidArgument(format!("{what}{e}"))
+        };
+        let given = |q: &str| !q.trim().is_empty();
+        let mut limits = hardening::Options {
             pids_limit: if resources.pids_limit > 0 {
                 resources.pids_limit
             } else {
@@ -362,54 +421,68 @@ impl Sandboxes {
             nofile: nofile_limit(),
             ..Default::default()
         };
-        if !resources.cpu.trim().is_empty() {
-            hopts.cpu = Some(
-                hardening::parse_cpu(&resources.cpu)
-                    .map_err(|e| AgentError::InvalidArgument(e.to_string()))?,
-            );
+        if given(&resources.cpu) {
+            limits.cpu = Some(hardening::parse_cpu(&resources.cpu).map_err(invalid(""))?);
         }
-        if !resources.memory.trim().is_empty() {
-            hopts.memory_bytes = Some(
-                hardening::parse_memory(&resources.memory)
-                    .map_err(|e| AgentError::InvalidArgument(e.to_string()))?,
-            );
-            hopts.limit_swap = self.swap_accounting;
+        if given(&resources.memory) {
+            limits.memory_bytes =
+                Some(hardening::parse_memory(&resources.memory).map_err(invalid(""))?);
+            limits.limit_swap = self.swap_accounting;
         }
-        if !resources.cpu_request.trim().is_empty() {
+        if given(&resources.cpu_request) {
             let m = sandbolt_proto::quantity::millicores(&resources.cpu_request)
-                .map_err(|e| AgentError::InvalidArgument(format!("cpu request: {e}")))?;
-            hopts.cpu_shares = Some(hardening::cpu_shares(m));
+                .map_err(invalid("cpu request: "))?;
+            limits.cpu_shares = Some(hardening::cpu_shares(m));
         }
-        if !resources.memory_request.trim().is_empty() {
-            hopts.memory_reservation = Some(
+        if given(&resources.memory_request) {
+            limits.memory_reservation = Some(
                 hardening::parse_memory(&resources.memory_request)
-                    .map_err(|e| AgentError::InvalidArgument(format!("memory request: {e}")))?,
+                    .map_err(invalid("memory request: "))?,
             );
         }
-        let binds: Vec<spec::BindMount> =
-            volumes::resolve(&spec.host_mounts, &self.cfg.allowed_host_paths)
-                .map_err(|e| AgentError::Volume(e.to_string()))?
-                .into_iter()
-                .map(|m| spec::BindMount {
-                    source: m.source.to_string_lossy().into_owned(),
-                    destination: m.destination,
-                    read_only: m.read_only,
-                })
-                .collect();
+        Ok(limits)
+    }
 
+    /// The host-path bindings, resolved against the allowlist.
+    fn bind_mounts(&self, spec: &SandboxSpec) -> Result<Vec<spec::BindMount>> {
+        let resolved = volumes::resolve(&spec.host_mounts, &self.cfg.allowed_host_paths)
+            .map_err(|e| AgentError::Volume(e.to_string()))?;
+        Ok(resolved
+            .into_iter()
+            .map(|m| spec::BindMount {
+                source: m.source.to_string_lossy().into_owned(),
+                destination: m.destination,
+                read_only: m.read_only,
+            })
+            .collect())
+    }
+
+    /// The image, pulled when missing, unpacked for the snapshotter.
+    #[tracing::instrument(skip_all, fields(image = %spec.image))]
+    async fn image_for(&self, spec: &SandboxSpec) -> Result<Arc<ResolvedImage>> {
         // The common case (the image is here) takes no pull lock.
         let image = match self.images.resolve(&spec.image).await {
             Ok(i) => i,
-            Err(AgentError::ImageNotFound { .. }) => {
+            Err(NodeError::ImageNotFound { .. }) => {
                 self.images
                     .resolve_or_pull(&spec.image, self.pull_options())
                     .await?
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         self.images.ensure_unpacked(&image).await?;
-        timings.image_resolved_us = t0.elapsed().as_micros() as i64;
+        Ok(image)
+    }
 
+    /// The hardened OCI runtime spec: execd as PID 1 running the user's
+    /// command (the request's, else the image's) with merged env and cwd.
+    fn runtime_spec(
+        &self,
+        spec: &SandboxSpec,
+        image: &ResolvedImage,
+        binds: &[spec::BindMount],
+        limits: &hardening::Options,
+    ) -> Result<oci_spec::runtime::Spec> {
         let user_command = spec::user_command(
             image.config.entrypoint.as_deref(),
             image.config.cmd.as_deref(),
@@ -427,41 +500,43 @@ impl Sandboxes {
             &spec.envs,
             &[(EXECD_TOKEN_ENV.to_string(), spec.access_token.clone())],
         );
-        let cwd = if !spec.working_dir.is_empty() {
-            spec.working_dir.clone()
-        } else {
-            image
-                .config
-                .working_dir
-                .clone()
-                .filter(|w| !w.is_empty())
-                .unwrap_or_else(|| "/".into())
-        };
+        let image_cwd = image.config.working_dir.as_deref().unwrap_or_default();
+        let cwd = or_default(&spec.working_dir, or_default(image_cwd, "/"));
         if !cwd.starts_with('/') {
             return Err(AgentError::InvalidArgument(format!(
                 "working_dir {cwd:?} must be absolute"
             )));
         }
-        let cgroups_path = format!("/sandbolt/{id}");
+        let id = &spec.sandbox_id;
         let hostname: String = id.chars().take(63).collect();
         let mut oci = spec::build(&spec::SpecInput {
             hostname: &hostname,
             user_command: &user_command,
             env: &env,
-            cwd: &cwd,
+            cwd,
             execd_host_path: &self.cfg.execd_binary,
-            binds: &binds,
-            cgroups_path: &cgroups_path,
+            binds,
+            cgroups_path: &format!("/sandbolt/{id}"),
         });
-        hardening::apply(&mut oci, &hopts);
+        hardening::apply(&mut oci, limits);
+        Ok(oci)
+    }
 
+    /// The container's labels: the request's, then the agent's own (which
+    /// are its durable state, see [`entry_from_labels`]).
+    fn container_labels(
+        &self,
+        spec: &SandboxSpec,
+        runtime: &RuntimeInfo,
+    ) -> Result<HashMap<String, String>> {
+        let id = &spec.sandbox_id;
         let entry = self
             .table
             .read()
             .get(id)
             .cloned()
             .ok_or_else(|| AgentError::SandboxNotFound(id.clone()))?;
-        let mut container_labels: HashMap<String, String> = spec.labels.clone();
+        let mut container_labels = spec.labels.clone();
         container_labels.extend([
             (labels::MANAGED.into(), "true".into()),
             (labels::SANDBOX_ID.into(), id.clone()),
@@ -469,9 +544,9 @@ impl Sandboxes {
             (labels::NAMESPACE.into(), spec.namespace.clone()),
             (labels::AGENT_ID.into(), self.cfg.agent_id.clone()),
             (labels::CREATED_AT.into(), entry.created_at_ms.to_string()),
-            (labels::POOL.into(), entry.pool.clone()),
+            (labels::POOL.into(), entry.pool),
             (labels::TOKEN_SHA256.into(), hex::encode(entry.token_sha256)),
-            (labels::IMAGE.into(), entry.image.clone()),
+            (labels::IMAGE.into(), entry.image),
             (labels::RUNTIME.into(), runtime.name.clone()),
         ]);
         if !spec.record_uid.is_empty() {
@@ -481,29 +556,32 @@ impl Sandboxes {
             container_labels.insert(labels::AGENT_POD_UID.into(), uid.to_string());
         }
         if !spec.exposed_ports.is_empty() {
-            container_labels.insert(
-                labels::EXPOSED_PORTS.into(),
-                spec.exposed_ports
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            );
+            let ports: Vec<String> = spec.exposed_ports.iter().map(u32::to_string).collect();
+            container_labels.insert(labels::EXPOSED_PORTS.into(), ports.join(","));
         }
+        Ok(container_labels)
+    }
 
-        // The container first: it references the snapshot key, which keeps
-        // containerd's GC off the snapshot from the moment it exists.
+    #[tracing::instrument(skip_all)]
+    async fn create_container(
+        &self,
+        spec: &SandboxSpec,
+        runtime: &RuntimeInfo,
+        image: &ResolvedImage,
+        oci: &oci_spec::runtime::Spec,
+        labels: HashMap<String, String>,
+    ) -> Result<()> {
         let container = Container {
-            id: id.clone(),
-            labels: container_labels,
+            id: spec.sandbox_id.clone(),
+            labels,
             image: image.name.clone(),
             runtime: Some(runtime.container_runtime()),
             spec: Some(prost_types::Any {
                 type_url: SPEC_TYPE_URL.into(),
-                value: serde_json::to_vec(&oci).expect("serde_json::Value serializes"),
+                value: serde_json::to_vec(oci).expect("an OCI spec serializes to JSON"),
             }),
             snapshotter: self.cfg.snapshotter.clone(),
-            snapshot_key: id.clone(),
+            snapshot_key: spec.sandbox_id.clone(),
             ..Default::default()
         };
         self.ctrd
@@ -513,31 +591,39 @@ impl Sandboxes {
             }))
             .await
             .map_err(AgentError::containerd("containers.Create"))?;
-        *created = true;
-        let mounts = self
+        Ok(())
+    }
+
+    /// The sandbox's writable snapshot on top of the image; returns its
+    /// mounts (the task's rootfs).
+    async fn prepare_snapshot(&self, id: &str, parent: &str) -> Result<Vec<Mount>> {
+        Ok(self
             .ctrd
             .snapshots()
             .prepare(self.ctrd.req(PrepareSnapshotRequest {
                 snapshotter: self.cfg.snapshotter.clone(),
-                key: id.clone(),
-                parent: image.chain_id.clone(),
+                key: id.to_string(),
+                parent: parent.to_string(),
                 labels: Default::default(),
             }))
             .await
             .map_err(AgentError::containerd("snapshots.Prepare"))?
             .into_inner()
-            .mounts;
-        timings.container_created_us = t0.elapsed().as_micros() as i64;
+            .mounts)
+    }
 
+    /// Creates and starts the task; returns its pid.
+    #[tracing::instrument(skip_all)]
+    async fn start_task(&self, id: &str, rootfs: Vec<Mount>, runtime: &RuntimeInfo) -> Result<u32> {
         // stdout and stderr append to one host file (the shim opens file://
         // URIs itself: no FIFOs to leak).
         let log = format!("file://{}", self.cfg.log_path(id).display());
-        let created = self
+        let task = self
             .ctrd
             .tasks()
             .create(self.ctrd.req(CreateTaskRequest {
-                container_id: id.clone(),
-                rootfs: mounts,
+                container_id: id.to_string(),
+                rootfs,
                 stdout: log.clone(),
                 stderr: log,
                 ..Default::default()
@@ -558,53 +644,88 @@ impl Sandboxes {
         self.ctrd
             .tasks()
             .start(self.ctrd.req(StartRequest {
-                container_id: id.clone(),
+                container_id: id.to_string(),
                 exec_id: String::new(),
             }))
             .await
             .map_err(AgentError::containerd("tasks.Start"))?;
-        Ok(created.pid)
+        Ok(task.pid)
     }
 
-    /// Polls execd's `/ping` inside the sandbox until it answers 200.
-    async fn wait_for_execd(&self, id: &str, pid: u32, token: &str) -> Result<()> {
-        let deadline = Instant::now() + self.cfg.execd_ready_timeout;
-        let mut delay = Duration::from_millis(2);
-        let mut last_err;
-        loop {
-            match crate::netns::http_get_status(
-                pid,
-                self.cfg.execd_port,
-                "/ping",
-                &[(EXECD_TOKEN_HEADER, token)],
-                Duration::from_secs(2),
-            )
-            .await
-            {
-                Ok(200) => return Ok(()),
-                Ok(code) => last_err = format!("/ping answered {code}"),
-                Err(e) => last_err = e.to_string(),
+    /// Records the started task's pid and turns the entry Running.
+    fn mark_running(&self, id: &str, pid: u32) {
+        if let Some(e) = self.table.write().get_mut(id) {
+            e.pid = pid;
+            // An exit event may have beaten us here.
+            if e.phase == SandboxPhase::Creating {
+                e.phase = SandboxPhase::Running;
             }
-            if let Some(e) = self.table.read().get(id)
-                && matches!(e.phase, SandboxPhase::Stopped | SandboxPhase::Failed)
-            {
-                return Err(AgentError::ExecdNotReady {
-                    id: id.to_string(),
-                    reason: format!("the sandbox exited with status {}", e.exit_code),
-                });
-            }
-            if Instant::now() + delay > deadline {
-                return Err(AgentError::ExecdNotReady {
-                    id: id.to_string(),
-                    reason: format!(
-                        "no answer within {:?}: {last_err}",
-                        self.cfg.execd_ready_timeout
-                    ),
-                });
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(50));
         }
+    }
+
+    /// Waits for execd when the request asks to.
+    async fn wait_until_ready(
+        &self,
+        spec: &SandboxSpec,
+        pid: u32,
+        clock: &CreateClock,
+        timings: &mut CreateTimings,
+    ) -> Result<()> {
+        if spec.wait_for_execd {
+            self.wait_for_execd(&spec.sandbox_id, pid, &spec.access_token)
+                .await?;
+            timings.execd_ready_us = clock.elapsed_us();
+        }
+        Ok(())
+    }
+
+    /// Polls execd's `/ping` inside the sandbox until it answers 200, the
+    /// sandbox exits, or `execd_ready_timeout` passes.
+    #[tracing::instrument(skip_all)]
+    async fn wait_for_execd(&self, id: &str, pid: u32, token: &str) -> Result<()> {
+        let timeout = self.cfg.execd_ready_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let ping = || self.ping_execd(id, pid, token);
+        ping.retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(2))
+                .with_factor(2.0)
+                .with_max_delay(Duration::from_millis(50))
+                .without_max_times(),
+        )
+        .when(|e| matches!(e, ExecdProbe::NoAnswer(_)))
+        .adjust(|_, next| next.filter(|d| tokio::time::Instant::now() + *d <= deadline))
+        .await
+        .map_err(|e| AgentError::ExecdNotReady {
+            id: id.to_string(),
+            reason: match e {
+                ExecdProbe::Exited(code) => format!("the sandbox exited with status {code}"),
+                ExecdProbe::NoAnswer(last) => format!("no answer within {timeout:?}: {last}"),
+            },
+        })
+    }
+
+    /// One `/ping`; an exited sandbox is final, anything else is retried.
+    async fn ping_execd(&self, id: &str, pid: u32, token: &str) -> Result<(), ExecdProbe> {
+        let answer = crate::netns::http_get_status(
+            pid,
+            self.cfg.execd_port,
+            "/ping",
+            &[(EXECD_TOKEN_HEADER, token)],
+            Duration::from_secs(2),
+        )
+        .await;
+        let last = match answer {
+            Ok(200) => return Ok(()),
+            Ok(code) => format!("/ping answered {code}"),
+            Err(e) => e.to_string(),
+        };
+        if let Some(e) = self.table.read().get(id)
+            && matches!(e.phase, SandboxPhase::Stopped | SandboxPhase::Failed)
+        {
+            return Err(ExecdProbe::Exited(e.exit_code));
+        }
+        Err(ExecdProbe::NoAnswer(last))
     }
 
     /// Stops and removes a sandbox. Returns whether anything existed.

@@ -1,5 +1,5 @@
-//! The `sandbolt.agent.v1.AgentService` gRPC server and its bearer-token
-//! check.
+//! The `sandbolt.agent.v1.AgentService` gRPC server. Its bearer-token check
+//! is `sandbolt_proto::auth::RequireBearer` (see `Agent::start`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +9,6 @@ use sandbolt_proto::agent::v1::{
     CreateSandboxRequest, CreateSandboxResponse, DeleteSandboxRequest, DeleteSandboxResponse,
     GetInventoryRequest, ImageInfo, Inventory, RuntimeSupport, SandboxRef, SandboxStatus,
 };
-use sha2::{Digest, Sha256};
 use tonic::{Request, Response, Status};
 
 use crate::error::AgentError;
@@ -83,6 +82,11 @@ impl AgentApi {
 
 #[tonic::async_trait]
 impl AgentService for AgentApi {
+    #[tracing::instrument(skip_all, fields(
+        sandbox_id = request.get_ref().spec.as_ref().map_or("", |s| s.sandbox_id.as_str()),
+        name = request.get_ref().spec.as_ref().map_or("", |s| s.name.as_str()),
+        namespace = request.get_ref().spec.as_ref().map_or("", |s| s.namespace.as_str()),
+    ))]
     async fn create_sandbox(
         &self,
         request: Request<CreateSandboxRequest>,
@@ -90,7 +94,7 @@ impl AgentService for AgentApi {
         let spec = request
             .into_inner()
             .spec
-            .ok_or_else(|| Status::invalid_argument("spec is required"))?;
+            .ok_or_else(|| AgentError::InvalidArgument("spec is required".into()))?;
         let (status, timings) = self.sandboxes.create(spec).await?;
         Ok(Response::new(CreateSandboxResponse {
             status: Some(status),
@@ -98,6 +102,7 @@ impl AgentService for AgentApi {
         }))
     }
 
+    #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id))]
     async fn delete_sandbox(
         &self,
         request: Request<DeleteSandboxRequest>,
@@ -109,130 +114,39 @@ impl AgentService for AgentApi {
         Ok(Response::new(DeleteSandboxResponse { existed }))
     }
 
+    #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id))]
     async fn pause_sandbox(
         &self,
         request: Request<SandboxRef>,
     ) -> Result<Response<SandboxStatus>, Status> {
-        Ok(Response::new(
-            self.sandboxes
-                .pause(&request.into_inner().sandbox_id)
-                .await?,
-        ))
+        let status = self.sandboxes.pause(&request.get_ref().sandbox_id).await?;
+        Ok(Response::new(status))
     }
 
+    #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id))]
     async fn resume_sandbox(
         &self,
         request: Request<SandboxRef>,
     ) -> Result<Response<SandboxStatus>, Status> {
-        Ok(Response::new(
-            self.sandboxes
-                .resume(&request.into_inner().sandbox_id)
-                .await?,
-        ))
+        let status = self.sandboxes.resume(&request.get_ref().sandbox_id).await?;
+        Ok(Response::new(status))
     }
 
+    #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id))]
     async fn get_sandbox(
         &self,
         request: Request<SandboxRef>,
     ) -> Result<Response<SandboxStatus>, Status> {
         Ok(Response::new(
-            self.sandboxes.get(&request.into_inner().sandbox_id)?,
+            self.sandboxes.get(&request.get_ref().sandbox_id)?,
         ))
     }
 
+    #[tracing::instrument(skip_all)]
     async fn get_inventory(
         &self,
         _request: Request<GetInventoryRequest>,
     ) -> Result<Response<Inventory>, Status> {
         Ok(Response::new(self.inventory().await?))
-    }
-}
-
-/// Interceptor: `authorization: Bearer <token>` must match. Compared as
-/// SHA-256 digests in constant time, so neither timing nor length leaks.
-#[derive(Clone)]
-pub struct BearerAuth {
-    expected: [u8; 32],
-}
-
-impl BearerAuth {
-    pub fn new(token: &str) -> Self {
-        Self {
-            expected: Sha256::digest(token.as_bytes()).into(),
-        }
-    }
-
-    pub fn check<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
-        let presented = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| Status::unauthenticated("missing bearer token"))?;
-        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        let diff = digest
-            .iter()
-            .zip(&self.expected)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        if std::hint::black_box(diff) == 0 {
-            Ok(req)
-        } else {
-            Err(Status::unauthenticated("invalid bearer token"))
-        }
-    }
-}
-
-impl tonic::service::Interceptor for BearerAuth {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        self.check(req)
-    }
-}
-
-/// Adds `authorization: Bearer <token>` to outgoing calls.
-#[derive(Clone)]
-pub struct BearerToken(pub tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
-
-impl BearerToken {
-    pub fn new(token: &str) -> Result<Self, AgentError> {
-        format!("Bearer {token}")
-            .parse()
-            .map(Self)
-            .map_err(|_| AgentError::InvalidArgument("token is not valid header text".into()))
-    }
-}
-
-impl tonic::service::Interceptor for BearerToken {
-    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        req.metadata_mut().insert("authorization", self.0.clone());
-        Ok(req)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with_auth(v: Option<&str>) -> Request<()> {
-        let mut r = Request::new(());
-        if let Some(v) = v {
-            r.metadata_mut().insert("authorization", v.parse().unwrap());
-        }
-        r
-    }
-
-    #[test]
-    fn bearer_auth_accepts_only_the_token() {
-        let a = BearerAuth::new("s3cret");
-        assert!(a.check(with_auth(Some("Bearer s3cret"))).is_ok());
-        for bad in [
-            None,
-            Some("Bearer s3cre"),
-            Some("s3cret"),
-            Some("Bearer "),
-            Some("Basic s3cret"),
-        ] {
-            let e = a.check(with_auth(bad)).unwrap_err();
-            assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad:?}");
-        }
     }
 }

@@ -1,18 +1,27 @@
-//! The OCI runtime spec of a sandbox, built directly as JSON (no spec crate:
-//! the fields used are few and the wire names are the contract).
+//! The OCI runtime spec of a sandbox, typed with `oci-spec`.
 //!
 //! The base mirrors containerd's default Unix spec (mounts, namespaces,
 //! device cgroup deny-all); [`crate::hardening::apply`] adds seccomp, the
 //! capability set, no-new-privileges, masked/read-only paths and rlimits.
+//!
+//! `oci-spec`'s builders fill unset fields from its own opinionated
+//! defaults (youki's mounts, capabilities, rlimits, masked paths), so every
+//! part here starts from an empty value and sets exactly what the sandbox
+//! gets: what is not set below is not in the spec.
 
 use std::path::Path;
 
-use serde_json::{Value, json};
+use oci_spec::runtime::{
+    LinuxDeviceCgroup, LinuxNamespace, LinuxNamespaceType, LinuxResources, Mount, Process, Root,
+    Spec, User,
+};
 
 /// Where execd appears inside every sandbox.
 pub const EXECD_PATH: &str = "/opt/sandbolt/execd";
 /// Default PATH when the image sets none (containerd's default).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The OCI runtime spec version the agent writes.
+const OCI_VERSION: &str = "1.0.2";
 
 /// A host path bound into the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +46,20 @@ pub struct SpecInput<'a> {
 }
 
 /// Builds the spec without hardening and limits (see the module docs).
-pub fn build(input: &SpecInput<'_>) -> Value {
+pub fn build(input: &SpecInput<'_>) -> Spec {
+    let mut spec = Spec::default();
+    spec.set_version(OCI_VERSION.into())
+        .set_process(Some(process(input)))
+        .set_root(Some(root()))
+        .set_hostname(Some(input.hostname.into()))
+        .set_mounts(Some(mounts(input)))
+        .set_annotations(None)
+        .set_linux(Some(linux(input.cgroups_path)));
+    spec
+}
+
+/// execd as PID 1, running the user's command as its child.
+fn process(input: &SpecInput<'_>) -> Process {
     // --exit-with-entrypoint: the sandbox's task ends with the user's
     // entrypoint, so its exit code becomes the sandbox's (Stopped/Failed),
     // as in OpenSandbox's Docker mode where the entrypoint is the container.
@@ -45,64 +67,141 @@ pub fn build(input: &SpecInput<'_>) -> Value {
         .map(String::from)
         .to_vec();
     args.extend(input.user_command.iter().cloned());
+    let mut process = Process::default();
+    process
+        .set_terminal(Some(false))
+        .set_user(User::default())
+        .set_args(Some(args))
+        .set_env(Some(input.env.to_vec()))
+        .set_cwd(input.cwd.into())
+        // Hardening decides these (see the module docs).
+        .set_capabilities(None)
+        .set_rlimits(None)
+        .set_no_new_privileges(None);
+    process
+}
 
+fn root() -> Root {
+    let mut root = Root::default();
+    root.set_path("rootfs".into()).set_readonly(Some(false));
+    root
+}
+
+fn mount(destination: &str, typ: &str, source: &str, options: &[&str]) -> Mount {
+    let mut m = Mount::default();
+    m.set_destination(destination.into())
+        .set_typ(Some(typ.into()))
+        .set_source(Some(source.into()))
+        .set_options(Some(options.iter().map(|o| o.to_string()).collect()));
+    m
+}
+
+fn mounts(input: &SpecInput<'_>) -> Vec<Mount> {
     let mut mounts = vec![
-        json!({"destination": "/proc", "type": "proc", "source": "proc",
-               "options": ["nosuid", "noexec", "nodev"]}),
-        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
-        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-               "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]}),
-        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-               "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
-        json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
-               "options": ["nosuid", "noexec", "nodev"]}),
-        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
-               "options": ["nosuid", "noexec", "nodev", "ro"]}),
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
+        mount(
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
+        ),
+        mount(
+            "/dev/shm",
+            "tmpfs",
+            "shm",
+            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        ),
+        mount(
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue",
+            &["nosuid", "noexec", "nodev"],
+        ),
+        mount(
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", "ro"],
+        ),
         // Read-only cgroup view so limits are visible from inside.
-        json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-               "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}),
-        json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs",
-               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        mount(
+            "/sys/fs/cgroup",
+            "cgroup",
+            "cgroup",
+            &["nosuid", "noexec", "nodev", "relatime", "ro"],
+        ),
+        mount(
+            "/run",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
         // execd: read-only, and nosuid/nodev like every bind.
-        json!({"destination": EXECD_PATH, "type": "bind",
-               "source": input.execd_host_path.to_string_lossy(),
-               "options": ["rbind", "ro", "nosuid", "nodev"]}),
+        mount(
+            EXECD_PATH,
+            "bind",
+            &input.execd_host_path.to_string_lossy(),
+            &["rbind", "ro", "nosuid", "nodev"],
+        ),
     ];
     for b in input.binds {
         let mut opts = vec!["rbind", "nosuid", "nodev"];
         if b.read_only {
             opts.push("ro");
         }
-        mounts.push(json!({"destination": b.destination, "type": "bind",
-                           "source": b.source, "options": opts}));
+        mounts.push(mount(&b.destination, "bind", &b.source, &opts));
     }
+    mounts
+}
 
-    let resources = json!({"devices": [{"allow": false, "access": "rwm"}]});
+/// The device rule that denies every device (runc adds its standard
+/// allowed ones after the spec's rules).
+pub fn deny_all_devices() -> LinuxDeviceCgroup {
+    let mut rule = LinuxDeviceCgroup::default();
+    rule.set_allow(false).set_access(Some("rwm".into()));
+    rule
+}
 
-    json!({
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": false,
-            "user": {"uid": 0, "gid": 0},
-            "args": args,
-            "env": input.env,
-            "cwd": input.cwd,
-        },
-        "root": {"path": "rootfs", "readonly": false},
-        "hostname": input.hostname,
-        "mounts": mounts,
-        "linux": {
-            "cgroupsPath": input.cgroups_path,
-            "resources": resources,
-            // A network namespace without a path: runc makes a fresh one with
-            // only loopback, so the sandbox cannot reach the host's ports.
-            "namespaces": [
-                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
-                {"type": "mount"}, {"type": "network"},
-            ],
-        },
+fn linux(cgroups_path: &str) -> oci_spec::runtime::Linux {
+    let mut resources = LinuxResources::default();
+    resources.set_devices(Some(vec![deny_all_devices()]));
+    // A network namespace without a path: runc makes a fresh one with only
+    // loopback, so the sandbox cannot reach the host's ports.
+    let namespaces = [
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Network,
+    ]
+    .map(|typ| {
+        let mut ns = LinuxNamespace::default();
+        ns.set_typ(typ);
+        ns
     })
+    .to_vec();
+    let mut linux = oci_spec::runtime::Linux::default();
+    linux
+        .set_cgroups_path(Some(cgroups_path.into()))
+        .set_resources(Some(resources))
+        .set_namespaces(Some(namespaces))
+        // Hardening sets these (see the module docs).
+        .set_masked_paths(None)
+        .set_readonly_paths(None);
+    linux
 }
 
 /// Merges image env with request env (request wins), keeping image order,
@@ -162,7 +261,12 @@ pub fn user_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
     use std::collections::HashMap;
+
+    fn built(input: &SpecInput<'_>) -> Value {
+        serde_json::to_value(build(input)).unwrap()
+    }
 
     fn input<'a>(cmd: &'a [String], binds: &'a [BindMount]) -> SpecInput<'a> {
         SpecInput {
@@ -179,7 +283,7 @@ mod tests {
     #[test]
     fn execd_is_pid1_and_mounted_read_only() {
         let cmd = vec!["sleep".to_string(), "1".to_string()];
-        let s = build(&input(&cmd, &[]));
+        let s = built(&input(&cmd, &[]));
         assert_eq!(
             s["process"]["args"],
             json!([
@@ -203,7 +307,7 @@ mod tests {
 
     #[test]
     fn own_netns_and_cgroup_path() {
-        let s = build(&input(&[], &[]));
+        let s = built(&input(&[], &[]));
         assert_eq!(s["linux"]["cgroupsPath"], "/sandbolt/sb1");
         let ns = s["linux"]["namespaces"].as_array().unwrap();
         let net = ns.iter().find(|n| n["type"] == "network").unwrap();
@@ -224,7 +328,7 @@ mod tests {
                 read_only: false,
             },
         ];
-        let s = build(&input(&[], &binds));
+        let s = built(&input(&[], &binds));
         let find = |d: &str| {
             s["mounts"]
                 .as_array()

@@ -202,74 +202,15 @@ fn check_mount_path(path: &str) -> Result<(), VolumeError> {
     Ok(())
 }
 
+/// The binding's directory as a canonical host path, resolved by the kernel
+/// beneath its allowlisted root.
 fn resolve_source(m: &HostPathMount, allowlist: &[PathBuf]) -> Result<PathBuf, VolumeError> {
     let host = m.host_path.as_str();
-    if !host.starts_with('/') {
-        return Err(VolumeError::HostPathNotAbsolute {
-            path: host.to_string(),
-        });
-    }
-    absolute_normalized(host).map_err(|reason| VolumeError::HostPathNotNormalized {
-        path: host.to_string(),
-        reason,
-    })?;
-
     let sub = m.sub_path.as_str();
-    if sub.starts_with('/') {
-        return Err(VolumeError::SubPathAbsolute {
-            host_path: host.into(),
-            sub_path: sub.into(),
-        });
-    }
-    if sub.split('/').any(|c| c == "..") {
-        return Err(VolumeError::SubPathTraversal {
-            host_path: host.into(),
-            sub_path: sub.into(),
-        });
-    }
-    if !sub.is_empty() {
-        relative_normalized(sub).map_err(|reason| VolumeError::SubPathNotNormalized {
-            host_path: host.into(),
-            sub_path: sub.into(),
-            reason,
-        })?;
-    }
-
-    // An allowlisted root containing host_path (component-wise, so
-    // `/data-evil` is not inside `/data`). With nested roots the widest one
-    // is used: everything under it is allowed anyway, and symlinks are then
-    // judged against the boundary the operator actually configured.
+    check_host_path(host)?;
+    check_sub_path(host, sub)?;
     let host_p = Path::new(host);
-    let root = allowlist
-        .iter()
-        .filter(|r| host_p.starts_with(r))
-        .min_by_key(|r| r.components().count())
-        .ok_or_else(|| VolumeError::NotAllowlisted {
-            path: host.to_string(),
-            allowed: if allowlist.is_empty() {
-                "none configured".to_string()
-            } else {
-                allowlist
-                    .iter()
-                    .map(|r| r.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
-        })?;
-    let root_str = root.to_str().ok_or_else(|| VolumeError::BadAllowlistRoot {
-        root: root.clone(),
-        reason: "not valid UTF-8".into(),
-    })?;
-    if !root_str.starts_with('/') {
-        return Err(VolumeError::BadAllowlistRoot {
-            root: root.clone(),
-            reason: "not absolute".into(),
-        });
-    }
-    absolute_normalized(root_str).map_err(|r| VolumeError::BadAllowlistRoot {
-        root: root.clone(),
-        reason: r.into(),
-    })?;
+    let root = allowlisted_root(host_p, allowlist)?;
 
     // Path below the root, as the kernel will walk it.
     let mut rel = host_p
@@ -280,49 +221,7 @@ fn resolve_source(m: &HostPathMount, allowlist: &[PathBuf]) -> Result<PathBuf, V
         rel.push(sub);
     }
     let wanted = root.join(&rel);
-
-    // The root itself is operator configuration and trusted: it is opened
-    // normally (symlinks in it are followed). Everything below it is not.
-    let root_fd = open_dir(root).map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) => VolumeError::BadAllowlistRoot {
-            root: root.clone(),
-            reason: "does not exist".into(),
-        },
-        Some(libc::ENOTDIR) => VolumeError::BadAllowlistRoot {
-            root: root.clone(),
-            reason: "not a directory".into(),
-        },
-        _ => VolumeError::BadAllowlistRoot {
-            root: root.clone(),
-            reason: e.to_string(),
-        },
-    })?;
-    let dir_fd = if rel.as_os_str().is_empty() {
-        // host_path is the root itself.
-        open_dir(root).map_err(|source| VolumeError::Resolve {
-            path: wanted.clone(),
-            source,
-        })?
-    } else {
-        openat2_beneath(&root_fd, &rel).map_err(|e| match e.raw_os_error() {
-            // EXDEV: the walk tried to leave the root; ELOOP with
-            // RESOLVE_NO_MAGICLINKS: a /proc magic link was on the way.
-            Some(libc::EXDEV) | Some(libc::ELOOP) => VolumeError::Escapes {
-                path: wanted.clone(),
-                root: root.clone(),
-            },
-            Some(libc::ENOENT) => VolumeError::Missing {
-                path: wanted.clone(),
-            },
-            Some(libc::ENOTDIR) => VolumeError::NotADirectory {
-                path: wanted.clone(),
-            },
-            _ => VolumeError::Resolve {
-                path: wanted.clone(),
-                source: e,
-            },
-        })?
-    };
+    let (root_fd, dir_fd) = open_beneath(root, &rel, &wanted)?;
 
     let real_root = fd_path(&root_fd).map_err(|source| VolumeError::Resolve {
         path: root.clone(),
@@ -342,6 +241,117 @@ fn resolve_source(m: &HostPathMount, allowlist: &[PathBuf]) -> Result<PathBuf, V
         });
     }
     Ok(real)
+}
+
+fn check_host_path(host: &str) -> Result<(), VolumeError> {
+    if !host.starts_with('/') {
+        return Err(VolumeError::HostPathNotAbsolute {
+            path: host.to_string(),
+        });
+    }
+    absolute_normalized(host).map_err(|reason| VolumeError::HostPathNotNormalized {
+        path: host.to_string(),
+        reason,
+    })
+}
+
+fn check_sub_path(host: &str, sub: &str) -> Result<(), VolumeError> {
+    if sub.starts_with('/') {
+        return Err(VolumeError::SubPathAbsolute {
+            host_path: host.into(),
+            sub_path: sub.into(),
+        });
+    }
+    if sub.split('/').any(|c| c == "..") {
+        return Err(VolumeError::SubPathTraversal {
+            host_path: host.into(),
+            sub_path: sub.into(),
+        });
+    }
+    if !sub.is_empty() {
+        relative_normalized(sub).map_err(|reason| VolumeError::SubPathNotNormalized {
+            host_path: host.into(),
+            sub_path: sub.into(),
+            reason,
+        })?;
+    }
+    Ok(())
+}
+
+/// An allowlisted root containing `host` (component-wise, so `/data-evil`
+/// is not inside `/data`). With nested roots the widest one is used:
+/// everything under it is allowed anyway, and symlinks are then judged
+/// against the boundary the operator actually configured.
+fn allowlisted_root<'a>(host: &Path, allowlist: &'a [PathBuf]) -> Result<&'a PathBuf, VolumeError> {
+    let root = allowlist
+        .iter()
+        .filter(|r| host.starts_with(r))
+        .min_by_key(|r| r.components().count())
+        .ok_or_else(|| VolumeError::NotAllowlisted {
+            path: host.display().to_string(),
+            allowed: if allowlist.is_empty() {
+                "none configured".to_string()
+            } else {
+                allowlist
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        })?;
+    let bad_root = |reason: String| VolumeError::BadAllowlistRoot {
+        root: root.clone(),
+        reason,
+    };
+    let root_str = root
+        .to_str()
+        .ok_or_else(|| bad_root("not valid UTF-8".into()))?;
+    if !root_str.starts_with('/') {
+        return Err(bad_root("not absolute".into()));
+    }
+    absolute_normalized(root_str).map_err(|r| bad_root(r.into()))?;
+    Ok(root)
+}
+
+/// Opens the root, then `rel` beneath it with `openat2(RESOLVE_BENEATH)`.
+/// The root itself is operator configuration and trusted: it is opened
+/// normally (symlinks in it are followed). Everything below it is not.
+fn open_beneath(root: &Path, rel: &Path, wanted: &Path) -> Result<(OwnedFd, OwnedFd), VolumeError> {
+    let root_fd = open_dir(root).map_err(|e| VolumeError::BadAllowlistRoot {
+        root: root.to_path_buf(),
+        reason: match e.raw_os_error() {
+            Some(libc::ENOENT) => "does not exist".into(),
+            Some(libc::ENOTDIR) => "not a directory".into(),
+            _ => e.to_string(),
+        },
+    })?;
+    if rel.as_os_str().is_empty() {
+        // host_path is the root itself.
+        let dir_fd = open_dir(root).map_err(|source| VolumeError::Resolve {
+            path: wanted.to_path_buf(),
+            source,
+        })?;
+        return Ok((root_fd, dir_fd));
+    }
+    let dir_fd = openat2_beneath(&root_fd, rel).map_err(|e| match e.raw_os_error() {
+        // EXDEV: the walk tried to leave the root; ELOOP with
+        // RESOLVE_NO_MAGICLINKS: a /proc magic link was on the way.
+        Some(libc::EXDEV) | Some(libc::ELOOP) => VolumeError::Escapes {
+            path: wanted.to_path_buf(),
+            root: root.to_path_buf(),
+        },
+        Some(libc::ENOENT) => VolumeError::Missing {
+            path: wanted.to_path_buf(),
+        },
+        Some(libc::ENOTDIR) => VolumeError::NotADirectory {
+            path: wanted.to_path_buf(),
+        },
+        _ => VolumeError::Resolve {
+            path: wanted.to_path_buf(),
+            source: e,
+        },
+    })?;
+    Ok((root_fd, dir_fd))
 }
 
 /// A read-only binding is applied as a recursive bind plus a read-only

@@ -24,6 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::watch;
 
 use crate::config::AgentConfig;
@@ -52,46 +53,53 @@ pub async fn keep_warm(
     reference: String,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut backoff = FIRST_BACKOFF;
-    let mut failures = 0u32;
     let mut present = false;
     loop {
         // A shutdown ends a pull under way too: dropping the future kills
         // the `ctr` child (kill_on_drop).
-        let attempt = tokio::select! {
+        let failures = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
-            r = ensure(&sandboxes, &reference) => r,
+            failures = ensure_with_retries(&sandboxes, &reference, &mut present) => failures,
         };
-        let wait = match attempt {
-            Ok(name) => {
-                if !present {
-                    tracing::info!(image = %reference, %name, after_failures = failures, "warm image present");
-                }
-                present = true;
-                failures = 0;
-                backoff = FIRST_BACKOFF;
-                recheck
-            }
-            Err(e) => {
-                present = false;
-                failures += 1;
-                let wait = backoff;
-                tracing::warn!(
-                    image = %reference,
-                    attempt = failures,
-                    retry_in = ?wait,
-                    error = %e,
-                    "warm image not available yet; will retry"
-                );
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                wait
-            }
-        };
+        tracing::debug!(image = %reference, failures, "warm image checked");
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(recheck) => {}
         }
     }
+}
+
+/// [`ensure`] until it succeeds, with exponential backoff, every failure
+/// logged. Returns how many attempts failed first.
+async fn ensure_with_retries(sandboxes: &Sandboxes, reference: &str, present: &mut bool) -> u32 {
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(FIRST_BACKOFF)
+        .with_factor(2.0)
+        .with_max_delay(MAX_BACKOFF)
+        .without_max_times();
+    let mut failures = 0u32;
+    let ensured = (|| ensure(sandboxes, reference))
+        .retry(backoff)
+        .notify(|e, retry_in| {
+            *present = false;
+            failures += 1;
+            tracing::warn!(
+                image = %reference,
+                attempt = failures,
+                ?retry_in,
+                error = %e,
+                "warm image not available yet; will retry"
+            );
+        })
+        .await;
+    // Without a limit on attempts the retry only ends with a success.
+    if let Ok(name) = ensured
+        && !*present
+    {
+        tracing::info!(image = %reference, %name, after_failures = failures, "warm image present");
+        *present = true;
+    }
+    failures
 }
 
 /// Present (pulled if missing), unpacked for the agent's snapshotter (so

@@ -5,12 +5,9 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::*;
-use sandbolt_proto::agent::v1::{DeleteSandboxRequest, HostPathMount, SandboxPhase, SandboxSpec};
-
-const WAIT: Duration = Duration::from_secs(60);
+use sandbolt_proto::agent::v1::{HostPathMount, SandboxPhase, SandboxSpec};
 
 fn mount(host: &Path, sub: &str, at: &str, read_only: bool) -> HostPathMount {
     HostPathMount {
@@ -41,16 +38,6 @@ async fn create(env: &mut Env, spec: SandboxSpec) -> Result<u32, tonic::Status> 
     let status = resp.status.expect("create answers a status");
     assert_eq!(status.phase(), SandboxPhase::Running, "{status:?}");
     Ok(status.pid)
-}
-
-async fn delete(env: &mut Env, id: &str) {
-    env.client
-        .delete_sandbox(DeleteSandboxRequest {
-            sandbox_id: id.into(),
-            grace_period_ms: 200,
-        })
-        .await
-        .expect("delete");
 }
 
 /// An allowlisted root with `ro/` (holding a file) and `rw/task-1/`.
@@ -127,7 +114,7 @@ async fn edge_e2e_ro_and_rw_bindings() {
     }
 
     // Delete removes the sandbox, never the host data.
-    delete(&mut env, "sb-bind").await;
+    delete(&mut env.client, "sb-bind", 200).await;
     assert_eq!(leftovers(&env, "sb-bind"), Vec::<String>::new());
     assert!(root.join("rw/task-1/written.txt").exists());
     assert!(root.join("ro/seed.txt").exists());
@@ -369,7 +356,7 @@ async fn edge_e2e_sandbox_cannot_reach_the_agent() {
     assert_eq!(status("token-other").await, http::StatusCode::UNAUTHORIZED);
     assert!(pid > 0);
 
-    delete(&mut env, "sb-net").await;
+    delete(&mut env.client, "sb-net", 200).await;
     env.shutdown().await;
 }
 
@@ -430,6 +417,6 @@ async fn edge_e2e_hardening_visible_inside() {
         log.contains("CHROOT=allowed"),
         "CAP_SYS_CHROOT is in the default set:\n{log}"
     );
-    delete(&mut env, "sb-harden").await;
+    delete(&mut env.client, "sb-harden", 200).await;
     env.shutdown().await;
 }

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
@@ -20,6 +21,7 @@ use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 use sandbolt_agent::proxy::{self, Route, SandboxLookup};
+use sandbolt_test_support::{eventually_async, eventually_blocking, free_port};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
@@ -48,22 +50,16 @@ impl NetNs {
         // unshare(2) happens after fork: wait until the child's namespace
         // differs from ours before using it.
         let ours = std::fs::read_link("/proc/self/ns/net").unwrap();
-        let mut moved = false;
-        for _ in 0..2000 {
-            if let Ok(theirs) = std::fs::read_link(ns.ns_path())
-                && theirs != ours
+        eventually_blocking(
+            "the `unshare --net` child in a new network namespace",
+            Duration::from_secs(10),
+            || {
+                let theirs = std::fs::read_link(ns.ns_path()).ok()?;
                 // unshare execs sleep after unsharing; wait for the exec so
                 // the pid is the long-lived process.
-                && std::fs::read_link(format!("/proc/{}/exe", ns.pid())).is_ok_and(|e| e.ends_with("sleep"))
-            {
-                moved = true;
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert!(
-            moved,
-            "`unshare --net` child never entered a new network namespace"
+                let exe = std::fs::read_link(format!("/proc/{}/exe", ns.pid())).ok()?;
+                (theirs != ours && exe.ends_with("sleep")).then_some(())
+            },
         );
         ns.nsenter(&["ip", "link", "set", "lo", "up"]);
         ns
@@ -224,24 +220,13 @@ async fn assert_unreachable_from_host(port: u16) {
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
 }
 
-/// A port that nothing on the host listens on right now.
-fn free_host_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Waits until something listens on `port` inside the namespace.
 async fn wait_listening(pid: u32, port: u16) {
-    for _ in 0..1000 {
-        if proxy::dial_in_sandbox(pid, port).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("nothing started listening on port {port} in the namespace of {pid}");
+    let what = format!("something listening on port {port} in the namespace of {pid}");
+    eventually_async(&what, Duration::from_secs(10), || async move {
+        proxy::dial_in_sandbox(pid, port).await.ok().map(drop)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,7 +238,7 @@ async fn edge_proxy_http_auth_and_errors() {
         "hello from inside the namespace\n",
     )
     .unwrap();
-    let port = free_host_port();
+    let port = free_port();
     ns.busybox_httpd(port, www.path());
     wait_listening(ns.pid(), port).await;
     assert_unreachable_from_host(port).await;

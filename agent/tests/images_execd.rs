@@ -8,10 +8,8 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use common::*;
-use sandbolt_proto::agent::v1::{DeleteSandboxRequest, GetInventoryRequest, SandboxPhase};
+use sandbolt_proto::agent::v1::{GetInventoryRequest, SandboxPhase};
 use sandbolt_testbed::OciImage;
-
-const WAIT: Duration = Duration::from_secs(30);
 
 /// A plain HTTP/1.1 GET; returns (status, body).
 fn http_get(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
@@ -97,14 +95,7 @@ async fn real_execd_is_pid1_and_answers_ping_directly_and_through_the_proxy() {
         "execd must live only inside the sandbox's namespace"
     );
 
-    env.client
-        .delete_sandbox(DeleteSandboxRequest {
-            sandbox_id: "sb-execd".into(),
-            grace_period_ms: 2000,
-        })
-        .await
-        .unwrap();
-    assert_eq!(leftovers(&env, "sb-execd"), Vec::<String>::new());
+    env.delete_leaving_nothing("sb-execd", 2000).await;
     env.shutdown().await;
 }
 
@@ -179,13 +170,6 @@ async fn oci_tarball_import_over_the_api_then_run() {
     let snaps = env.ctr(&["snapshots", "--snapshotter", "overlayfs", "list"]);
     assert!(snaps.contains(&image.diff_id()), "{snaps}");
 
-    env.client
-        .delete_sandbox(DeleteSandboxRequest {
-            sandbox_id: "sb-imported".into(),
-            grace_period_ms: 0,
-        })
-        .await
-        .unwrap();
-    assert_eq!(leftovers(&env, "sb-imported"), Vec::<String>::new());
+    env.delete_leaving_nothing("sb-imported", 0).await;
     env.shutdown().await;
 }

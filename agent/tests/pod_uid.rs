@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use sandbolt_agent::Agent;
 use sandbolt_agent::labels;
-use sandbolt_proto::agent::v1::{SandboxPhase, SandboxRef};
+use sandbolt_proto::agent::v1::SandboxPhase;
 
 fn label(env: &Env, id: &str, key: &str) -> Option<String> {
     let info = env.ctr(&["containers", "info", id]);
@@ -23,14 +23,7 @@ fn task_running(env: &Env, id: &str) -> bool {
 }
 
 async fn phase(client: &mut Client, id: &str) -> SandboxPhase {
-    client
-        .get_sandbox(SandboxRef {
-            sandbox_id: id.into(),
-        })
-        .await
-        .expect("get sandbox")
-        .into_inner()
-        .phase()
+    get(client, id).await.expect("get sandbox").phase()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -14,11 +14,8 @@ use sandbolt_proto::agent::v1::registry_service_server::{RegistryService, Regist
 use sandbolt_proto::agent::v1::{
     DeleteSandboxRequest, GetOwnershipRequest, GetOwnershipResponse, HeartbeatRequest,
     HeartbeatResponse, Inventory, ReportReapedRequest, ReportReapedResponse, SandboxPhase,
-    SandboxRef,
 };
 use tonic::{Request, Response, Status};
-
-const WAIT: Duration = Duration::from_secs(60);
 
 /// pid of the containerd serving `config` (the test bed's), from /proc.
 fn containerd_pid(config: &std::path::Path) -> Option<i32> {
@@ -47,13 +44,18 @@ async fn agent_survives_a_containerd_restart() {
         .create_sandbox(create_req(spec("sb-steady", &["sleep", "1000"])))
         .await
         .unwrap();
-    env.client
+    let dies_pid = env
+        .client
         .create_sandbox(create_req(spec(
             "sb-dies",
             &["sh", "-c", "sleep 2; exit 7"],
         )))
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap()
+        .pid;
 
     // Stop the bed's containerd (the shims keep the sandboxes running) ...
     let config = env.bed.root().join("containerd/config.toml");
@@ -63,8 +65,11 @@ async fn agent_survives_a_containerd_restart() {
         containerd_pid(&config).is_none().then_some(())
     })
     .await;
-    // ... long enough for sb-dies to exit while nobody can report it.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // ... until sb-dies has exited while nobody could report it.
+    eventually("sb-dies to exit", WAIT, || {
+        process_gone(dies_pid).then_some(())
+    })
+    .await;
     let err = env
         .client
         .delete_sandbox(DeleteSandboxRequest {
@@ -88,20 +93,13 @@ async fn agent_survives_a_containerd_restart() {
 
     // The agent reconnects by itself and re-reads the tasks.
     let mut c = env.client.clone();
-    let dies = loop_until_phase(&mut c, "sb-dies", SandboxPhase::Failed).await;
+    let dies = wait_for_phase(&c, "sb-dies", SandboxPhase::Failed).await;
     assert_eq!(dies.exit_code, 7);
-    let steady = loop_until_phase(&mut c, "sb-steady", SandboxPhase::Running).await;
+    let steady = wait_for_phase(&c, "sb-steady", SandboxPhase::Running).await;
     assert!(steady.pid > 0);
     for id in ["sb-steady", "sb-dies"] {
-        let d = c
-            .delete_sandbox(DeleteSandboxRequest {
-                sandbox_id: id.into(),
-                grace_period_ms: 200,
-            })
-            .await
-            .expect("delete after reconnect")
-            .into_inner();
-        assert!(d.existed);
+        let existed = delete(&mut c, id, 200).await;
+        assert!(existed);
         assert_eq!(leftovers(&env, id), Vec::<String>::new());
     }
     // New sandboxes work too.
@@ -109,41 +107,13 @@ async fn agent_survives_a_containerd_restart() {
         .create_sandbox(create_req(spec("sb-after", &["sleep", "1000"])))
         .await
         .expect("create after reconnect");
-    env.client
-        .delete_sandbox(DeleteSandboxRequest {
-            sandbox_id: "sb-after".into(),
-            grace_period_ms: 0,
-        })
-        .await
-        .unwrap();
-    assert_eq!(leftovers(&env, "sb-after"), Vec::<String>::new());
+    env.delete_leaving_nothing("sb-after", 0).await;
     // The agent and the replacement daemon stop before the bed is torn down.
     if let Some(a) = env.agent.take() {
         a.shutdown().await;
     }
     drop(restarted);
     env.shutdown().await;
-}
-
-async fn loop_until_phase(
-    c: &mut Client,
-    id: &str,
-    phase: SandboxPhase,
-) -> sandbolt_proto::agent::v1::SandboxStatus {
-    let start = std::time::Instant::now();
-    loop {
-        if let Ok(s) = c
-            .get_sandbox(SandboxRef {
-                sandbox_id: id.into(),
-            })
-            .await
-            && s.get_ref().phase() == phase
-        {
-            return s.into_inner();
-        }
-        assert!(start.elapsed() < WAIT, "{id} never reached {phase:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A controller stand-in: the real RegistryService wire API, recording what
@@ -241,13 +211,7 @@ async fn heartbeats_push_the_inventory_with_the_controller_token() {
         got.lock().len() >= 2,
         "the 100 ms interval from the answer is used"
     );
-    env.client
-        .delete_sandbox(DeleteSandboxRequest {
-            sandbox_id: "sb-hb".into(),
-            grace_period_ms: 0,
-        })
-        .await
-        .unwrap();
+    delete(&mut env.client, "sb-hb", 0).await;
     env.shutdown().await;
     server.abort();
 }

@@ -9,11 +9,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use sandbolt_agent::{Agent, AgentConfig};
-use sandbolt_proto::agent::v1::{DeleteSandboxRequest, SandboxPhase, SandboxRef};
+use sandbolt_proto::agent::v1::{SandboxPhase, SandboxRef};
 
 const CHILD_ENV: &str = "SANDBOLT_AGENT_CHILD";
 
@@ -89,20 +89,14 @@ fn spawn_agent(socket: &Path, state: &Path, addr_file: &Path) -> ChildGuard {
 }
 
 fn wait_addr(addr_file: &Path, child: &mut ChildGuard) -> std::net::SocketAddr {
-    let start = Instant::now();
-    loop {
-        if let Ok(s) = std::fs::read_to_string(addr_file) {
-            return s.parse().unwrap();
-        }
+    eventually_blocking("the agent child to come up", WAIT, || {
         if let Some(status) = child.0.try_wait().unwrap() {
             panic!("agent child exited early: {status}");
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "agent child never came up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        std::fs::read_to_string(addr_file).ok()
+    })
+    .parse()
+    .unwrap()
 }
 
 fn scenario() {
@@ -113,7 +107,7 @@ fn scenario() {
 
     let mut first = spawn_agent(bed.containerd_socket(), state.path(), &addr_file);
     let addr = wait_addr(&addr_file, &mut first);
-    let (pid, created_at) = rt.block_on(async {
+    let (pid, created_at, exits_pid) = rt.block_on(async {
         let mut c = client(addr, TOKEN).await;
         let mut s = spec("sb-survivor", &["sh", "-c", "echo up; exec sleep 1000"]);
         s.record_uid = "uid-survivor".into();
@@ -126,13 +120,17 @@ fn scenario() {
             .status
             .unwrap();
         // Exits while no agent is running (the agent is killed first).
-        c.create_sandbox(create_req(spec(
-            "sb-exits",
-            &["sh", "-c", "sleep 3; exit 5"],
-        )))
-        .await
-        .expect("create exits");
-        (st.pid, st.created_at_unix_ms)
+        let exits = c
+            .create_sandbox(create_req(spec(
+                "sb-exits",
+                &["sh", "-c", "sleep 3; exit 5"],
+            )))
+            .await
+            .expect("create exits")
+            .into_inner()
+            .status
+            .unwrap();
+        (st.pid, st.created_at_unix_ms, exits.pid)
     });
 
     // kill -9 (SIGKILL): no cleanup code of the agent runs.
@@ -147,8 +145,10 @@ fn scenario() {
             .any(|l| l.starts_with("sb-survivor") && l.contains("RUNNING")),
         "the sandbox outlives its agent: {tasks}"
     );
-    // Let sb-exits exit while no agent listens to events.
-    std::thread::sleep(Duration::from_secs(4));
+    // sb-exits exits while no agent listens to events.
+    eventually_blocking("sb-exits to exit", WAIT, || {
+        process_gone(exits_pid).then_some(())
+    });
 
     let mut second = spawn_agent(bed.containerd_socket(), state.path(), &addr_file);
     let addr = wait_addr(&addr_file, &mut second);
@@ -179,15 +179,8 @@ fn scenario() {
         assert_eq!(exited.exit_code, 5);
 
         for id in ["sb-survivor", "sb-exits"] {
-            let d = c
-                .delete_sandbox(DeleteSandboxRequest {
-                    sandbox_id: id.into(),
-                    grace_period_ms: 500,
-                })
-                .await
-                .expect("delete by the new agent")
-                .into_inner();
-            assert!(d.existed, "{id}");
+            let existed = delete(&mut c, id, 500).await;
+            assert!(existed, "{id}");
             assert_eq!(leftovers_in(&bed, state.path(), id), Vec::<String>::new());
         }
     });

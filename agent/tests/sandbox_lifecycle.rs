@@ -10,8 +10,6 @@ use sandbolt_proto::agent::v1::{
     DeleteSandboxRequest, GetInventoryRequest, Resources, SandboxPhase, SandboxRef,
 };
 
-const WAIT: Duration = Duration::from_secs(30);
-
 fn log_contains(env: &Env, id: &str, needle: &str) -> Option<String> {
     let text = std::fs::read_to_string(env.log_path(id)).ok()?;
     text.contains(needle).then_some(text)
@@ -102,16 +100,8 @@ async fn entrypoint_output_labels_and_delete_leaves_nothing() {
         .unwrap();
     assert_eq!(again.pid, status.pid);
 
-    let deleted = env
-        .client
-        .delete_sandbox(DeleteSandboxRequest {
-            sandbox_id: "sb-output".into(),
-            grace_period_ms: 500,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(deleted.existed);
+    let deleted = delete(&mut env.client, "sb-output", 500).await;
+    assert!(deleted);
     assert_eq!(leftovers(&env, "sb-output"), Vec::<String>::new());
     assert!(
         !std::path::Path::new(&format!("/proc/{}", status.pid)).exists()
@@ -129,16 +119,8 @@ async fn entrypoint_output_labels_and_delete_leaves_nothing() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
     // Deleting again: nothing existed.
-    let deleted = env
-        .client
-        .delete_sandbox(DeleteSandboxRequest {
-            sandbox_id: "sb-output".into(),
-            grace_period_ms: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(!deleted.existed);
+    let deleted = delete(&mut env.client, "sb-output", 0).await;
+    assert!(!deleted);
     env.shutdown().await;
 }
 
@@ -196,14 +178,7 @@ async fn limits_are_visible_from_inside() {
     assert!(log.contains("nnp=NoNewPrivs:1\n"), "{log}");
     assert!(log.contains("seccomp=Seccomp:2\n"), "{log}");
     assert!(!log.contains("capeff=CapEff:000001ffffffffff"), "{log}");
-    env.client
-        .delete_sandbox(DeleteSandboxRequest {
-            sandbox_id: "sb-limits".into(),
-            grace_period_ms: 0,
-        })
-        .await
-        .unwrap();
-    assert_eq!(leftovers(&env, "sb-limits"), Vec::<String>::new());
+    env.delete_leaving_nothing("sb-limits", 0).await;
     env.shutdown().await;
 }
 
@@ -223,23 +198,7 @@ async fn exit_codes_become_stopped_or_failed_and_pause_resume_work() {
         ("sb-ok", SandboxPhase::Stopped, 0),
         ("sb-bad", SandboxPhase::Failed, 3),
     ] {
-        let mut st = None;
-        let start = std::time::Instant::now();
-        while start.elapsed() < WAIT {
-            let s = c
-                .get_sandbox(SandboxRef {
-                    sandbox_id: id.into(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            if s.phase() == phase {
-                st = Some(s);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let st = st.unwrap_or_else(|| panic!("{id} never reached {phase:?}"));
+        let st = wait_for_phase(&c, id, phase).await;
         assert_eq!(st.exit_code, code, "{st:?}");
     }
 
@@ -273,15 +232,8 @@ async fn exit_codes_become_stopped_or_failed_and_pause_resume_work() {
     .await
     .unwrap();
     for id in ["sb-ok", "sb-bad", "sb-pause"] {
-        let d = c
-            .delete_sandbox(DeleteSandboxRequest {
-                sandbox_id: id.into(),
-                grace_period_ms: 200,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(d.existed);
+        let existed = delete(&mut c, id, 200).await;
+        assert!(existed);
         assert_eq!(leftovers(&env, id), Vec::<String>::new());
     }
     env.shutdown().await;
@@ -369,13 +321,7 @@ async fn pull_of_a_missing_image_fails_clearly_and_unknown_runtimes_are_reported
         Ok(r) => {
             assert!(crun.available, "crun advertised unavailable but ran");
             assert_eq!(r.into_inner().status.unwrap().runtime, "crun");
-            env.client
-                .delete_sandbox(DeleteSandboxRequest {
-                    sandbox_id: "sb-crun".into(),
-                    grace_period_ms: 0,
-                })
-                .await
-                .unwrap();
+            delete(&mut env.client, "sb-crun", 0).await;
         }
     }
     let mut s = spec("sb-nort", &["true"]);

@@ -6,17 +6,14 @@
 
 mod common;
 
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use sandbolt_agent::images::CRI_PINNED_LABEL;
 use sandbolt_agent::{Agent, AgentError};
-use sandbolt_proto::agent::v1::{DeleteSandboxRequest, SandboxPhase};
+use sandbolt_proto::agent::v1::SandboxPhase;
 use sandbolt_testbed::{LocalRegistry, OciImage};
 
-/// Bounds on broken runs only; nothing here asserts a speed.
-const WAIT: Duration = Duration::from_secs(60);
 /// Longer than anything below may take when it works, far shorter than the
 /// pull timeout: an `Agent::start` that waited for the held pull fails here.
 const START_LIMIT: Duration = Duration::from_secs(120);
@@ -38,22 +35,6 @@ fn warm_image() -> OciImage {
         .cmd(["sh"])
         .build()
         .expect("warm image")
-}
-
-/// Polls the async `f` every 50 ms until it returns Some or `limit` passes.
-async fn eventually_async<T, F: Future<Output = Option<T>>>(
-    what: &str,
-    limit: Duration,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn inventory_has(env: &Env, reference: &str) -> bool {
@@ -86,17 +67,6 @@ async fn create_running(env: &mut Env, id: &str, image: &str) {
         .status
         .unwrap();
     assert_eq!(status.phase(), SandboxPhase::Running, "{status:?}");
-}
-
-async fn delete(env: &mut Env, id: &str) {
-    env.client
-        .delete_sandbox(DeleteSandboxRequest {
-            sandbox_id: id.into(),
-            grace_period_ms: 500,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("delete {id}: {e:?}"));
-    assert!(leftovers(env, id).is_empty(), "{:?}", leftovers(env, id));
 }
 
 fn manifest_requests(registry: &LocalRegistry) -> usize {
@@ -177,8 +147,8 @@ async fn a_missing_warm_image_is_pulled_in_the_background_and_then_needs_no_pull
     })
     .await;
 
-    delete(&mut env, "sb-other").await;
-    delete(&mut env, "sb-warm").await;
+    env.delete_leaving_nothing("sb-other", 500).await;
+    env.delete_leaving_nothing("sb-warm", 500).await;
     env.shutdown().await;
 }
 
@@ -250,7 +220,7 @@ async fn an_unreachable_warm_registry_stops_neither_start_nor_other_creates() {
         Ok(_) => panic!("an agent with an unparsable warm image started"),
     }
 
-    delete(&mut env, "sb-despite-a").await;
-    delete(&mut env, "sb-despite-b").await;
+    env.delete_leaving_nothing("sb-despite-a", 500).await;
+    env.delete_leaving_nothing("sb-despite-b", 500).await;
     env.shutdown().await;
 }

@@ -15,19 +15,31 @@ fn err(e: impl std::fmt::Display) -> BenchError {
     BenchError::Chart(e.to_string())
 }
 
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+/// Draws the chart of `out` into the PNG at `path`.
 pub fn draw(out: &RunOutput, path: &Path) -> Result<()> {
+    register_font()?;
+    let root = BitMapBackend::new(path, (1600, 800)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let (left, right) = root.split_horizontally(860);
+    draw_cdf(out, &left)?;
+    draw_percentiles(out, &right)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+fn register_font() -> Result<()> {
     let font = std::fs::read(FONT)
         .map_err(|e| BenchError::Chart(format!("{FONT}: {e} (install fonts-dejavu-core)")))?;
     // plotters wants the font for the life of the process.
     let font: &'static [u8] = Box::leak(font.into_boxed_slice());
     plotters::style::register_font("sans-serif", FontStyle::Normal, font)
-        .map_err(|_| err("font does not parse"))?;
+        .map_err(|_| err("font does not parse"))
+}
 
-    let root = BitMapBackend::new(path, (1600, 800)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let (left, right) = root.split_horizontally(860);
-
-    // Left: CDF of sequential create latency, one line per system.
+/// Sequential create latencies in ms, per system in the order they ran.
+fn sequential_latencies(out: &RunOutput) -> Vec<(String, Vec<f64>)> {
     let mut series: Vec<(String, Vec<f64>)> = Vec::new();
     for s in out.samples.iter().filter(|s| s.scenario == "sequential") {
         let v = ms(s.total_us);
@@ -36,12 +48,18 @@ pub fn draw(out: &RunOutput, path: &Path) -> Result<()> {
             None => series.push((s.system.clone(), vec![v])),
         }
     }
+    series
+}
+
+/// Left: CDF of sequential create latency, one line per system.
+fn draw_cdf(out: &RunOutput, area: &Area<'_>) -> Result<()> {
+    let series = sequential_latencies(out);
     let max_ms = series
         .iter()
         .flat_map(|(_, v)| v.iter().copied())
         .fold(1.0f64, f64::max)
         * 1.05;
-    let mut cdf = ChartBuilder::on(&left)
+    let mut cdf = ChartBuilder::on(area)
         .caption("Sequential create → ready: CDF", ("sans-serif", 26))
         .margin(20)
         .x_label_area_size(50)
@@ -77,9 +95,12 @@ pub fn draw(out: &RunOutput, path: &Path) -> Result<()> {
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()
-        .map_err(err)?;
+        .map_err(err)
+}
 
-    // Right: p50 (bar) and p99 (tick) per system and scenario.
+/// Right: p50 (bar) and p99 (tick) per system and scenario, each system in
+/// its colour of the CDF.
+fn draw_percentiles(out: &RunOutput, area: &Area<'_>) -> Result<()> {
     let rows = summaries(out);
     let top = rows
         .iter()
@@ -88,7 +109,7 @@ pub fn draw(out: &RunOutput, path: &Path) -> Result<()> {
         * 1.1;
     let n = rows.len().max(1);
     // Segmented y axis: one band per row, its label at the band's centre.
-    let mut bars = ChartBuilder::on(&right)
+    let mut bars = ChartBuilder::on(area)
         .caption(
             "p50 (bar) and p99 (black tick) per scenario",
             ("sans-serif", 22),
@@ -115,17 +136,10 @@ pub fn draw(out: &RunOutput, path: &Path) -> Result<()> {
         .axis_desc_style(("sans-serif", 18))
         .draw()
         .map_err(err)?;
-    let sequential_order: Vec<&str> = out
-        .samples
-        .iter()
-        .filter(|x| x.scenario == "sequential")
-        .map(|x| x.system.as_str())
-        .fold(Vec::new(), |mut acc, name| {
-            if !acc.contains(&name) {
-                acc.push(name);
-            }
-            acc
-        });
+    let sequential_order: Vec<String> = sequential_latencies(out)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     for (i, (_, system, s)) in rows.iter().enumerate() {
         // First row at the top.
         let band = n - 1 - i;
@@ -151,6 +165,5 @@ pub fn draw(out: &RunOutput, path: &Path) -> Result<()> {
         )))
         .map_err(err)?;
     }
-    root.present().map_err(err)?;
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use crate::machine::{self, Machine};
 use crate::progress::Progress;
-use crate::systems::{Bench, System};
+use crate::systems::{Bench, Measured, System};
 use crate::{Options, Result, Sample, Skipped};
 
 /// Burst results: how many at once, how long the whole burst took.
@@ -33,178 +33,221 @@ const BURST_SYSTEMS: [System; 3] = [
     System::FastPathStrong,
 ];
 
+/// Runs every scenario of `opts` on one freshly started [`Bench`].
 pub async fn run(opts: &Options) -> Result<RunOutput> {
     let started = Instant::now();
     let machine = machine::describe();
-    let mut bench = Bench::start(&opts.runtime).await?;
-    let mut enabled: Vec<System> = System::ALL.to_vec();
-    let mut skipped = Vec::new();
-    let mut retried = Vec::new();
-    let mut samples = Vec::new();
-    let mut bursts = Vec::new();
+    let bench = Bench::start(&opts.runtime).await?;
+    let enabled: Vec<System> = System::ALL.to_vec();
     let total = (opts.iterations as u64 + 1) * enabled.len() as u64
         + BURST_SYSTEMS.len() as u64
         + opts.churn as u64
         + u64::from(opts.sdk_rounds > 0);
-    let mut progress = Progress::new(total, opts.progress);
-
-    // Iteration 0 is a warm-up and is not recorded: the first create of
-    // each system pays one-time costs (page cache, first shim binary load).
-    for i in 0..=opts.iterations {
-        // Interleaved: every system once per iteration, so that a slow
-        // moment of the machine hits all of them alike.
-        let mut order = enabled.clone();
-        // The limits pair is compared sample by sample; in a fixed order the
-        // second would always follow the first's teardown on the same agent,
-        // which measured 0.5–2 % slower. Alternating who goes first spreads
-        // that over both. Even iterations swap, so the first recorded one
-        // (1) keeps the table's order.
-        if i % 2 == 0 {
-            swap(&mut order, System::NativeFast, System::NativeFastLimits);
-        }
-        for system in order {
-            progress.step(&format!("sequential {i}: {}", system.name()));
-            // One retry under a fresh id: a transient failure of one create
-            // must not drop a baseline from the whole run. Every failure is
-            // reported (`retried`), and a second one in a row drops the system.
-            let mut outcome = None;
-            for attempt in 0..2 {
-                let id = match attempt {
-                    0 => format!("seq{i}-{}", short(system)),
-                    _ => format!("seq{i}-{}-retry", short(system)),
-                };
-                let result = bench.create(system, &id).await;
-                if let Err(e) = bench.remove(system, &id).await {
-                    tracing::debug!(system = system.name(), %id, error = %e, "cleanup failed");
-                }
-                match result {
-                    Ok(m) => {
-                        outcome = Some(Ok(m));
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(system = system.name(), attempt, error = %e, "create failed");
-                        retried.push(Skipped {
-                            system: format!("{} (iteration {i})", system.name()),
-                            reason: e.to_string(),
-                        });
-                        outcome = Some(Err(e));
-                    }
-                }
-            }
-            match outcome.expect("at least one attempt") {
-                Ok(m) => {
-                    if i > 0 {
-                        samples.push(Sample {
-                            scenario: "sequential".into(),
-                            system: system.name().into(),
-                            iteration: i,
-                            total_us: m.total_us,
-                            stages: m.stages,
-                        });
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(system = system.name(), error = %e, "system cannot run; continuing without it");
-                    skipped.push(Skipped {
-                        system: system.name().into(),
-                        reason: e.to_string(),
-                    });
-                    enabled.retain(|s| *s != system);
-                }
-            }
-        }
-    }
-
-    for system in BURST_SYSTEMS {
-        progress.step(&format!("burst x{}: {}", opts.burst, system.name()));
-        if !enabled.contains(&system) {
-            continue;
-        }
-        match bench.burst(system, opts.burst, short(system)).await {
-            Ok((measured, wall_us)) => {
-                for (k, m) in measured.into_iter().enumerate() {
-                    samples.push(Sample {
-                        scenario: format!("burst x{}", opts.burst),
-                        system: system.name().into(),
-                        iteration: k as u32,
-                        total_us: m.total_us,
-                        stages: m.stages,
-                    });
-                }
-                bursts.push(Burst {
-                    system: system.name().into(),
-                    concurrency: opts.burst,
-                    wall_us,
-                });
-            }
-            Err(e) => skipped.push(Skipped {
-                system: format!("{} (burst)", system.name()),
-                reason: e.to_string(),
-            }),
-        }
-    }
-
-    // Churn: the whole life of a sandbox as an agent framework uses it.
-    let churn_system = System::FastPathFast;
-    for i in 0..opts.churn {
-        progress.step(&format!("churn {i}"));
-        if !enabled.contains(&churn_system) {
-            continue;
-        }
-        let id = format!("churn{i}");
-        let t = Instant::now();
-        let round = async {
-            bench.create(churn_system, &id).await?;
-            let created = t.elapsed().as_micros() as u64;
-            bench.run_command(churn_system, &id).await?;
-            let commanded = t.elapsed().as_micros() as u64;
-            bench.remove(churn_system, &id).await?;
-            Ok::<_, crate::BenchError>(vec![
-                ("created".to_string(), created),
-                ("first_command_done".to_string(), commanded),
-            ])
-        };
-        match round.await {
-            Ok(stages) => samples.push(Sample {
-                scenario: "churn".into(),
-                system: churn_system.name().into(),
-                iteration: i,
-                total_us: t.elapsed().as_micros() as u64,
-                stages,
-            }),
-            Err(e) => {
-                skipped.push(Skipped {
-                    system: format!("{} (churn)", churn_system.name()),
-                    reason: e.to_string(),
-                });
-                let _ = bench.remove(churn_system, &id).await;
-                break;
-            }
-        }
-    }
-    // SDK end-to-end: the official OpenSandbox SDK against sandbolt's
-    // lifecycle adapter (both backends) and the OpenSandbox server.
-    if opts.sdk_rounds > 0 {
-        progress.step(&format!("sdk create x{}", opts.sdk_rounds));
-        let sdk = crate::sdk::run(&bench, opts.sdk_rounds).await;
-        samples.extend(sdk.samples);
-        skipped.extend(sdk.skipped);
-    }
-    progress.finish();
-    bench.shutdown().await;
+    let mut run = Run {
+        bench,
+        enabled,
+        progress: Progress::new(total, opts.progress),
+        samples: Vec::new(),
+        bursts: Vec::new(),
+        skipped: Vec::new(),
+        retried: Vec::new(),
+    };
+    run.sequential(opts.iterations).await;
+    run.bursts(opts.burst).await;
+    run.churn(opts.churn).await;
+    run.sdk(opts.sdk_rounds).await;
+    run.progress.finish();
+    run.bench.shutdown().await;
     Ok(RunOutput {
         machine,
         options: format!(
             "iterations={} burst={} churn={} sdk_rounds={} runtime={}",
             opts.iterations, opts.burst, opts.churn, opts.sdk_rounds, opts.runtime
         ),
-        samples,
-        bursts,
-        skipped,
-        retried,
+        samples: run.samples,
+        bursts: run.bursts,
+        skipped: run.skipped,
+        retried: run.retried,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// One run in progress: the systems still in it and what it measured.
+struct Run {
+    bench: Bench,
+    /// Systems not dropped after failing twice in a row.
+    enabled: Vec<System>,
+    progress: Progress,
+    samples: Vec<Sample>,
+    bursts: Vec<Burst>,
+    skipped: Vec<Skipped>,
+    retried: Vec<Skipped>,
+}
+
+impl Run {
+    /// `iterations` rounds of one create per system, after a warm-up round.
+    async fn sequential(&mut self, iterations: u32) {
+        // Iteration 0 is a warm-up and is not recorded: the first create of
+        // each system pays one-time costs (page cache, first shim binary load).
+        for i in 0..=iterations {
+            // Interleaved: every system once per iteration, so that a slow
+            // moment of the machine hits all of them alike.
+            let mut order = self.enabled.clone();
+            // The limits pair is compared sample by sample; in a fixed order the
+            // second would always follow the first's teardown on the same agent,
+            // which measured 0.5–2 % slower. Alternating who goes first spreads
+            // that over both. Even iterations swap, so the first recorded one
+            // (1) keeps the table's order.
+            if i % 2 == 0 {
+                swap(&mut order, System::NativeFast, System::NativeFastLimits);
+            }
+            for system in order {
+                self.progress
+                    .step(&format!("sequential {i}: {}", system.name()));
+                match self.create_with_one_retry(system, i).await {
+                    Ok(m) if i > 0 => self.samples.push(Sample {
+                        scenario: "sequential".into(),
+                        system: system.name().into(),
+                        iteration: i,
+                        total_us: m.total_us,
+                        stages: m.stages,
+                    }),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(system = system.name(), error = %e, "system cannot run; continuing without it");
+                        self.skipped.push(Skipped {
+                            system: system.name().into(),
+                            reason: e.to_string(),
+                        });
+                        self.enabled.retain(|s| *s != system);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One timed create (and untimed removal) on `system`, retried once
+    /// under a fresh id: a transient failure of one create must not drop a
+    /// baseline from the whole run. Every failure is reported (`retried`);
+    /// the second one in a row is returned. Not `backon`: each attempt has
+    /// its own id and its own report, and there is no delay to back off.
+    async fn create_with_one_retry(&mut self, system: System, i: u32) -> Result<Measured> {
+        let mut last = None;
+        for id in [
+            format!("seq{i}-{}", short(system)),
+            format!("seq{i}-{}-retry", short(system)),
+        ] {
+            let result = self.bench.create(system, &id).await;
+            if let Err(e) = self.bench.remove(system, &id).await {
+                tracing::debug!(system = system.name(), %id, error = %e, "cleanup failed");
+            }
+            match result {
+                Ok(m) => return Ok(m),
+                Err(e) => {
+                    tracing::warn!(system = system.name(), %id, error = %e, "create failed");
+                    self.retried.push(Skipped {
+                        system: format!("{} (iteration {i})", system.name()),
+                        reason: e.to_string(),
+                    });
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.expect("two attempts"))
+    }
+
+    /// `size` creates at once on each burst system.
+    async fn bursts(&mut self, size: u32) {
+        for system in BURST_SYSTEMS {
+            self.progress
+                .step(&format!("burst x{size}: {}", system.name()));
+            if !self.enabled.contains(&system) {
+                continue;
+            }
+            match self.bench.burst(system, size, short(system)).await {
+                Ok((measured, wall_us)) => {
+                    for (k, m) in measured.into_iter().enumerate() {
+                        self.samples.push(Sample {
+                            scenario: format!("burst x{size}"),
+                            system: system.name().into(),
+                            iteration: k as u32,
+                            total_us: m.total_us,
+                            stages: m.stages,
+                        });
+                    }
+                    self.bursts.push(Burst {
+                        system: system.name().into(),
+                        concurrency: size,
+                        wall_us,
+                    });
+                }
+                Err(e) => self.skipped.push(Skipped {
+                    system: format!("{} (burst)", system.name()),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+    }
+
+    /// Churn: the whole life of a sandbox as an agent framework uses it
+    /// (create, first command, delete), `rounds` times.
+    async fn churn(&mut self, rounds: u32) {
+        let system = System::FastPathFast;
+        for i in 0..rounds {
+            self.progress.step(&format!("churn {i}"));
+            if !self.enabled.contains(&system) {
+                continue;
+            }
+            let id = format!("churn{i}");
+            let t = Instant::now();
+            match self.churn_round(system, &id, t).await {
+                Ok(stages) => self.samples.push(Sample {
+                    scenario: "churn".into(),
+                    system: system.name().into(),
+                    iteration: i,
+                    total_us: t.elapsed().as_micros() as u64,
+                    stages,
+                }),
+                Err(e) => {
+                    self.skipped.push(Skipped {
+                        system: format!("{} (churn)", system.name()),
+                        reason: e.to_string(),
+                    });
+                    let _ = self.bench.remove(system, &id).await;
+                    break;
+                }
+            }
+        }
+    }
+
+    async fn churn_round(
+        &mut self,
+        system: System,
+        id: &str,
+        t: Instant,
+    ) -> Result<Vec<(String, u64)>> {
+        self.bench.create(system, id).await?;
+        let created = t.elapsed().as_micros() as u64;
+        self.bench.run_command(system, id).await?;
+        let commanded = t.elapsed().as_micros() as u64;
+        self.bench.remove(system, id).await?;
+        Ok(vec![
+            ("created".to_string(), created),
+            ("first_command_done".to_string(), commanded),
+        ])
+    }
+
+    /// SDK end-to-end: the official OpenSandbox SDK against sandbolt's
+    /// lifecycle adapter (both backends) and the OpenSandbox server.
+    async fn sdk(&mut self, rounds: u32) {
+        if rounds == 0 {
+            return;
+        }
+        self.progress.step(&format!("sdk create x{rounds}"));
+        let sdk = crate::sdk::run(&self.bench, rounds).await;
+        self.samples.extend(sdk.samples);
+        self.skipped.extend(sdk.skipped);
+    }
 }
 
 /// Exchanges the places of `a` and `b` in `order` (when both are there).

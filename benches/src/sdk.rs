@@ -78,96 +78,121 @@ struct Target {
     resource: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
+impl SdkOutcome {
+    /// `system` cannot run (or failed a round): reported, and the run goes on.
+    fn skip(&mut self, system: &str, reason: String) {
+        tracing::warn!(system, %reason, "sdk create: system cannot run; continuing without it");
+        self.skipped.push(Skipped {
+            system: format!("{system} ({SCENARIO_CREATE})"),
+            reason,
+        });
+    }
+}
+
+/// The lifecycle servers of the scenario, and the targets they serve.
+#[derive(Default)]
+struct Lifecycles {
+    targets: Vec<Target>,
+    handles: Vec<LifecycleHandle>,
+}
+
+impl Lifecycles {
+    /// One lifecycle on the FastPath backend (the bench's fast-mode
+    /// controller), three targets on it: the limits are the only difference.
+    async fn add_fastpath(&mut self, bench: &Bench, data: &Path, out: &mut SdkOutcome) {
+        let names = [
+            LIFECYCLE_FASTPATH,
+            LIFECYCLE_FASTPATH_NO_LIMITS,
+            LIFECYCLE_FASTPATH_LIMITS,
+        ];
+        let mut fp = ControllerConfig::new(format!("http://{}", bench.fast_controller_addr()));
+        fp.namespace = "default".into();
+        let handle = match start_lifecycle(BackendConfig::Controller(fp), data).await {
+            Ok(h) => h,
+            Err(e) => {
+                for name in names {
+                    out.skip(name, e.clone());
+                }
+                return;
+            }
+        };
+        let url = format!("http://{}", handle.addr());
+        let limits = SDK_LIMITS
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        for (name, resource) in
+            names
+                .into_iter()
+                .zip([None, Some(serde_json::Map::new()), Some(limits)])
+        {
+            self.targets.push(Target {
+                name,
+                url: url.clone(),
+                resource,
+            });
+        }
+        self.handles.push(handle);
+    }
+
+    /// One lifecycle on the Docker backend, on the bed's dockerd.
+    async fn add_docker(&mut self, docker_socket: &Path, data: &Path, out: &mut SdkOutcome) {
+        let execd = match tokio::task::spawn_blocking(execd_binary).await {
+            Ok(Ok(execd)) => execd,
+            Ok(Err(e)) => return out.skip(LIFECYCLE_DOCKER, format!("execd: {e}")),
+            Err(e) => return out.skip(LIFECYCLE_DOCKER, format!("execd: {e}")),
+        };
+        let backend = BackendConfig::Docker(DockerConfig::new(docker_socket, &execd));
+        match start_lifecycle(backend, data).await {
+            Ok(h) => {
+                self.targets.push(Target {
+                    name: LIFECYCLE_DOCKER,
+                    url: format!("http://{}", h.addr()),
+                    resource: None,
+                });
+                self.handles.push(h);
+            }
+            Err(e) => out.skip(LIFECYCLE_DOCKER, e),
+        }
+    }
+
+    async fn shutdown(self) {
+        for h in self.handles {
+            if let Err(e) = h.shutdown().await {
+                tracing::warn!(error = %e, "lifecycle shutdown");
+            }
+        }
+    }
+}
+
 /// Runs `rounds` recorded rounds (after one warm-up round) on every system
 /// that starts.
 pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
     let mut out = SdkOutcome::default();
-    let skip = |out: &mut SdkOutcome, system: &str, reason: String| {
-        tracing::warn!(system, %reason, "sdk create: system cannot run; continuing without it");
-        out.skipped.push(Skipped {
-            system: format!("{system} ({SCENARIO_CREATE})"),
-            reason,
-        });
-    };
     let dir = match tempfile::tempdir() {
         Ok(d) => d,
         Err(e) => {
             for s in SYSTEMS {
-                skip(&mut out, s, format!("tempdir: {e}"));
+                out.skip(s, format!("tempdir: {e}"));
             }
             return out;
         }
     };
-    let mut targets = Vec::new();
-    let mut lifecycles: Vec<LifecycleHandle> = Vec::new();
-
-    let mut fp = ControllerConfig::new(format!("http://{}", bench.fast_controller_addr()));
-    fp.namespace = "default".into();
-    match start_lifecycle(
-        BackendConfig::Controller(fp),
-        &dir.path().join("lc-fastpath"),
-    )
-    .await
-    {
-        Ok(h) => {
-            // One server for all three: the limits are the only difference.
-            let url = format!("http://{}", h.addr());
-            let limits = SDK_LIMITS
-                .iter()
-                .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
-                .collect();
-            for (name, resource) in [
-                (LIFECYCLE_FASTPATH, None),
-                (LIFECYCLE_FASTPATH_NO_LIMITS, Some(serde_json::Map::new())),
-                (LIFECYCLE_FASTPATH_LIMITS, Some(limits)),
-            ] {
-                targets.push(Target {
-                    name,
-                    url: url.clone(),
-                    resource,
-                });
-            }
-            lifecycles.push(h);
-        }
-        Err(e) => {
-            for s in [
-                LIFECYCLE_FASTPATH,
-                LIFECYCLE_FASTPATH_NO_LIMITS,
-                LIFECYCLE_FASTPATH_LIMITS,
-            ] {
-                skip(&mut out, s, e.clone());
-            }
-        }
-    }
-
+    let mut lifecycles = Lifecycles::default();
+    lifecycles
+        .add_fastpath(bench, &dir.path().join("lc-fastpath"), &mut out)
+        .await;
     let docker_socket = bench
         .testbed()
         .docker_socket()
         .map(Path::to_path_buf)
         .expect("the harness's test bed runs dockerd");
-    let execd = tokio::task::spawn_blocking(execd_binary).await;
-    match execd {
-        Ok(Ok(execd)) => {
-            let backend = BackendConfig::Docker(DockerConfig::new(&docker_socket, &execd));
-            match start_lifecycle(backend, &dir.path().join("lc-docker")).await {
-                Ok(h) => {
-                    targets.push(Target {
-                        name: LIFECYCLE_DOCKER,
-                        url: format!("http://{}", h.addr()),
-                        resource: None,
-                    });
-                    lifecycles.push(h);
-                }
-                Err(e) => skip(&mut out, LIFECYCLE_DOCKER, e),
-            }
-        }
-        Ok(Err(e)) => skip(&mut out, LIFECYCLE_DOCKER, format!("execd: {e}")),
-        Err(e) => skip(&mut out, LIFECYCLE_DOCKER, format!("execd: {e}")),
-    }
-
+    lifecycles
+        .add_docker(&docker_socket, &dir.path().join("lc-docker"), &mut out)
+        .await;
     let server = match OpenSandboxServer::start(bench, &docker_socket, dir.path()).await {
         Ok(s) => {
-            targets.push(Target {
+            lifecycles.targets.push(Target {
                 name: OPENSANDBOX,
                 url: format!("http://{}", s.addr),
                 resource: None,
@@ -175,70 +200,68 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
             Some(s)
         }
         Err(e) => {
-            skip(&mut out, OPENSANDBOX, e);
+            out.skip(OPENSANDBOX, e);
             None
         }
     };
-
-    if !targets.is_empty() {
-        match run_python(&targets, rounds).await {
-            Ok(mut report) => {
-                // Table order: creates then kills, each in SYSTEMS order.
-                report
-                    .samples
-                    .sort_by_key(|s| (SYSTEMS.iter().position(|n| *n == s.system), s.round));
-                for s in &report.samples {
-                    // Stage ends in time order; "pings" is a count, not a time.
-                    let mut stages: Vec<(String, u64)> = s
-                        .stages
-                        .iter()
-                        .filter(|(k, _)| k.as_str() != "pings")
-                        .map(|(k, v)| (k.clone(), *v))
-                        .collect();
-                    stages.sort_by_key(|(_, v)| *v);
-                    out.samples.push(Sample {
-                        scenario: SCENARIO_CREATE.into(),
-                        system: s.system.clone(),
-                        iteration: s.round,
-                        total_us: s.create_us,
-                        stages,
-                    });
-                }
-                for s in report.samples {
-                    out.samples.push(Sample {
-                        scenario: SCENARIO_KILL.into(),
-                        system: s.system,
-                        iteration: s.round,
-                        total_us: s.kill_us,
-                        stages: Vec::new(),
-                    });
-                }
-                for f in report.failures {
-                    let reason = format!("round {}: {}", f.round, f.reason);
-                    let reason = match (&server, f.system == OPENSANDBOX) {
-                        (Some(s), true) => format!("{reason}; server log: {}", s.log_tail()),
-                        _ => reason,
-                    };
-                    skip(&mut out, &f.system, reason);
-                }
-            }
+    if !lifecycles.targets.is_empty() {
+        match run_python(&lifecycles.targets, rounds).await {
+            Ok(report) => record(report, server.as_ref(), &mut out),
             Err(e) => {
-                for t in &targets {
-                    skip(&mut out, t.name, e.clone());
+                for t in &lifecycles.targets {
+                    out.skip(t.name, e.clone());
                 }
             }
         }
     }
-
     if let Some(s) = server {
         s.stop().await;
     }
-    for h in lifecycles {
-        if let Err(e) = h.shutdown().await {
-            tracing::warn!(error = %e, "lifecycle shutdown");
-        }
-    }
+    lifecycles.shutdown().await;
     out
+}
+
+/// The Python loop's report as samples (creates then kills, each in
+/// [`SYSTEMS`] order) and its failures as skips (with the OpenSandbox
+/// server's log for its own).
+fn record(mut report: PyReport, server: Option<&OpenSandboxServer>, out: &mut SdkOutcome) {
+    report
+        .samples
+        .sort_by_key(|s| (SYSTEMS.iter().position(|n| *n == s.system), s.round));
+    for s in &report.samples {
+        // Stage ends in time order; "pings" is a count, not a time.
+        let mut stages: Vec<(String, u64)> = s
+            .stages
+            .iter()
+            .filter(|(k, _)| k.as_str() != "pings")
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        stages.sort_by_key(|(_, v)| *v);
+        out.samples.push(Sample {
+            scenario: SCENARIO_CREATE.into(),
+            system: s.system.clone(),
+            iteration: s.round,
+            total_us: s.create_us,
+            stages,
+        });
+    }
+    for s in report.samples {
+        out.samples.push(Sample {
+            scenario: SCENARIO_KILL.into(),
+            system: s.system,
+            iteration: s.round,
+            total_us: s.kill_us,
+            stages: Vec::new(),
+        });
+    }
+    for f in report.failures {
+        let reason = format!("round {}: {}", f.round, f.reason);
+        let reason = match server {
+            Some(s) if f.system == OPENSANDBOX => format!("{reason}; server log: {}", s.log_tail()),
+            _ => reason,
+        };
+        out.skip(&f.system, reason);
+    }
 }
 
 /// p50 ratios of the scenario against the OpenSandbox server, creates and

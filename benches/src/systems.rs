@@ -9,6 +9,7 @@
 //! controller, with and without resource limits (issue 13: what the limits
 //! cost at create).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use containerd_client::services::v1::container::Runtime;
@@ -19,15 +20,16 @@ use containerd_client::services::v1::{
 };
 use containerd_client::tonic::Request;
 use containerd_client::with_namespace;
-use sandbolt_agent::server::BearerToken;
 use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
 use sandbolt_controller::{Consistency, Controller, ControllerConfig, ControllerHandle};
 use sandbolt_proto::agent::v1 as agentpb;
 use sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient;
+use sandbolt_proto::auth::BearerToken;
 use sandbolt_proto::control::v1 as control;
 use sandbolt_proto::control::v1::sandbox_service_client::SandboxServiceClient;
 use sandbolt_proto::fastpath::v2;
 use sandbolt_proto::fastpath::v2::fast_path_service_client::FastPathServiceClient;
+use sandbolt_proto::wire::EXECD_PORT;
 use sandbolt_testbed::{BUSYBOX_REF, Testbed, busybox_image, execd_binary};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -107,6 +109,19 @@ pub struct Measured {
     pub stages: Vec<(String, u64)>,
 }
 
+impl Measured {
+    /// Only the client-side total, since `started`.
+    fn total(started: Instant) -> Measured {
+        Measured {
+            total_us: micros(started),
+            stages: Vec::new(),
+        }
+    }
+}
+
+/// Stages of one create (name, µs since the create began), or why it failed.
+type Stages = std::result::Result<Vec<(String, u64)>, String>;
+
 type AgentClient = AgentServiceClient<InterceptedService<Channel, BearerToken>>;
 
 struct ControllerPath {
@@ -141,129 +156,31 @@ impl Bench {
     /// (`runc`, `crun`, `runsc`). A runtime that cannot run here makes the
     /// sandbolt systems fail their first create, which the run reports.
     pub async fn start(runtime: &str) -> Result<Bench> {
-        let bed = tokio::task::spawn_blocking(|| -> Result<Testbed> {
-            let bed = Testbed::start_with_docker()?;
-            let image = busybox_image()?;
-            bed.import_image(&image, NAMESPACE)?;
-            bed.docker_load(&image)?;
-            Ok(bed)
-        })
-        .await
-        .map_err(|e| BenchError::system("test bed", e))??;
+        let bed = start_bed().await?;
         let execd = tokio::task::spawn_blocking(execd_binary)
             .await
             .map_err(|e| BenchError::system("execd", e))??;
-        let state = tempfile::tempdir().map_err(|e| BenchError::Io {
-            path: "tempdir".into(),
-            source: e,
-        })?;
-
-        let agent_config = |id: &str, controller: Option<String>| {
-            let mut c = AgentConfig::new(
-                id,
-                bed.containerd_socket(),
-                &execd,
-                state.path().join(id),
-                TOKEN,
-            );
-            c.controller_endpoint = controller;
-            c.controller_token = Some(TOKEN.into());
-            c.heartbeat_interval = Duration::from_millis(500);
-            c.stop_grace_period = Duration::from_secs(1);
-            c.default_runtime = runtime.to_string();
-            c
+        let state = tempdir()?;
+        let agents = AgentSetup {
+            bed: &bed,
+            execd: &execd,
+            state: state.path(),
+            runtime,
         };
-        let agent = Agent::start(agent_config("bench-agent", None))
+        let agent = Agent::start(agents.config("bench-agent", None))
             .await
             .map_err(|e| BenchError::system("agent", e))?;
-        let channel = Channel::from_shared(format!("http://{}", agent.grpc_addr()))
-            .expect("valid uri")
-            .connect()
-            .await
-            .map_err(|e| BenchError::system("agent", e))?;
-        let agent_client = AgentServiceClient::with_interceptor(
-            channel,
-            BearerToken::new(TOKEN).expect("ascii token"),
-        );
-
-        let mut paths = Vec::new();
-        for (name, consistency) in [("fast", Consistency::Fast), ("strong", Consistency::Strong)] {
-            let dir = tempfile::tempdir().map_err(|e| BenchError::Io {
-                path: "tempdir".into(),
-                source: e,
-            })?;
-            let mut config =
-                ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir.path(), TOKEN);
-            config.default_consistency = consistency;
-            config.heartbeat_interval = Duration::from_millis(500);
-            let controller = Controller::start(config)
-                .await
-                .map_err(|e| BenchError::system("controller", e))?;
-            let agent = Agent::start(agent_config(
-                &format!("bench-agent-{name}"),
-                Some(format!("http://{}", controller.local_addr())),
-            ))
-            .await
-            .map_err(|e| BenchError::system("agent", e))?;
-            if !controller.wait_ready(Duration::from_secs(30)).await {
-                return Err(BenchError::system(
-                    "controller",
-                    "no agent registered within 30 s",
-                ));
-            }
-            let mut client =
-                FastPathServiceClient::connect(format!("http://{}", controller.local_addr()))
-                    .await
-                    .map_err(|e| BenchError::system("controller", e))?;
-            // The agent's first heartbeat registers it; until then the pool
-            // has no live agent to place on.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let pool = client
-                    .get_pool(v2::GetPoolRequest {
-                        namespace: "default".into(),
-                        pool_name: "default".into(),
-                    })
-                    .await
-                    .map(|r| r.into_inner().ready_fastlets)
-                    .unwrap_or(0);
-                if pool > 0 {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(BenchError::system(
-                        "controller",
-                        "the agent did not register within 30 s",
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            paths.push(ControllerPath {
-                controller,
-                agent,
-                client,
-                _dir: dir,
-            });
-        }
-        let strong = paths.pop().expect("two paths");
-        let fast = paths.pop().expect("two paths");
+        let agent_client = connect_agent(agent.grpc_addr()).await?;
+        let fast = start_controller_path(&agents, "fast", Consistency::Fast).await?;
+        let strong = start_controller_path(&agents, "strong", Consistency::Strong).await?;
         let native =
             SandboxServiceClient::connect(format!("http://{}", fast.controller.local_addr()))
                 .await
                 .map_err(|e| BenchError::system(System::NativeFast.name(), e))?;
-
         let containerd = containerd_client::Client::from_path(bed.containerd_socket())
             .await
             .map_err(|e| BenchError::system("containerd", e))?;
-        let docker = bollard::Docker::connect_with_unix(
-            bed.docker_socket()
-                .expect("bed has docker")
-                .to_str()
-                .expect("utf-8 path"),
-            120,
-            bollard::API_DEFAULT_VERSION,
-        )
-        .map_err(|e| BenchError::system("docker", e))?;
+        let docker = connect_docker(&bed)?;
         // The test image has one layer, so its chain id is that layer's diff
         // id; a real client caches this per image the same way.
         let chain_id = busybox_image()?.diff_id();
@@ -286,112 +203,123 @@ impl Bench {
     /// Creates one sandbox/container named `id` on `system`, ready to use.
     pub async fn create(&mut self, system: System, id: &str) -> Result<Measured> {
         let started = Instant::now();
-        let err = |e: &dyn std::fmt::Display| BenchError::system(system.name(), e.to_string());
+        let err = |e: String| BenchError::system(system.name(), e);
         let stages = match system {
-            System::ContainerdRaw => self.raw_create(id).await.map_err(|e| err(&e))?,
-            System::CtrRun => {
-                let out = tokio::process::Command::new("ctr")
-                    .arg("--address")
-                    .arg(self.bed.containerd_socket())
-                    .args(["-n", NAMESPACE, "run", "-d", "--null-io", BUSYBOX_REF, id])
-                    .args(SLEEP)
-                    .output()
-                    .await
-                    .map_err(|e| err(&e))?;
-                if !out.status.success() {
-                    return Err(err(&String::from_utf8_lossy(&out.stderr)));
-                }
-                Vec::new()
-            }
-            System::Docker => {
-                use bollard::models::ContainerCreateBody;
-                use bollard::query_parameters::CreateContainerOptionsBuilder;
-                let body = ContainerCreateBody {
-                    image: Some("busybox:latest".into()),
-                    cmd: Some(SLEEP.iter().map(|s| s.to_string()).collect()),
-                    ..Default::default()
-                };
-                let created = self
-                    .docker
-                    .create_container(
-                        Some(CreateContainerOptionsBuilder::new().name(id).build()),
-                        body,
-                    )
-                    .await
-                    .map_err(|e| err(&e))?;
-                let container_created = started.elapsed().as_micros() as u64;
-                self.docker
-                    .start_container(
-                        &created.id,
-                        None::<bollard::query_parameters::StartContainerOptions>,
-                    )
-                    .await
-                    .map_err(|e| err(&e))?;
-                vec![("container_created".into(), container_created)]
-            }
-            System::Agent | System::AgentExecd => {
-                let spec = agentpb::SandboxSpec {
-                    sandbox_id: id.into(),
-                    name: id.into(),
-                    namespace: "bench".into(),
-                    image: BUSYBOX_REF.into(),
-                    command: SLEEP.iter().map(|s| s.to_string()).collect(),
-                    access_token: format!("token-{id}"),
-                    wait_for_execd: system == System::AgentExecd,
-                    ..Default::default()
-                };
-                let resp = self
-                    .agent_client
-                    .create_sandbox(agentpb::CreateSandboxRequest { spec: Some(spec) })
-                    .await
-                    .map_err(|e| err(&e))?
-                    .into_inner();
-                let t = resp.timings.unwrap_or_default();
-                let mut stages = vec![
-                    ("image_resolved".to_string(), t.image_resolved_us as u64),
-                    (
-                        "container_created".to_string(),
-                        t.container_created_us as u64,
-                    ),
-                    ("task_started".to_string(), t.task_started_us as u64),
-                ];
-                if t.execd_ready_us > 0 {
-                    stages.push(("execd_ready".into(), t.execd_ready_us as u64));
-                }
-                stages
-            }
-            System::FastPathFast | System::FastPathStrong => {
-                let path = self.path(system);
-                let resp = path
-                    .client
-                    .create_sandbox(v2_create(id))
-                    .await
-                    .map_err(|e| err(&e))?
-                    .into_inner();
-                let name = resp
-                    .sandbox
-                    .and_then(|s| s.identity)
-                    .map(|i| i.name)
-                    .ok_or_else(|| err(&"create answered without an identity"))?;
-                self.names.insert(id.to_string(), name);
-                Vec::new()
-            }
-            System::NativeFast | System::NativeFastLimits => {
-                let limits = system == System::NativeFastLimits;
-                let sandbox = self
-                    .native
-                    .create_sandbox(native_create(id, limits))
-                    .await
-                    .map_err(|e| err(&e))?
-                    .into_inner();
-                check_native(&sandbox, limits).map_err(|e| err(&e))?;
-                Vec::new()
-            }
-        };
+            System::ContainerdRaw => self.raw_create(id).await,
+            System::CtrRun => self
+                .ctr(&[
+                    "run",
+                    "-d",
+                    "--null-io",
+                    BUSYBOX_REF,
+                    id,
+                    SLEEP[0],
+                    SLEEP[1],
+                ])
+                .await
+                .map(|()| Vec::new()),
+            System::Docker => self.docker_create(id, started).await,
+            System::Agent | System::AgentExecd => self.agent_create(system, id).await,
+            System::FastPathFast | System::FastPathStrong => self.fastpath_create(system, id).await,
+            System::NativeFast | System::NativeFastLimits => self.native_create(system, id).await,
+        }
+        .map_err(err)?;
         Ok(Measured {
-            total_us: started.elapsed().as_micros() as u64,
+            total_us: micros(started),
             stages,
         })
+    }
+
+    /// `ctr <args>` in [`NAMESPACE`] on the bed's containerd; its stderr
+    /// when it fails.
+    async fn ctr(&self, args: &[&str]) -> std::result::Result<(), String> {
+        let out = tokio::process::Command::new("ctr")
+            .arg("--address")
+            .arg(self.bed.containerd_socket())
+            .args(["-n", NAMESPACE])
+            .args(args)
+            .output()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(())
+    }
+
+    /// Docker's create and start, the stage between them timed.
+    async fn docker_create(&self, id: &str, started: Instant) -> Stages {
+        use bollard::models::ContainerCreateBody;
+        use bollard::query_parameters::{CreateContainerOptionsBuilder, StartContainerOptions};
+        let body = ContainerCreateBody {
+            image: Some("busybox:latest".into()),
+            cmd: Some(sleep_command()),
+            ..Default::default()
+        };
+        let options = CreateContainerOptionsBuilder::new().name(id).build();
+        let created = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|e| e.to_string())?;
+        let container_created = micros(started);
+        self.docker
+            .start_container(&created.id, None::<StartContainerOptions>)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(vec![("container_created".into(), container_created)])
+    }
+
+    /// The agent's CreateSandbox; its stages are the ones the agent timed.
+    async fn agent_create(&mut self, system: System, id: &str) -> Stages {
+        let resp = self
+            .agent_client
+            .create_sandbox(agentpb::CreateSandboxRequest {
+                spec: Some(agent_spec(system, id)),
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        let t = resp.timings.unwrap_or_default();
+        let mut stages = vec![
+            ("image_resolved".to_string(), t.image_resolved_us as u64),
+            (
+                "container_created".to_string(),
+                t.container_created_us as u64,
+            ),
+            ("task_started".to_string(), t.task_started_us as u64),
+        ];
+        if t.execd_ready_us > 0 {
+            stages.push(("execd_ready".into(), t.execd_ready_us as u64));
+        }
+        Ok(stages)
+    }
+
+    /// A READY create on FastPath v2; remembers the name the controller gave.
+    async fn fastpath_create(&mut self, system: System, id: &str) -> Stages {
+        let resp = self
+            .path(system)
+            .client
+            .create_sandbox(v2_create(id))
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        let name = created_name(resp).ok_or("create answered without an identity")?;
+        self.names.insert(id.to_string(), name);
+        Ok(Vec::new())
+    }
+
+    /// A native create that waits for READY, checked to be what it claims.
+    async fn native_create(&mut self, system: System, id: &str) -> Stages {
+        let limits = system == System::NativeFastLimits;
+        let sandbox = self
+            .native
+            .create_sandbox(native_create(id, limits))
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        check_native(&sandbox, limits)?;
+        Ok(Vec::new())
     }
 
     /// Removes what [`Bench::create`] made (not timed).
@@ -400,23 +328,12 @@ impl Bench {
         match system {
             System::ContainerdRaw => self.raw_remove(id).await.map_err(|e| err(&e)),
             System::CtrRun => {
-                for args in [
-                    vec!["tasks", "delete", "-f", id],
-                    vec!["containers", "delete", id],
-                ] {
-                    let out = tokio::process::Command::new("ctr")
-                        .arg("--address")
-                        .arg(self.bed.containerd_socket())
-                        .args(["-n", NAMESPACE])
-                        .args(&args)
-                        .output()
-                        .await
-                        .map_err(|e| err(&e))?;
-                    if !out.status.success() {
-                        return Err(err(&String::from_utf8_lossy(&out.stderr)));
-                    }
-                }
-                Ok(())
+                self.ctr(&["tasks", "delete", "-f", id])
+                    .await
+                    .map_err(|e| err(&e))?;
+                self.ctr(&["containers", "delete", id])
+                    .await
+                    .map_err(|e| err(&e))
             }
             System::Docker => {
                 use bollard::query_parameters::RemoveContainerOptionsBuilder;
@@ -479,7 +396,7 @@ impl Bench {
             .resolve_endpoint(v2::ResolveEndpointRequest {
                 sandbox: Some(reference(&name)),
                 target: Some(v2::EndpointTarget {
-                    target: Some(v2::endpoint_target::Target::Port(44772)),
+                    target: Some(v2::endpoint_target::Target::Port(EXECD_PORT.into())),
                 }),
                 ..Default::default()
             })
@@ -529,19 +446,8 @@ impl Bench {
                             .create_sandbox(v2_create(id))
                             .await
                             .map_err(|e| e.to_string())?;
-                        let name = resp
-                            .into_inner()
-                            .sandbox
-                            .and_then(|s| s.identity)
-                            .map(|i| i.name)
-                            .unwrap_or_default();
-                        Ok((
-                            name,
-                            Measured {
-                                total_us: t.elapsed().as_micros() as u64,
-                                stages: Vec::new(),
-                            },
-                        ))
+                        let name = created_name(resp.into_inner()).unwrap_or_default();
+                        Ok((name, Measured::total(t)))
                     }
                 }))
                 .await
@@ -550,16 +456,7 @@ impl Bench {
                 let client = self.agent_client.clone();
                 futures::future::join_all(ids.iter().map(|id| {
                     let mut client = client.clone();
-                    let spec = agentpb::SandboxSpec {
-                        sandbox_id: id.clone(),
-                        name: id.clone(),
-                        namespace: "bench".into(),
-                        image: BUSYBOX_REF.into(),
-                        command: SLEEP.iter().map(|s| s.to_string()).collect(),
-                        access_token: format!("token-{id}"),
-                        wait_for_execd: system == System::AgentExecd,
-                        ..Default::default()
-                    };
+                    let spec = agent_spec(system, id);
                     async move {
                         let t = Instant::now();
                         client
@@ -568,13 +465,7 @@ impl Bench {
                             })
                             .await
                             .map_err(|e| e.to_string())?;
-                        Ok((
-                            spec.sandbox_id,
-                            Measured {
-                                total_us: t.elapsed().as_micros() as u64,
-                                stages: Vec::new(),
-                            },
-                        ))
+                        Ok((spec.sandbox_id, Measured::total(t)))
                     }
                 }))
                 .await
@@ -586,7 +477,7 @@ impl Bench {
                 ));
             }
         };
-        let wall_us = started.elapsed().as_micros() as u64;
+        let wall_us = micros(started);
         let mut measured = Vec::new();
         let mut failures = Vec::new();
         for (id, r) in ids.iter().zip(results) {
@@ -688,7 +579,7 @@ impl Bench {
             .map_err(e)?
             .into_inner()
             .mounts;
-        let container_created = started.elapsed().as_micros() as u64;
+        let container_created = micros(started);
         self.containerd
             .tasks()
             .create(with_namespace!(
@@ -787,6 +678,167 @@ impl Bench {
     }
 }
 
+/// Microseconds since `started`.
+fn micros(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The command every system runs: a sandbox that idles.
+fn sleep_command() -> Vec<String> {
+    SLEEP.iter().map(|s| s.to_string()).collect()
+}
+
+fn tempdir() -> Result<tempfile::TempDir> {
+    tempfile::tempdir().map_err(|e| BenchError::Io {
+        path: "tempdir".into(),
+        source: e,
+    })
+}
+
+/// The bed every system runs on: containerd and dockerd, busybox in both.
+async fn start_bed() -> Result<Testbed> {
+    tokio::task::spawn_blocking(|| -> Result<Testbed> {
+        let bed = Testbed::start_with_docker()?;
+        let image = busybox_image()?;
+        bed.import_image(&image, NAMESPACE)?;
+        bed.docker_load(&image)?;
+        Ok(bed)
+    })
+    .await
+    .map_err(|e| BenchError::system("test bed", e))?
+}
+
+/// What every agent of a run shares.
+struct AgentSetup<'a> {
+    bed: &'a Testbed,
+    execd: &'a Path,
+    state: &'a Path,
+    runtime: &'a str,
+}
+
+impl AgentSetup<'_> {
+    /// Agent `id`, heartbeating to `controller` when it has one.
+    fn config(&self, id: &str, controller: Option<String>) -> AgentConfig {
+        let mut c = AgentConfig::new(
+            id,
+            self.bed.containerd_socket(),
+            self.execd,
+            self.state.join(id),
+            TOKEN,
+        );
+        c.controller_endpoint = controller;
+        c.controller_token = Some(TOKEN.into());
+        c.heartbeat_interval = Duration::from_millis(500);
+        c.stop_grace_period = Duration::from_secs(1);
+        c.default_runtime = self.runtime.to_string();
+        c
+    }
+}
+
+async fn connect_agent(addr: std::net::SocketAddr) -> Result<AgentClient> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("valid uri")
+        .connect()
+        .await
+        .map_err(|e| BenchError::system("agent", e))?;
+    Ok(AgentServiceClient::with_interceptor(
+        channel,
+        BearerToken::new(TOKEN).expect("ascii token"),
+    ))
+}
+
+/// A controller in `consistency` with an agent of its own, once the agent
+/// is a live member of its pool.
+async fn start_controller_path(
+    agents: &AgentSetup<'_>,
+    name: &str,
+    consistency: Consistency,
+) -> Result<ControllerPath> {
+    let dir = tempdir()?;
+    let mut config = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir.path(), TOKEN);
+    config.default_consistency = consistency;
+    config.heartbeat_interval = Duration::from_millis(500);
+    let controller = Controller::start(config)
+        .await
+        .map_err(|e| BenchError::system("controller", e))?;
+    let endpoint = format!("http://{}", controller.local_addr());
+    let agent = Agent::start(agents.config(&format!("bench-agent-{name}"), Some(endpoint.clone())))
+        .await
+        .map_err(|e| BenchError::system("agent", e))?;
+    if !controller.wait_ready(Duration::from_secs(30)).await {
+        return Err(BenchError::system(
+            "controller",
+            "no agent registered within 30 s",
+        ));
+    }
+    let mut client = FastPathServiceClient::connect(endpoint)
+        .await
+        .map_err(|e| BenchError::system("controller", e))?;
+    wait_for_ready_agent(&mut client).await?;
+    Ok(ControllerPath {
+        controller,
+        agent,
+        client,
+        _dir: dir,
+    })
+}
+
+/// The agent's first heartbeat registers it; until then the pool has no
+/// live agent to place on.
+async fn wait_for_ready_agent(client: &mut FastPathServiceClient<Channel>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = client
+            .get_pool(v2::GetPoolRequest {
+                namespace: "default".into(),
+                pool_name: "default".into(),
+            })
+            .await
+            .map(|r| r.into_inner().ready_fastlets)
+            .unwrap_or(0);
+        if ready > 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(BenchError::system(
+                "controller",
+                "the agent did not register within 30 s",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn connect_docker(bed: &Testbed) -> Result<bollard::Docker> {
+    let socket = bed.docker_socket().expect("bed has docker");
+    bollard::Docker::connect_with_unix(
+        socket.to_str().expect("utf-8 path"),
+        120,
+        bollard::API_DEFAULT_VERSION,
+    )
+    .map_err(|e| BenchError::system("docker", e))
+}
+
+/// The agent-API spec of sandbox `id` for `system` (which says whether the
+/// create waits for execd).
+fn agent_spec(system: System, id: &str) -> agentpb::SandboxSpec {
+    agentpb::SandboxSpec {
+        sandbox_id: id.into(),
+        name: id.into(),
+        namespace: "bench".into(),
+        image: BUSYBOX_REF.into(),
+        command: sleep_command(),
+        access_token: format!("token-{id}"),
+        wait_for_execd: system == System::AgentExecd,
+        ..Default::default()
+    }
+}
+
+/// The name the controller gave a FastPath create.
+fn created_name(resp: v2::CreateSandboxResponse) -> Option<String> {
+    resp.sandbox.and_then(|s| s.identity).map(|i| i.name)
+}
+
 fn reference(name: &str) -> v2::SandboxReference {
     v2::SandboxReference {
         namespaced_name: Some(v2::NamespacedName {
@@ -805,7 +857,7 @@ pub(crate) fn v2_create(id: &str) -> v2::CreateSandboxRequest {
         namespace: "default".into(),
         // Short form on purpose: the controller normalizes references.
         image: "busybox".into(),
-        command: SLEEP.iter().map(|s| s.to_string()).collect(),
+        command: sleep_command(),
         completion: v2::CreateCompletion::Ready as i32,
         ..Default::default()
     }
@@ -831,7 +883,7 @@ pub(crate) fn native_create(id: &str, limits: bool) -> control::CreateSandboxReq
         name: id.into(),
         spec: Some(control::SandboxSpec {
             image: "busybox".into(),
-            command: SLEEP.iter().map(|s| s.to_string()).collect(),
+            command: sleep_command(),
             resources,
             ..Default::default()
         }),

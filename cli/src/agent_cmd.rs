@@ -4,6 +4,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use sandbolt_agent::{Agent, AgentConfig};
 
+/// Where the agent keeps per-sandbox logs and its state (the janitor reads
+/// the logs there too).
+pub(crate) const AGENT_STATE_DIR: &str = "/var/lib/sandbolt/agent";
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct AgentArgs {
     /// Stable agent identity (labels on every container; default: host name).
@@ -26,24 +30,14 @@ pub(crate) struct AgentArgs {
     /// Pool this agent serves.
     #[arg(long, env = "SANDBOLT_POOL", default_value = "default")]
     pool: String,
-    #[arg(
-        long,
-        env = "SANDBOLT_CONTAINERD_SOCKET",
-        default_value = "/run/containerd/containerd.sock"
-    )]
-    containerd_socket: PathBuf,
-    #[arg(long, env = "SANDBOLT_CONTAINERD_NAMESPACE", default_value = "k8s.io")]
-    containerd_namespace: String,
+    #[command(flatten)]
+    containerd: crate::containerd::ContainerdArgs,
     /// The static execd injected into every sandbox (default: `execd` next
     /// to this binary).
     #[arg(long, env = "SANDBOLT_EXECD_BIN")]
     execd_bin: Option<PathBuf>,
     /// Per-sandbox logs and agent state.
-    #[arg(
-        long,
-        env = "SANDBOLT_STATE_DIR",
-        default_value = "/var/lib/sandbolt/agent"
-    )]
+    #[arg(long, env = "SANDBOLT_STATE_DIR", default_value = AGENT_STATE_DIR)]
     state_dir: PathBuf,
     /// AgentService gRPC address.
     #[arg(long, env = "SANDBOLT_AGENT_LISTEN", default_value = "127.0.0.1:9091")]
@@ -178,7 +172,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let execd = resolve_execd(args.execd_bin)?;
     let mut config = AgentConfig::new(
         args.agent_id.unwrap_or_else(|| host.clone()),
-        args.containerd_socket,
+        args.containerd.socket,
         execd,
         args.state_dir,
         args.token.clone(),
@@ -188,7 +182,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.pod_name = args.pod_name.filter(|u| !u.is_empty());
     config.pod_namespace = args.pod_namespace.filter(|u| !u.is_empty());
     config.pool = args.pool;
-    config.containerd_namespace = args.containerd_namespace;
+    config.containerd_namespace = args.containerd.namespace;
     config.grpc_listen = args.listen;
     config.proxy_listen = args.proxy_listen;
     config.advertise_host = args.advertise_host;
@@ -207,22 +201,26 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Parses one subcommand's flags as the command line would, for the
+/// subcommands' tests.
+#[cfg(test)]
+pub(crate) fn parse_flags<A: clap::Args>(argv: &[&str]) -> A {
+    #[derive(clap::Parser)]
+    struct Cmd<A: clap::Args> {
+        #[command(flatten)]
+        args: A,
+    }
+    <Cmd<A> as clap::Parser>::try_parse_from(argv)
+        .expect("parses")
+        .args
+}
+
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
 
-    #[derive(clap::Parser)]
-    struct Cmd {
-        #[command(flatten)]
-        args: AgentArgs,
-    }
-
     fn parse(extra: &[&str]) -> AgentArgs {
-        let mut argv = vec!["agent", "--token", "t"];
-        argv.extend_from_slice(extra);
-        Cmd::try_parse_from(argv).expect("parses").args
+        parse_flags(&[&["agent", "--token", "t"], extra].concat())
     }
 
     #[test]

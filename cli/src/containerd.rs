@@ -13,6 +13,27 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 const DEFAULT_SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// Which containerd, and which of its namespaces: the same two flags on every
+/// command that talks to containerd (`up`, `agent`, `janitor`, `image`).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ContainerdArgs {
+    /// containerd's socket.
+    #[arg(
+        long = "containerd-socket",
+        env = "SANDBOLT_CONTAINERD_SOCKET",
+        default_value = DEFAULT_SOCKET
+    )]
+    pub(crate) socket: PathBuf,
+    /// containerd namespace (`k8s.io` shares the kubelet's image cache, as
+    /// `sandbolt up` and the chart use).
+    #[arg(
+        long = "containerd-namespace",
+        env = "SANDBOLT_CONTAINERD_NAMESPACE",
+        default_value = "k8s.io"
+    )]
+    pub(crate) namespace: String,
+}
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// True when a containerd answers a version request on `socket`.

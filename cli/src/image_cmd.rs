@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use sandbolt_agent::AgentError;
-use sandbolt_agent::containerd::Containerd;
-use sandbolt_agent::images::{Images, ImportProgress, ImportStage};
+use sandbolt_node::NodeError;
+use sandbolt_node::containerd::Containerd;
+use sandbolt_node::images::{Images, ImportProgress, ImportStage, NoProgress};
 
 /// Archives smaller than this import in a moment: a bar would only flicker.
 const PROGRESS_MIN_BYTES: u64 = 16 << 20;
@@ -36,15 +36,8 @@ pub(crate) struct ImportArgs {
     /// tags without one.
     #[arg(long)]
     name: Option<String>,
-    #[arg(
-        long,
-        env = "SANDBOLT_CONTAINERD_SOCKET",
-        default_value = "/run/containerd/containerd.sock"
-    )]
-    containerd_socket: PathBuf,
-    /// containerd namespace (`k8s.io`, as `sandbolt up` and the kubelet use).
-    #[arg(long, env = "SANDBOLT_CONTAINERD_NAMESPACE", default_value = "k8s.io")]
-    containerd_namespace: String,
+    #[command(flatten)]
+    containerd: crate::containerd::ContainerdArgs,
     #[arg(long, default_value = "overlayfs")]
     snapshotter: String,
 }
@@ -62,15 +55,15 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot import {}", args.archive.display()))?
         .len();
     let ctrd = Containerd::connect(
-        &args.containerd_socket,
-        &args.containerd_namespace,
+        &args.containerd.socket,
+        &args.containerd.namespace,
         Duration::from_secs(10),
     )
     .await
     .with_context(|| {
         format!(
             "connecting to containerd at {}",
-            args.containerd_socket.display()
+            args.containerd.socket.display()
         )
     })?;
     let images = Images::new(ctrd, args.snapshotter);
@@ -78,7 +71,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         .then(|| Arc::new(Bar::new()));
     let progress: Arc<dyn ImportProgress> = match &bar {
         Some(b) => b.clone(),
-        None => Arc::new(sandbolt_agent::images::NoProgress),
+        None => Arc::new(NoProgress),
     };
     let result = images
         .import_archive(&args.archive, args.name.as_deref(), progress)
@@ -88,7 +81,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
     }
     let names = result.map_err(|e| match e {
         // The reason names the entry or document at fault; one line.
-        AgentError::BadImage { reason, .. } => {
+        NodeError::BadImage { reason, .. } => {
             anyhow::anyhow!("cannot import {}: {reason}", args.archive.display())
         }
         e => anyhow::Error::new(e).context(format!("cannot import {}", args.archive.display())),

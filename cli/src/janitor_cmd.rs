@@ -13,15 +13,8 @@ pub(crate) struct JanitorArgs {
     /// This node's name, as its agent reports it (default: host name).
     #[arg(long, env = "SANDBOLT_NODE_NAME")]
     node_name: Option<String>,
-    #[arg(
-        long,
-        env = "SANDBOLT_CONTAINERD_SOCKET",
-        default_value = "/run/containerd/containerd.sock"
-    )]
-    containerd_socket: PathBuf,
-    /// The agent's containerd namespace.
-    #[arg(long, env = "SANDBOLT_CONTAINERD_NAMESPACE", default_value = "k8s.io")]
-    containerd_namespace: String,
+    #[command(flatten)]
+    containerd: crate::containerd::ContainerdArgs,
     /// The agent's snapshotter.
     #[arg(long, env = "SANDBOLT_SNAPSHOTTER", default_value = "overlayfs")]
     snapshotter: String,
@@ -42,11 +35,7 @@ pub(crate) struct JanitorArgs {
     #[arg(long, env = "SANDBOLT_JANITOR_AGENT_POLL", default_value = "2s", value_parser = humantime::parse_duration)]
     agent_poll_interval: Duration,
     /// The agent's state dir (its per-sandbox logs are in `<dir>/logs`).
-    #[arg(
-        long,
-        env = "SANDBOLT_STATE_DIR",
-        default_value = "/var/lib/sandbolt/agent"
-    )]
+    #[arg(long, env = "SANDBOLT_STATE_DIR", default_value = crate::agent_cmd::AGENT_STATE_DIR)]
     agent_state_dir: PathBuf,
     /// The agent keeps logs of deleted sandboxes: do not remove log files.
     #[arg(long, env = "SANDBOLT_KEEP_LOGS")]
@@ -83,12 +72,12 @@ pub(crate) fn config(args: &JanitorArgs) -> JanitorConfig {
         args.node_name
             .clone()
             .unwrap_or_else(crate::secrets::hostname),
-        &args.containerd_socket,
+        &args.containerd.socket,
         &args.controller,
         &args.token,
         &args.state_dir,
     );
-    cfg.containerd_namespace = args.containerd_namespace.clone();
+    cfg.containerd_namespace = args.containerd.namespace.clone();
     cfg.snapshotter = args.snapshotter.clone();
     cfg.interval = args.interval;
     cfg.grace_period = args.grace_period;
@@ -180,20 +169,11 @@ pub(crate) async fn run(args: JanitorArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
 
-    #[derive(clap::Parser)]
-    struct Cmd {
-        #[command(flatten)]
-        args: JanitorArgs,
-    }
-
     fn parse(extra: &[&str]) -> JanitorArgs {
-        let mut argv = vec!["janitor", "--controller", "http://c:9090", "--token", "t"];
-        argv.extend_from_slice(extra);
-        Cmd::try_parse_from(argv).expect("parses").args
+        let argv = ["janitor", "--controller", "http://c:9090", "--token", "t"];
+        crate::agent_cmd::parse_flags(&[&argv[..], extra].concat())
     }
 
     #[test]

@@ -15,12 +15,8 @@ pub(crate) struct LifecycleArgs {
         default_value = "127.0.0.1:8080"
     )]
     listen: SocketAddr,
-    /// Key clients send in the OPEN-SANDBOX-API-KEY header.
-    #[arg(long, env = "SANDBOLT_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// Serve the API without a key (only on a trusted address).
-    #[arg(long, env = "SANDBOLT_INSECURE")]
-    insecure: bool,
+    #[command(flatten)]
+    access: ApiAccess,
     /// The controller's gRPC address (its FastPath port, which also serves
     /// the native control API the lifecycle uses), e.g.
     /// http://127.0.0.1:9090. Without it, sandboxes run on Docker
@@ -74,33 +70,50 @@ pub(crate) struct LifecycleArgs {
     endpoint_host: Option<String>,
 }
 
-/// Refuses to run the lifecycle API open unless asked to.
-pub(crate) fn check_auth(api_key: &Option<String>, insecure: bool) -> anyhow::Result<()> {
-    let has_key = api_key.as_deref().is_some_and(|k| !k.trim().is_empty());
-    anyhow::ensure!(
-        has_key || insecure,
-        "refusing to serve the lifecycle API without a key: pass --api-key (or SANDBOLT_API_KEY), or --insecure to run it open"
-    );
-    Ok(())
+/// How clients authenticate to the lifecycle API: the same flags on `up` and
+/// `lifecycle`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ApiAccess {
+    /// Key clients send in the OPEN-SANDBOX-API-KEY header.
+    #[arg(long, env = "SANDBOLT_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Serve the lifecycle API without a key (only on a trusted address).
+    #[arg(long, env = "SANDBOLT_INSECURE")]
+    insecure: bool,
+}
+
+impl ApiAccess {
+    /// The key, if one was given (blank counts as none).
+    fn key(&self) -> Option<String> {
+        self.api_key.clone().filter(|k| !k.trim().is_empty())
+    }
+
+    /// Refuses to run the lifecycle API open unless asked to.
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.key().is_some() || self.insecure,
+            "refusing to serve the lifecycle API without a key: pass --api-key (or SANDBOLT_API_KEY), or --insecure to run it open"
+        );
+        Ok(())
+    }
 }
 
 pub(crate) fn config(
     listen: SocketAddr,
-    api_key: Option<String>,
-    insecure: bool,
+    access: &ApiAccess,
     backend: BackendConfig,
     data_dir: PathBuf,
     allow_host_path: Vec<PathBuf>,
 ) -> LifecycleConfig {
     let mut config = LifecycleConfig::new(listen, backend, data_dir);
-    config.api_key = api_key.filter(|k| !k.trim().is_empty());
-    config.insecure_no_auth = insecure;
+    config.api_key = access.key();
+    config.insecure_no_auth = access.insecure;
     config.allow_host_paths = allow_host_path;
     config
 }
 
 pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
-    check_auth(&args.api_key, args.insecure)?;
+    args.access.check()?;
     let backend = match args.controller {
         Some(c) => {
             let mut f = ControllerConfig::new(c);
@@ -122,8 +135,7 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     };
     let config = config(
         args.listen,
-        args.api_key,
-        args.insecure,
+        &args.access,
         backend,
         args.data_dir,
         args.allow_host_path,

@@ -33,17 +33,10 @@ pub(crate) struct UpArgs {
     /// Engine that runs sandboxes.
     #[arg(long, env = "SANDBOLT_RUNTIME", value_enum, default_value = "auto")]
     runtime: RuntimeChoice,
-    /// containerd's socket; when nothing answers there and containerd is
-    /// installed, `up` starts and supervises one.
-    #[arg(
-        long,
-        env = "SANDBOLT_CONTAINERD_SOCKET",
-        default_value = "/run/containerd/containerd.sock"
-    )]
-    containerd_socket: PathBuf,
-    /// containerd namespace (`k8s.io` shares the kubelet's image cache).
-    #[arg(long, env = "SANDBOLT_CONTAINERD_NAMESPACE", default_value = "k8s.io")]
-    containerd_namespace: String,
+    /// containerd (when nothing answers on its socket and containerd is
+    /// installed, `up` starts and supervises one).
+    #[command(flatten)]
+    containerd: containerd::ContainerdArgs,
     /// Docker engine socket (the fallback runtime).
     #[arg(
         long,
@@ -66,12 +59,8 @@ pub(crate) struct UpArgs {
         default_value = "127.0.0.1:8080"
     )]
     lifecycle_listen: SocketAddr,
-    /// Key clients send in the OPEN-SANDBOX-API-KEY header.
-    #[arg(long, env = "SANDBOLT_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// Run the lifecycle API without a key.
-    #[arg(long, env = "SANDBOLT_INSECURE")]
-    insecure: bool,
+    #[command(flatten)]
+    access: lifecycle_cmd::ApiAccess,
     /// Host directory that host-path volumes may lie under (repeatable).
     #[arg(
         long = "allow-host-path",
@@ -111,7 +100,7 @@ enum Engine {
 }
 
 pub(crate) async fn run(args: UpArgs) -> anyhow::Result<()> {
-    lifecycle_cmd::check_auth(&args.api_key, args.insecure)?;
+    args.access.check()?;
     // Before anything is written: a wrong execd fails here, with the command
     // that builds the right one, not later as every sandbox dying at start.
     let execd = crate::agent_cmd::resolve_execd(args.execd_bin.clone())?;
@@ -131,7 +120,7 @@ pub(crate) async fn run(args: UpArgs) -> anyhow::Result<()> {
 }
 
 async fn choose_engine(args: &UpArgs) -> anyhow::Result<Engine> {
-    let socket = &args.containerd_socket;
+    let socket = &args.containerd.socket;
     if args.runtime != RuntimeChoice::Docker {
         if containerd::answers(socket).await {
             tracing::info!(socket = %socket.display(), "using the running containerd");
@@ -203,13 +192,13 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
 
     let mut agent_config = AgentConfig::new(
         host.clone(),
-        &args.containerd_socket,
+        &args.containerd.socket,
         execd,
         args.data_dir.join("agent"),
         agent_token.clone(),
     );
     agent_config.node_name = host;
-    agent_config.containerd_namespace = args.containerd_namespace.clone();
+    agent_config.containerd_namespace = args.containerd.namespace.clone();
     agent_config.grpc_listen = args.agent_listen;
     agent_config.proxy_listen = args.proxy_listen;
     agent_config.controller_endpoint = Some(format!("http://{fastpath}"));
@@ -229,8 +218,7 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
     backend.token = Some(fastpath_token.value.clone());
     let lifecycle_config = lifecycle_cmd::config(
         args.lifecycle_listen,
-        args.api_key.clone(),
-        args.insecure,
+        &args.access,
         BackendConfig::Controller(backend),
         args.data_dir.join("lifecycle"),
         args.allow_host_path.clone(),
@@ -248,12 +236,12 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
     // does, with the agent token.
     let mut janitor_config = sandbolt_janitor::JanitorConfig::new(
         crate::secrets::hostname(),
-        &args.containerd_socket,
+        &args.containerd.socket,
         format!("http://{fastpath}"),
         agent_token,
         args.data_dir.join("janitor"),
     );
-    janitor_config.containerd_namespace = args.containerd_namespace.clone();
+    janitor_config.containerd_namespace = args.containerd.namespace.clone();
     janitor_config.interval = args.janitor_interval;
     janitor_config.agent_state_dir = Some(args.data_dir.join("agent"));
     let janitor = match sandbolt_janitor::Janitor::start(janitor_config).await {
@@ -294,8 +282,7 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
 async fn run_on_docker(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> {
     let config = lifecycle_cmd::config(
         args.lifecycle_listen,
-        args.api_key.clone(),
-        args.insecure,
+        &args.access,
         BackendConfig::Docker(DockerConfig::new(&args.docker_socket, execd)),
         args.data_dir.join("lifecycle"),
         args.allow_host_path.clone(),

@@ -11,14 +11,18 @@
 //! grace period (so that it scans the silent agent's sandboxes many times,
 //! each one old enough to be reaped if a rule allowed it).
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{AgentFlags, JanitorFlags, execd_via_proxy};
 use sandbolt_janitor::{ControllerOwnership, KeepReason, OwnershipSource};
 use sandbolt_proto::fastpath::v2 as fp;
 use sandbolt_proto::fastpath::v2::fast_path_service_client::FastPathServiceClient;
+use sandbolt_test_support::{Proc, eventually_async, free_port};
 use sandbolt_testbed::Testbed;
+use tonic::transport::Channel;
 
 const NS: &str = "k8s.io";
 const TOKEN: &str = "agent-outage-token";
@@ -28,53 +32,6 @@ const AGENT: &str = "outage-agent";
 const OUTAGE: Duration = Duration::from_secs(60);
 /// What the janitor logs before it removes a container.
 const REAPING: &str = "reaping orphaned sandbox";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A child process, SIGKILLed when dropped; its output goes to a file.
-struct Proc {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(cmd: &mut Command, log: PathBuf) -> Proc {
-        let f = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .stdout(Stdio::from(f.try_clone().unwrap()))
-            .stderr(Stdio::from(f))
-            .spawn()
-            .expect("spawn sandbolt");
-        Proc { child, log }
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_running(&mut self, what: &str) {
-        if let Ok(Some(st)) = self.child.try_wait() {
-            panic!("{what} exited ({st}):\n{}", self.output());
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
 
 fn sandbolt() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_sandbolt"));
@@ -104,13 +61,11 @@ impl Env {
     }
 
     fn owner(&self) -> ControllerOwnership {
-        ControllerOwnership::new(&self.endpoint(), TOKEN, Duration::from_secs(5)).unwrap()
+        common::ownership(&self.endpoint(), TOKEN)
     }
 
-    async fn fastpath(&self) -> FastPathServiceClient<tonic::transport::Channel> {
-        FastPathServiceClient::connect(self.endpoint())
-            .await
-            .expect("fastpath connects")
+    async fn fastpath(&self) -> FastPathServiceClient<Channel> {
+        common::fastpath(&self.endpoint()).await
     }
 
     /// Whether the controller counts the agent as heartbeating (`None`:
@@ -125,31 +80,21 @@ impl Env {
 
     fn start_agent(&mut self) {
         let mut cmd = sandbolt();
-        cmd.args([
-            "agent",
-            "--agent-id",
-            AGENT,
-            "--node-name",
-            NODE,
-            "--containerd-namespace",
-            NS,
-            "--listen",
-            &format!("127.0.0.1:{}", free_port()),
-            "--proxy-listen",
-            &format!("127.0.0.1:{}", free_port()),
-            "--token",
-            TOKEN,
-            "--controller",
-            &self.endpoint(),
-            "--containerd-socket",
-        ])
-        .arg(self.bed.containerd_socket())
-        .arg("--execd-bin")
-        .arg(sandbolt_testbed::execd_binary().expect("static execd"))
-        .arg("--state-dir")
-        .arg(self.dir.path().join("agent"));
+        let proxy = format!("127.0.0.1:{}", free_port());
+        AgentFlags {
+            id: AGENT,
+            node: NODE,
+            containerd_namespace: NS,
+            token: TOKEN,
+            controller: &self.endpoint(),
+            proxy_listen: &proxy,
+            state_dir: &self.dir.path().join("agent"),
+            pool: None,
+        }
+        .apply(&mut cmd, &self.bed);
         let n = std::fs::read_dir(self.dir.path()).unwrap().count();
         self.agent = Some(Proc::spawn(
+            "agent",
             &mut cmd,
             self.dir.path().join(format!("agent-{n}.log")),
         ));
@@ -158,11 +103,8 @@ impl Env {
     async fn wait_agent_alive(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.agent_alive().await != Some(true) {
-            self.agent.as_mut().unwrap().assert_running("agent");
-            self.controller
-                .as_mut()
-                .unwrap()
-                .assert_running("controller");
+            self.agent.as_mut().unwrap().assert_running();
+            self.controller.as_mut().unwrap().assert_running();
             assert!(
                 Instant::now() < deadline,
                 "the agent never heartbeated:\n{}\ncontroller:\n{}",
@@ -172,16 +114,6 @@ impl Env {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-}
-
-fn reference(name: &str) -> Option<fp::SandboxReference> {
-    Some(fp::SandboxReference {
-        namespaced_name: Some(fp::NamespacedName {
-            namespace: "default".into(),
-            name: name.into(),
-        }),
-        expected_uid: String::new(),
-    })
 }
 
 /// The record as the controller answers it: (assignment state, sandbox id,
@@ -205,84 +137,20 @@ async fn record(env: &Env, name: &str) -> (String, String, i64) {
     )
 }
 
-/// One HTTP/1.1 request through the agent's data-plane proxy to the
-/// sandbox's execd (ResolveEndpoint gives the route and the headers).
-/// Returns (status, body).
+/// One request to sandbox `name`'s execd through the agent's proxy.
 async fn execd(env: &Env, name: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let ep = env
-        .fastpath()
-        .await
-        .resolve_endpoint(fp::ResolveEndpointRequest {
-            sandbox: reference(name),
-            target: Some(fp::EndpointTarget {
-                target: Some(fp::endpoint_target::Target::ComponentName("execd".into())),
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("resolve endpoint of {name}: {e:?}"))
-        .into_inner();
-    let (host, prefix) = ep.proxy_endpoint.split_once('/').expect("host/route");
-    let mut s = tokio::net::TcpStream::connect(host)
-        .await
-        .expect("proxy connects");
-    let mut req = format!(
-        "{method} /{prefix}{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in &ep.required_headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf))
-        .await
-        .expect("execd answers within 30 s")
-        .unwrap();
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("bad HTTP answer {text:?}"));
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    execd_via_proxy(&mut env.fastpath().await, name, method, path, body).await
 }
 
 /// Task status of every container in [`NS`]: id → (pid, status).
 fn tasks(bed: &Testbed) -> std::collections::BTreeMap<String, (u32, String)> {
-    let out = bed
-        .ctr(NS)
-        .args(["tasks", "ls"])
-        .output()
-        .expect("ctr runs");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let c: Vec<&str> = l.split_whitespace().collect();
-            (c.len() >= 3).then(|| (c[0].to_string(), (c[1].parse().unwrap_or(0), c[2].into())))
-        })
-        .collect()
+    bed.tasks(NS).expect("ctr tasks ls")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_60s_agent_outage_kills_no_sandbox_and_loses_no_file() {
     let bed = tokio::task::spawn_blocking(|| {
-        let bed = Testbed::start().expect("test bed (private containerd) must start");
-        bed.import_image(
-            &sandbolt_testbed::busybox_image().expect("busybox image"),
-            NS,
-        )
-        .expect("import busybox");
-        bed
+        Testbed::start_with_busybox(NS).expect("test bed (private containerd) with busybox")
     })
     .await
     .unwrap();
@@ -307,35 +175,40 @@ async fn a_60s_agent_outage_kills_no_sandbox_and_loses_no_file() {
         "--data-dir",
     ])
     .arg(env.dir.path().join("controller"));
-    env.controller = Some(Proc::spawn(&mut cmd, env.dir.path().join("controller.log")));
+    env.controller = Some(Proc::spawn(
+        "controller",
+        &mut cmd,
+        env.dir.path().join("controller.log"),
+    ));
     env.start_agent();
     env.wait_agent_alive().await;
 
     let mut cmd = sandbolt();
-    cmd.args([
+    JanitorFlags {
+        node: NODE,
+        containerd_namespace: NS,
+        controller: &env.endpoint(),
+        token: TOKEN,
+        agent_state_dir: &env.dir.path().join("agent"),
+        state_dir: &env.dir.path().join("janitor"),
+    }
+    .apply(
+        &mut cmd,
+        &env.bed,
+        &[
+            "--interval",
+            "2s",
+            "--grace-period",
+            "1s",
+            "--agent-poll-interval",
+            "500ms",
+        ],
+    );
+    env.janitor = Some(Proc::spawn(
         "janitor",
-        "--node-name",
-        NODE,
-        "--containerd-namespace",
-        NS,
-        "--controller",
-        &env.endpoint(),
-        "--token",
-        TOKEN,
-        "--interval",
-        "2s",
-        "--grace-period",
-        "1s",
-        "--agent-poll-interval",
-        "500ms",
-        "--containerd-socket",
-    ])
-    .arg(env.bed.containerd_socket())
-    .arg("--agent-state-dir")
-    .arg(env.dir.path().join("agent"))
-    .arg("--state-dir")
-    .arg(env.dir.path().join("janitor"));
-    env.janitor = Some(Proc::spawn(&mut cmd, env.dir.path().join("janitor.log")));
+        &mut cmd,
+        env.dir.path().join("janitor.log"),
+    ));
 
     // Two sandboxes, one per failure policy, each with a file written
     // through execd.
@@ -386,14 +259,12 @@ async fn a_60s_agent_outage_kills_no_sandbox_and_loses_no_file() {
     // must keep scanning and never reap, and the sandboxes must run on.
     env.agent.as_mut().unwrap().kill9();
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(20);
-    while env.agent_alive().await != Some(false) {
-        assert!(
-            Instant::now() < deadline,
-            "the controller never noticed the outage"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_async(
+        "the controller to notice the outage",
+        Duration::from_secs(20),
+        || async { (env.agent_alive().await == Some(false)).then_some(()) },
+    )
+    .await;
     let scans_before = env
         .janitor
         .as_ref()
@@ -402,11 +273,8 @@ async fn a_60s_agent_outage_kills_no_sandbox_and_loses_no_file() {
         .matches("janitor scan")
         .count();
     while started.elapsed() < OUTAGE {
-        env.controller
-            .as_mut()
-            .unwrap()
-            .assert_running("controller");
-        env.janitor.as_mut().unwrap().assert_running("janitor");
+        env.controller.as_mut().unwrap().assert_running();
+        env.janitor.as_mut().unwrap().assert_running();
         let t = tasks(&env.bed);
         for (name, (_, sid, attempt), pid) in &before {
             assert_eq!(
@@ -426,6 +294,8 @@ async fn a_60s_agent_outage_kills_no_sandbox_and_loses_no_file() {
         assert_eq!(env.agent_alive().await, Some(false), "still away");
         let jlog = env.janitor.as_ref().unwrap().output();
         assert!(!jlog.contains(REAPING), "the janitor reaped:\n{jlog}");
+        // Sampled for the whole outage: what is checked is that nothing
+        // happens in 60 s, so there is no condition to wait for.
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let jlog = env.janitor.as_ref().unwrap().output();

@@ -98,6 +98,12 @@ fn imports(bed: &Testbed, ns: &str, archive: &Path, extra: &[&str], names: &[&st
     }
 }
 
+/// [`imports`] of an archive of one image, `name`, which then [`runs`].
+fn imports_and_runs(bed: &Testbed, ns: &str, archive: &Path, extra: &[&str], name: &str) {
+    imports(bed, ns, archive, extra, &[name]);
+    runs(bed, ns, name);
+}
+
 /// The image runs: `ctr run` of it prints what it was asked to (so it is
 /// unpacked on the snapshotter and its config is sound).
 fn runs(bed: &Testbed, ns: &str, reference: &str) {
@@ -126,6 +132,12 @@ fn fails_in_one_line(bed: &Testbed, ns: &str, archive: &Path, extra: &[&str], wa
     }
     let listed = run(bed.ctr(ns).args(["images", "ls", "-q"]));
     assert_eq!(listed.trim(), "", "{ns}: nothing is imported");
+}
+
+/// A bed for archives this test writes itself with `tar`.
+fn bed_with_tar() -> Testbed {
+    require("/usr/bin/tar", "tar");
+    Testbed::start().expect("test bed")
 }
 
 fn sha256(data: &[u8]) -> String {
@@ -201,6 +213,22 @@ fn docker(bed: &Testbed) -> Command {
     cmd
 }
 
+/// Where [`docker_saved`] leaves busybox's rootfs, in the bed's root.
+const ROOTFS_TAR: &str = "rootfs.tar";
+
+/// A bed with dockerd holding busybox's rootfs as `tag` (`docker import`),
+/// and that image as `docker save` writes it, at `file` in the bed's root.
+fn docker_saved(tag: &str, file: &str) -> (Testbed, PathBuf) {
+    require(DOCKER, "docker.io");
+    let bed = Testbed::start_with_docker().expect("test bed with dockerd");
+    let rootfs = bed.root().join(ROOTFS_TAR);
+    std::fs::write(&rootfs, busybox_image().unwrap().rootfs_tar()).unwrap();
+    run(docker(&bed).arg("import").arg(&rootfs).arg(tag));
+    let saved = bed.root().join(file);
+    run(docker(&bed).args(["save", "-o"]).arg(&saved).arg(tag));
+    (bed, saved)
+}
+
 fn gzip(path: &Path) -> PathBuf {
     run(Command::new("gzip").arg("-kf").arg(path));
     PathBuf::from(format!("{}.gz", path.display()))
@@ -219,11 +247,9 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
     // The project's own writer.
     let ours = root.join("ours.tar");
     busybox.write_oci_archive(&ours).unwrap();
-    imports(&bed, "ours", &ours, &[], &[name]);
-    runs(&bed, "ours", name);
+    imports_and_runs(&bed, "ours", &ours, &[], name);
     // Again: the blobs are there already; the image is the same.
-    imports(&bed, "ours", &ours, &[], &[name]);
-    runs(&bed, "ours", name);
+    imports_and_runs(&bed, "ours", &ours, &[], name);
 
     // The layout unpacked by tar, then archived again by tar in each shape.
     let dir = root.join("layout");
@@ -242,8 +268,7 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
         listing.contains(" ./blobs/\n") && listing.contains(" ./blobs/sha256/\n"),
         "the archive has directory entries with ./ prefixes:\n{listing}"
     );
-    imports(&bed, "tar-dot", &dot, &[], &[name]);
-    runs(&bed, "tar-dot", name);
+    imports_and_runs(&bed, "tar-dot", &dot, &[], name);
 
     let plain = root.join("plain.tar");
     run(Command::new("tar")
@@ -252,8 +277,7 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
         .arg("-cf")
         .arg(&plain)
         .args(["oci-layout", "index.json", "blobs"]));
-    imports(&bed, "tar-plain", &plain, &[], &[name]);
-    runs(&bed, "tar-plain", name);
+    imports_and_runs(&bed, "tar-plain", &plain, &[], name);
 
     // Files only, `./` prefixed, blobs after index.json.
     let files_only = root.join("files-only.tar");
@@ -271,12 +295,10 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
         .arg(&files_only)
         .arg("--no-recursion")
         .args(&files));
-    imports(&bed, "tar-files", &files_only, &[], &[name]);
-    runs(&bed, "tar-files", name);
+    imports_and_runs(&bed, "tar-files", &files_only, &[], name);
 
     // gzip of an archive, and tar's own -z.
-    imports(&bed, "gzip", &gzip(&dot), &[], &[name]);
-    runs(&bed, "gzip", name);
+    imports_and_runs(&bed, "gzip", &gzip(&dot), &[], name);
     let tgz = root.join("layout.tgz");
     run(Command::new("tar")
         .arg("-C")
@@ -284,18 +306,16 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
         .arg("-czf")
         .arg(&tgz)
         .arg("."));
-    imports(&bed, "tar-z", &tgz, &[], &[name]);
-    runs(&bed, "tar-z", name);
+    imports_and_runs(&bed, "tar-z", &tgz, &[], name);
 
     // --name renames the one image of an archive.
-    imports(
+    imports_and_runs(
         &bed,
         "renamed",
         &dot,
         &["--name", "example.com/team/tool:1.0"],
-        &["example.com/team/tool:1.0"],
+        "example.com/team/tool:1.0",
     );
-    runs(&bed, "renamed", "example.com/team/tool:1.0");
 }
 
 /// Multi-platform indexes, written by this test (skopeo's own is in
@@ -303,8 +323,7 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
 /// other platform's blobs need not be in the archive.
 #[test]
 fn multi_platform_indexes_import_the_host_platform() {
-    require("/usr/bin/tar", "tar");
-    let bed = Testbed::start().expect("test bed");
+    let bed = bed_with_tar();
     let root = bed.root().to_path_buf();
     let rootfs = busybox_image().unwrap().rootfs_tar().to_vec();
     let other_arch = if host_arch() == "arm64" {
@@ -329,14 +348,13 @@ fn multi_platform_indexes_import_the_host_platform() {
     let flat_tar = root.join("flat.tar");
     flat.tar_dot(&flat_tar);
     fails_in_one_line(&bed, "flat", &flat_tar, &[], &["--name"]);
-    imports(
+    imports_and_runs(
         &bed,
         "flat",
         &flat_tar,
         &["--name", "sandbolt/flat:1"],
-        &["docker.io/sandbolt/flat:1"],
+        "docker.io/sandbolt/flat:1",
     );
-    runs(&bed, "flat", "docker.io/sandbolt/flat:1");
     let listed = run(bed.ctr("flat").args(["images", "ls"]));
     assert!(
         listed.contains(ours["digest"].as_str().unwrap()),
@@ -362,14 +380,13 @@ fn multi_platform_indexes_import_the_host_platform() {
     }]));
     let nested_tar = root.join("nested.tar");
     nested.tar_dot(&nested_tar);
-    imports(
+    imports_and_runs(
         &bed,
         "nested",
         &nested_tar,
         &[],
-        &["docker.io/sandbolt/nested:2"],
+        "docker.io/sandbolt/nested:2",
     );
-    runs(&bed, "nested", "docker.io/sandbolt/nested:2");
     let listed = run(bed.ctr("nested").args(["images", "ls"]));
     assert!(
         listed.contains(&inner_digest) && listed.contains(MT_INDEX),
@@ -407,41 +424,27 @@ fn multi_platform_indexes_import_the_host_platform() {
 
 #[test]
 fn docker_save_archives_import_and_run() {
-    require(DOCKER, "docker.io");
     require("/usr/bin/gzip", "gzip");
-    let bed = Testbed::start_with_docker().expect("test bed with dockerd");
+    // Docker 20.10's legacy format (manifest.json, <id>/layer.tar,
+    // <config>.json).
+    let (bed, one) = docker_saved("sandbolt/dsave:v1", "one.tar");
     let root = bed.root().to_path_buf();
-    let rootfs = root.join("rootfs.tar");
-    std::fs::write(&rootfs, busybox_image().unwrap().rootfs_tar()).unwrap();
-
-    // `docker import` of a rootfs, then `docker save`: Docker 20.10's
-    // legacy format (manifest.json, <id>/layer.tar, <config>.json).
-    run(docker(&bed)
-        .arg("import")
-        .arg(&rootfs)
-        .arg("sandbolt/dsave:v1"));
-    let one = root.join("one.tar");
-    run(docker(&bed)
-        .args(["save", "-o"])
-        .arg(&one)
-        .arg("sandbolt/dsave:v1"));
+    let rootfs = root.join(ROOTFS_TAR);
     let listing = run(Command::new("tar").arg("-tf").arg(&one));
     assert!(
         listing.contains("manifest.json") && listing.contains("/layer.tar"),
         "docker save wrote the legacy format:\n{listing}"
     );
-    imports(&bed, "dsave", &one, &[], &["docker.io/sandbolt/dsave:v1"]);
-    runs(&bed, "dsave", "docker.io/sandbolt/dsave:v1");
+    imports_and_runs(&bed, "dsave", &one, &[], "docker.io/sandbolt/dsave:v1");
 
     // Gzip-compressed, as `docker save … | gzip` makes it.
-    imports(
+    imports_and_runs(
         &bed,
         "dsave-gz",
         &gzip(&one),
         &[],
-        &["docker.io/sandbolt/dsave:v1"],
+        "docker.io/sandbolt/dsave:v1",
     );
-    runs(&bed, "dsave-gz", "docker.io/sandbolt/dsave:v1");
 
     // Two images sharing a layer (docker save links the second layer.tar
     // to the first) and one image with two tags.
@@ -489,14 +492,13 @@ fn docker_save_archives_import_and_run() {
     let by_id = root.join("by-id.tar");
     run(docker(&bed).args(["save", "-o"]).arg(&by_id).arg(&id));
     fails_in_one_line(&bed, "by-id", &by_id, &[], &["does not name", "--name"]);
-    imports(
+    imports_and_runs(
         &bed,
         "by-id",
         &by_id,
         &["--name", "sandbolt/by-id:1"],
-        &["docker.io/sandbolt/by-id:1"],
+        "docker.io/sandbolt/by-id:1",
     );
-    runs(&bed, "by-id", "docker.io/sandbolt/by-id:1");
 }
 
 /// The OCI layout `docker save` writes from Docker 25 on — written by this
@@ -508,8 +510,7 @@ fn docker_save_archives_import_and_run() {
 /// entries.
 #[test]
 fn docker_25_oci_save_layout_imports_and_runs() {
-    require("/usr/bin/tar", "tar");
-    let bed = Testbed::start().expect("test bed");
+    let bed = bed_with_tar();
     let root = bed.root().to_path_buf();
     let layout = Layout::new(root.join("docker25"));
     let mut entry = layout.image(busybox_image().unwrap().rootfs_tar(), host_arch());
@@ -561,14 +562,13 @@ fn docker_25_oci_save_layout_imports_and_runs() {
             "oci-layout",
             "repositories",
         ]));
-    imports(
+    imports_and_runs(
         &bed,
         "docker25",
         &archive,
         &[],
-        &["docker.io/sandbolt/docker25:v25"],
+        "docker.io/sandbolt/docker25:v25",
     );
-    runs(&bed, "docker25", "docker.io/sandbolt/docker25:v25");
 }
 
 /// Debian's skopeo, installed by `scripts/setup-host.sh` when missing.
@@ -597,20 +597,8 @@ fn skopeo() -> Command {
 #[test]
 fn skopeo_archives_import_and_run() {
     ensure_skopeo();
-    require(DOCKER, "docker.io");
-    let bed = Testbed::start_with_docker().expect("test bed with dockerd");
+    let (bed, saved) = docker_saved("sandbolt/source:1", "saved.tar");
     let root = bed.root().to_path_buf();
-    let rootfs = root.join("rootfs.tar");
-    std::fs::write(&rootfs, busybox_image().unwrap().rootfs_tar()).unwrap();
-    run(docker(&bed)
-        .arg("import")
-        .arg(&rootfs)
-        .arg("sandbolt/source:1"));
-    let saved = root.join("saved.tar");
-    run(docker(&bed)
-        .args(["save", "-o"])
-        .arg(&saved)
-        .arg("sandbolt/source:1"));
     let source = format!("docker-archive:{}", saved.display());
 
     // oci-archive: gzip-compressed layers, the full name in ref.name.
@@ -618,8 +606,7 @@ fn skopeo_archives_import_and_run() {
     run(skopeo()
         .arg(&source)
         .arg(format!("oci-archive:{}:sandbolt/skopeo:v1", oci.display())));
-    imports(&bed, "sk-oci", &oci, &[], &["docker.io/sandbolt/skopeo:v1"]);
-    runs(&bed, "sk-oci", "docker.io/sandbolt/skopeo:v1");
+    imports_and_runs(&bed, "sk-oci", &oci, &[], "docker.io/sandbolt/skopeo:v1");
 
     // oci-archive with uncompressed layers and only a tag: --name names it.
     let plain = root.join("skopeo-plain.tar");
@@ -628,14 +615,13 @@ fn skopeo_archives_import_and_run() {
         .arg(&source)
         .arg(format!("oci-archive:{}:v2", plain.display())));
     fails_in_one_line(&bed, "sk-plain", &plain, &[], &["\"v2\"", "--name"]);
-    imports(
+    imports_and_runs(
         &bed,
         "sk-plain",
         &plain,
         &["--name", "sandbolt/skopeo-plain:v2"],
-        &["docker.io/sandbolt/skopeo-plain:v2"],
+        "docker.io/sandbolt/skopeo-plain:v2",
     );
-    runs(&bed, "sk-plain", "docker.io/sandbolt/skopeo-plain:v2");
 
     // docker-archive: as containers/image writes it (`<digest>.tar` layers,
     // legacy `<id>/layer.tar` links to them).
@@ -644,14 +630,13 @@ fn skopeo_archives_import_and_run() {
         "docker-archive:{}:sandbolt/skd:v3",
         dockerish.display()
     )));
-    imports(
+    imports_and_runs(
         &bed,
         "sk-docker",
         &dockerish,
         &[],
-        &["docker.io/sandbolt/skd:v3"],
+        "docker.io/sandbolt/skd:v3",
     );
-    runs(&bed, "sk-docker", "docker.io/sandbolt/skd:v3");
 
     // A multi-platform image copied whole (--all): skopeo writes a nested
     // index; the host's manifest is imported, the image is the index.
@@ -682,14 +667,13 @@ fn skopeo_archives_import_and_run() {
             "oci-archive:{}:sandbolt/multi:v1",
             multi_tar.display()
         )));
-    imports(
+    imports_and_runs(
         &bed,
         "sk-multi",
         &multi_tar,
         &[],
-        &["docker.io/sandbolt/multi:v1"],
+        "docker.io/sandbolt/multi:v1",
     );
-    runs(&bed, "sk-multi", "docker.io/sandbolt/multi:v1");
     let listed = run(bed.ctr("sk-multi").args(["images", "ls"]));
     assert!(listed.contains(MT_INDEX), "{listed}");
 }

@@ -8,13 +8,13 @@
 //! set, and checks that block against `sandbolt up`'s real defaults.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use sandbolt_proto::fastpath::v2 as fastpath;
 use sandbolt_proto::fastpath::v2::fast_path_service_client::FastPathServiceClient;
+use sandbolt_test_support::{Proc, eventually_blocking, free_port};
 use sandbolt_testbed::{Testbed, busybox_image, execd_binary, python, workspace_root};
 
 const API_KEY: &str = "quickstart-test-key";
@@ -89,21 +89,8 @@ fn require(bin: &str, package: &str) {
     );
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn log_of(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
 struct Up {
-    child: Child,
-    log: PathBuf,
+    proc: Proc,
     lifecycle: u16,
     fastpath: u16,
 }
@@ -111,8 +98,8 @@ struct Up {
 /// `sandbolt up` on the bed's containerd; returns once it logs that it is up.
 fn start_up(bed: &Testbed, data_dir: &Path, log: PathBuf) -> Up {
     let (lifecycle, fastpath) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_sandbolt"))
-        .arg("up")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbolt"));
+    cmd.arg("up")
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--runtime", "containerd"])
@@ -125,54 +112,21 @@ fn start_up(bed: &Testbed, data_dir: &Path, log: PathBuf) -> Up {
         .args(["--agent-listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--proxy-listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--api-key", API_KEY])
-        .env_remove("SANDBOLT_FASTPATH_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut up = Up {
-        child,
-        log,
+        .env_remove("SANDBOLT_FASTPATH_TOKEN");
+    let mut proc = Proc::spawn("sandbolt up", &mut cmd, log);
+    proc.wait_for_line_blocking("sandbolt is up", Duration::from_secs(60));
+    Up {
+        proc,
         lifecycle,
         fastpath,
-    };
-    let started = Instant::now();
-    loop {
-        let text = log_of(&up.log);
-        if text.contains("sandbolt is up") {
-            return up;
-        }
-        if let Some(status) = up.child.try_wait().unwrap() {
-            panic!("sandbolt up exited ({status}) during start-up:\n{text}");
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "not up after 60 s:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
 impl Up {
     /// SIGTERM: a clean, zero exit.
     fn stop(mut self) {
-        // SAFETY: kill(2) on our own child's pid only sends a signal.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let started = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            if started.elapsed() > Duration::from_secs(30) {
-                let _ = self.child.kill();
-                panic!("sandbolt up ignored SIGTERM:\n{}", log_of(&self.log));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        assert!(status.success(), "exit {status}:\n{}", log_of(&self.log));
+        let status = self.proc.terminate(Duration::from_secs(30));
+        assert!(status.success(), "exit {status}:\n{}", self.proc.output());
     }
 }
 
@@ -321,7 +275,7 @@ fn the_readme_quickstart_runs_as_written() {
             out.status,
             block.code,
             String::from_utf8_lossy(&out.stderr),
-            log_of(&up.log)
+            up.proc.output()
         );
         all_stdout.push_str(&stdout);
     }
@@ -358,22 +312,18 @@ fn the_readme_quickstart_runs_as_written() {
     );
 
     // Both examples killed their sandboxes: no container is left.
-    let started = Instant::now();
-    loop {
-        let out = bed
-            .ctr("k8s.io")
-            .args(["containers", "list", "-q"])
-            .output()
-            .unwrap();
-        let left = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if out.status.success() && left.is_empty() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "containers left after the quickstart killed its sandboxes: {left}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually_blocking(
+        "no container left after the quickstart killed its sandboxes",
+        Duration::from_secs(30),
+        || {
+            let out = bed
+                .ctr("k8s.io")
+                .args(["containers", "list", "-q"])
+                .output()
+                .unwrap();
+            (out.status.success() && String::from_utf8_lossy(&out.stdout).trim().is_empty())
+                .then_some(())
+        },
+    );
     up.stop();
 }

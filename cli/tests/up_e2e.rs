@@ -4,25 +4,17 @@
 //! data dir: a generated token, the same token kept across a restart (with
 //! permissions an operator loosened tightened again), and an explicit token.
 
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use sandbolt_proto::control::v1 as native;
 use sandbolt_proto::control::v1::sandbox_service_client::SandboxServiceClient;
 use sandbolt_proto::fastpath::v2 as fastpath;
 use sandbolt_proto::fastpath::v2::fast_path_service_client::FastPathServiceClient;
+use sandbolt_test_support::{Proc, free_port};
 use sandbolt_testbed::{Testbed, busybox_image, execd_binary, python, workspace_root};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
@@ -35,11 +27,11 @@ struct Ports {
     proxy: u16,
 }
 
-/// Starts `sandbolt up` and waits for its "sandbolt is up" log line.
-fn start_up(bed: &Testbed, state: &Path, ports: &Ports, log_path: &Path, extra: &[&str]) -> Child {
-    let log = std::fs::File::create(log_path).unwrap();
-    let mut up = Command::new(env!("CARGO_BIN_EXE_sandbolt"))
-        .arg("up")
+/// Starts `sandbolt up` and waits for its "sandbolt is up" log line (it
+/// logs where every API listens).
+fn start_up(bed: &Testbed, state: &Path, ports: &Ports, log_path: &Path, extra: &[&str]) -> Proc {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbolt"));
+    cmd.arg("up")
         .arg("--data-dir")
         .arg(state)
         .arg("--runtime")
@@ -60,55 +52,16 @@ fn start_up(bed: &Testbed, state: &Path, ports: &Ports, log_path: &Path, extra: 
         .args(["--proxy-listen", &format!("127.0.0.1:{}", ports.proxy)])
         .args(["--api-key", "up-test-key", "--janitor-interval", "2s"])
         .args(extra)
-        .env_remove("SANDBOLT_FASTPATH_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-
-    // Up once the log says so (it logs where every API listens).
-    let started = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(log_path).unwrap_or_default();
-        if text.contains("sandbolt is up") {
-            return up;
-        }
-        if let Some(status) = up.try_wait().unwrap() {
-            panic!("sandbolt up exited ({status}) during start-up:\n{text}");
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "not up after 60 s:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        .env_remove("SANDBOLT_FASTPATH_TOKEN");
+    let mut up = Proc::spawn("sandbolt up", &mut cmd, log_path);
+    up.wait_for_line_blocking("sandbolt is up", Duration::from_secs(60));
+    up
 }
 
 /// SIGTERM: a clean, zero exit.
-fn stop_up(mut up: Child, log_path: &Path) {
-    // SAFETY: kill(2) on our own child's pid only sends a signal.
-    unsafe {
-        libc::kill(up.id() as i32, libc::SIGTERM);
-    }
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = up.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = up.kill();
-            panic!(
-                "sandbolt up did not stop within 30 s of SIGTERM:\n{}",
-                std::fs::read_to_string(log_path).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(
-        status.success(),
-        "exit {status}:\n{}",
-        std::fs::read_to_string(log_path).unwrap_or_default()
-    );
+fn stop_up(mut up: Proc) {
+    let status = up.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit {status}:\n{}", up.output());
 }
 
 /// The OpenSandbox SDK through the lifecycle API: create, run, files, kill.
@@ -243,7 +196,7 @@ fn sandbolt_up_serves_the_sdk_with_fastpath_closed_and_stops_cleanly() {
     // Limits that hold on the containerd fast path: the SDK's `resource`
     // reaches runc through the lifecycle, the native API and the agent.
     sdk_test(&ports, &log1, "limits_sdk_test.py");
-    stop_up(up, &log1);
+    stop_up(up);
 
     // 2. A restart keeps the token (clients keep working), and tightens
     // what an operator loosened, saying so.
@@ -261,7 +214,7 @@ fn sandbolt_up_serves_the_sdk_with_fastpath_closed_and_stops_cleanly() {
         "{log_text}"
     );
     assert_only_token_opens_fastpath(&rt, ports.fastpath, &generated, &[]);
-    stop_up(up, &log2);
+    stop_up(up);
 
     // 3. An explicit token wins, replaces the kept one in the file, and the
     // SDK still works through the lifecycle.
@@ -277,7 +230,7 @@ fn sandbolt_up_serves_the_sdk_with_fastpath_closed_and_stops_cleanly() {
     );
     assert_only_token_opens_fastpath(&rt, ports.fastpath, explicit, &[&generated]);
     sdk_smoke(&ports, &log3);
-    stop_up(up, &log3);
+    stop_up(up);
 }
 
 #[test]

@@ -6,6 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use sandbolt_controller::SandboxId;
 use sandbolt_controller::placement::{PlacementRequest, PoolKey, reference};
 use sandbolt_controller::registry::Registry;
 use sandbolt_proto::agent::v1 as pb;
@@ -48,7 +49,7 @@ fn setup_registry(n: usize) -> Registry {
         });
         for s in 0..load {
             let id = format!("agent-{i:05}");
-            reg.reserve(&id, &format!("pre-{i}-{s}"), &[]);
+            reg.reserve(&id.as_str().into(), &format!("pre-{i}-{s}").into(), &[]);
         }
     }
     let _ = pool;
@@ -77,6 +78,7 @@ fn bench(c: &mut Criterion) {
     let image = "docker.io/library/img7:latest";
     for n in [100usize, 1_000, 10_000] {
         let reg = setup_registry(n);
+        let sandbox = SandboxId::from("bench-sandbox");
         g.bench_with_input(BenchmarkId::new("indexed", n), &n, |b, _| {
             let req = PlacementRequest {
                 pool: &pool,
@@ -87,9 +89,9 @@ fn bench(c: &mut Criterion) {
             };
             b.iter(|| {
                 let p = reg
-                    .allocate(black_box(&req), "bench-sandbox")
+                    .allocate(black_box(&req), &sandbox)
                     .expect("allocation succeeds");
-                reg.release(&p.agent, "bench-sandbox");
+                reg.release(&p.agent, &sandbox);
                 black_box(p.score)
             })
         });

@@ -12,7 +12,7 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use sandbolt_controller::store::embedded::RedbStore;
-use sandbolt_controller::store::{Phase, Resources, SandboxRecord, Store};
+use sandbolt_controller::store::{Phase, Resources, SandboxRecord, SandboxSpec, Store};
 use sandbolt_controller::{Controller, ControllerConfig};
 use sandbolt_proto::control::v1 as native;
 use sandbolt_proto::control::v1::sandbox_service_client::SandboxServiceClient;
@@ -26,23 +26,26 @@ fn record(i: usize) -> SandboxRecord {
         uid: format!("uid-{i}"),
         name: format!("sbx-{i:05}"),
         namespace: "default".into(),
-        sandbox_id: format!("sb-{i}"),
+        sandbox_id: format!("sb-{i}").into(),
         agent_id: "agent-1".into(),
-        pool: "default".into(),
-        image: "docker.io/library/busybox:latest".into(),
-        command: vec!["sleep".into(), "3600".into()],
-        metadata: [("team".to_string(), "bench".to_string())].into(),
-        expires_at: 4_000_000_000,
+        spec: SandboxSpec {
+            pool: "default".into(),
+            image: "docker.io/library/busybox:latest".into(),
+            command: vec!["sleep".into(), "3600".into()],
+            metadata: [("team".to_string(), "bench".to_string())].into(),
+            expires_at: 4_000_000_000,
+            resources: Resources {
+                cpu_limit: "500m".into(),
+                memory_limit: "256Mi".into(),
+                pids_limit: 512,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
         generation: 1,
         phase: Phase::Running,
         access_token: "token".into(),
         created_at_unix_ms: 1_700_000_000_000,
-        resources: Resources {
-            cpu_limit: "500m".into(),
-            memory_limit: "256Mi".into(),
-            pids_limit: 512,
-            ..Default::default()
-        },
         ..Default::default()
     }
 }

@@ -13,9 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use sandbolt_controller::SandboxKey;
 use sandbolt_controller::store::embedded::RedbStore;
 use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig};
-use sandbolt_controller::store::{Consistency, FailurePolicy, Phase, SandboxRecord, Store};
+use sandbolt_controller::store::{
+    Consistency, FailurePolicy, Phase, SandboxRecord, SandboxSpec, Store,
+};
 use sandbolt_kube_double::ApiDouble;
 
 fn record(name: &str) -> SandboxRecord {
@@ -23,19 +26,22 @@ fn record(name: &str) -> SandboxRecord {
         uid: format!("uid-{name}"),
         name: name.into(),
         namespace: "default".into(),
-        sandbox_id: String::new(),
+        sandbox_id: Default::default(),
         agent_id: "agent-1".into(),
-        pool: "default".into(),
-        image: "docker.io/library/busybox:latest".into(),
-        command: vec!["sleep".into(), "3600".into()],
-        args: vec![],
-        envs: BTreeMap::new(),
-        working_dir: String::new(),
-        exposed_ports: vec![],
-        metadata: BTreeMap::from([("team".to_string(), "bench".to_string())]),
-        expires_at: 0,
-        failure_policy: FailurePolicy::Manual,
-        recovery_timeout_seconds: 0,
+        spec: SandboxSpec {
+            pool: "default".into(),
+            image: "docker.io/library/busybox:latest".into(),
+            command: vec!["sleep".into(), "3600".into()],
+            args: vec![],
+            envs: BTreeMap::new(),
+            working_dir: String::new(),
+            exposed_ports: vec![],
+            metadata: BTreeMap::from([("team".to_string(), "bench".to_string())]),
+            expires_at: 0,
+            failure_policy: FailurePolicy::Manual,
+            recovery_timeout_seconds: 0,
+            ..Default::default()
+        },
         reset_revision: String::new(),
         generation: 1,
         phase: Phase::Pending,
@@ -59,10 +65,11 @@ fn life(store: &dyn Store, seq: &AtomicU64) {
     let created = store.create(&record(&name)).expect("create");
     let mut running = created;
     running.phase = Phase::Running;
-    running.sandbox_id = format!("sb-{name}");
+    running.sandbox_id = format!("sb-{name}").into();
     store.replace(&running).expect("replace");
-    assert!(store.get("default", &name).expect("get").is_some());
-    store.delete("default", &name).expect("delete");
+    let key = SandboxKey::new("default", &name);
+    assert!(store.get(&key).expect("get").is_some());
+    store.delete(&key).expect("delete");
 }
 
 fn stores(c: &mut Criterion) {

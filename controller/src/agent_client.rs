@@ -2,54 +2,35 @@
 //! HTTP/2 channel per agent endpoint, authenticated with the agent token.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use sandbolt_proto::agent::v1 as pb;
 use sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::Interceptor;
+use sandbolt_proto::auth::BearerToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Response, Status};
 
 use crate::error::{Error, Result};
+use crate::ids::{AgentId, SandboxId};
 
-/// Adds `authorization: Bearer <token>` to every call.
-#[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Bearer {
-    pub fn new(token: &str) -> Self {
-        Self(if token.is_empty() {
-            None
-        } else {
-            format!("Bearer {token}").parse().ok()
-        })
-    }
-}
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
-
-pub type Client = AgentServiceClient<InterceptedService<Channel, Bearer>>;
+pub type Client = AgentServiceClient<InterceptedService<Channel, BearerToken>>;
 
 pub struct AgentClients {
-    bearer: Bearer,
+    bearer: BearerToken,
     clients: Mutex<HashMap<String, Client>>,
 }
 
 impl AgentClients {
-    pub fn new(token: &str) -> Self {
-        Self {
-            bearer: Bearer::new(token),
+    pub fn new(token: &str) -> Result<Self> {
+        let bearer = BearerToken::new(token)
+            .map_err(|e| Error::InvalidArgument(format!("agent token: {e}")))?;
+        Ok(Self {
+            bearer,
             clients: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
     pub fn client(&self, endpoint: &str) -> Result<Client> {
@@ -75,104 +56,124 @@ impl AgentClients {
         Ok(c)
     }
 
+    /// One RPC to `agent` bounded by `deadline` (sent along as the gRPC
+    /// timeout, and enforced here for an agent that does not answer at all).
+    async fn call<Req, Resp, Fut>(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        rpc: &'static str,
+        deadline: Duration,
+        body: Req,
+        send: impl FnOnce(Client, tonic::Request<Req>) -> Fut,
+    ) -> Result<Resp>
+    where
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let client = self.client(endpoint)?;
+        let mut req = tonic::Request::new(body);
+        req.set_timeout(deadline);
+        match tokio::time::timeout(deadline, send(client, req)).await {
+            Ok(r) => r.map(Response::into_inner).map_err(|status| Error::Agent {
+                agent: agent.to_string(),
+                status,
+            }),
+            Err(_) => Err(Error::Unavailable(format!(
+                "agent {agent}: {rpc} did not finish within {deadline:?}"
+            ))),
+        }
+    }
+
     pub async fn create(
         &self,
-        agent: &str,
+        agent: &AgentId,
         endpoint: &str,
         spec: pb::SandboxSpec,
         deadline: Duration,
     ) -> Result<pb::CreateSandboxResponse> {
-        let mut c = self.client(endpoint)?;
-        let mut req = tonic::Request::new(pb::CreateSandboxRequest { spec: Some(spec) });
-        req.set_timeout(deadline);
-        match tokio::time::timeout(deadline, c.create_sandbox(req)).await {
-            Ok(r) => r.map(|r| r.into_inner()).map_err(|status| Error::Agent {
-                agent: agent.into(),
-                status,
-            }),
-            Err(_) => Err(Error::Unavailable(format!(
-                "agent {agent}: create did not finish within {deadline:?}"
-            ))),
-        }
+        let body = pb::CreateSandboxRequest { spec: Some(spec) };
+        self.call(
+            agent,
+            endpoint,
+            "create",
+            deadline,
+            body,
+            |mut c, req| async move { c.create_sandbox(req).await },
+        )
+        .await
     }
 
+    /// True if the container existed.
     pub async fn delete(
         &self,
-        agent: &str,
+        agent: &AgentId,
         endpoint: &str,
-        sandbox_id: &str,
+        sandbox_id: &SandboxId,
         deadline: Duration,
     ) -> Result<bool> {
-        let mut c = self.client(endpoint)?;
-        let mut req = tonic::Request::new(pb::DeleteSandboxRequest {
-            sandbox_id: sandbox_id.into(),
+        let body = pb::DeleteSandboxRequest {
+            sandbox_id: sandbox_id.to_string(),
             grace_period_ms: 0,
-        });
-        req.set_timeout(deadline);
-        match tokio::time::timeout(deadline, c.delete_sandbox(req)).await {
-            Ok(r) => r
-                .map(|r| r.into_inner().existed)
-                .map_err(|status| Error::Agent {
-                    agent: agent.into(),
-                    status,
-                }),
-            Err(_) => Err(Error::Unavailable(format!(
-                "agent {agent}: delete did not finish within {deadline:?}"
-            ))),
-        }
-    }
-
-    pub async fn get(
-        &self,
-        agent: &str,
-        endpoint: &str,
-        sandbox_id: &str,
-        deadline: Duration,
-    ) -> Result<pb::SandboxStatus> {
-        let mut c = self.client(endpoint)?;
-        let mut req = tonic::Request::new(pb::SandboxRef {
-            sandbox_id: sandbox_id.into(),
-        });
-        req.set_timeout(deadline);
-        match tokio::time::timeout(deadline, c.get_sandbox(req)).await {
-            Ok(r) => r.map(|r| r.into_inner()).map_err(|status| Error::Agent {
-                agent: agent.into(),
-                status,
-            }),
-            Err(_) => Err(Error::Unavailable(format!(
-                "agent {agent}: no answer within {deadline:?}"
-            ))),
-        }
-    }
-
-    pub async fn pause(
-        &self,
-        agent: &str,
-        endpoint: &str,
-        sandbox_id: &str,
-        pause: bool,
-        deadline: Duration,
-    ) -> Result<pb::SandboxStatus> {
-        let mut c = self.client(endpoint)?;
-        let mut req = tonic::Request::new(pb::SandboxRef {
-            sandbox_id: sandbox_id.into(),
-        });
-        req.set_timeout(deadline);
-        let call = async {
-            if pause {
-                c.pause_sandbox(req).await
-            } else {
-                c.resume_sandbox(req).await
-            }
         };
-        match tokio::time::timeout(deadline, call).await {
-            Ok(r) => r.map(|r| r.into_inner()).map_err(|status| Error::Agent {
-                agent: agent.into(),
-                status,
-            }),
-            Err(_) => Err(Error::Unavailable(format!(
-                "agent {agent}: no answer within {deadline:?}"
-            ))),
+        let resp = self
+            .call(
+                agent,
+                endpoint,
+                "delete",
+                deadline,
+                body,
+                |mut c, req| async move { c.delete_sandbox(req).await },
+            )
+            .await?;
+        Ok(resp.existed)
+    }
+
+    /// One of the calls that name a sandbox and answer with its status.
+    pub async fn status_rpc(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        sandbox_id: &SandboxId,
+        rpc: StatusRpc,
+        deadline: Duration,
+    ) -> Result<pb::SandboxStatus> {
+        let body = pb::SandboxRef {
+            sandbox_id: sandbox_id.to_string(),
+        };
+        self.call(
+            agent,
+            endpoint,
+            rpc.name(),
+            deadline,
+            body,
+            move |mut c, req| async move {
+                match rpc {
+                    StatusRpc::Get => c.get_sandbox(req).await,
+                    StatusRpc::Pause => c.pause_sandbox(req).await,
+                    StatusRpc::Resume => c.resume_sandbox(req).await,
+                }
+            },
+        )
+        .await
+    }
+}
+
+/// The agent calls that take a sandbox id and return its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusRpc {
+    Get,
+    /// Freeze the container in place.
+    Pause,
+    /// Thaw it.
+    Resume,
+}
+
+impl StatusRpc {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Get => "get",
+            Self::Pause => "pause",
+            Self::Resume => "resume",
         }
     }
 }

@@ -58,6 +58,8 @@ pub struct ControllerConfig {
     /// true; by default a pool is global by name (see `Registry`).
     pub namespaced_pools: bool,
     /// Test hook: stop dead at a named point so a test can `kill -9` there.
+    /// Set by the entry point (from `SANDBOLT_CONTROLLER_FAILPOINT`), never
+    /// read from the environment here.
     pub failpoint: Option<FailpointSpec>,
 }
 
@@ -83,13 +85,13 @@ impl ControllerConfig {
             default_recovery_timeout: Duration::from_secs(60),
             startup_grace: Duration::from_secs(10),
             namespaced_pools: false,
-            failpoint: FailpointSpec::from_env(),
+            failpoint: None,
         }
     }
 }
 
 /// Points where a test can freeze the controller (it then sits there until
-/// killed). Chosen with `SANDBOLT_CONTROLLER_FAILPOINT`.
+/// killed). Chosen with `SANDBOLT_CONTROLLER_FAILPOINT` (see [`crate::cli`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failpoint {
     /// Strong mode: the record is committed, the agent not yet called.
@@ -108,11 +110,17 @@ pub struct FailpointSpec {
     pub only_for: Option<String>,
 }
 
-impl FailpointSpec {
-    pub fn from_env() -> Option<Self> {
-        Self::parse(&std::env::var(FAILPOINT_ENV).ok()?)
-    }
+impl std::str::FromStr for FailpointSpec {
+    type Err = String;
 
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s).ok_or_else(|| {
+            format!("unknown failpoint {s:?} (strong-after-record or fast-after-create, optionally :<sandbox name>)")
+        })
+    }
+}
+
+impl FailpointSpec {
     pub fn parse(s: &str) -> Option<Self> {
         let (p, name) = match s.split_once(':') {
             Some((p, n)) => (p, Some(n.to_string())),

@@ -1,19 +1,23 @@
 //! `sandbolt.control.v1.SandboxService`: the native API, which carries the
 //! whole sandbox (limits, volumes, runtime, pool, times). Translation only;
-//! the work is in [`crate::sandboxes::Core`], which FastPath v1/v2 share.
+//! the work is in [`crate::sandbox::Core`], which FastPath v1/v2 share.
 
 use std::sync::Arc;
 
-use sandbolt_proto::agent::v1::SandboxPhase as AgentPhase;
 use sandbolt_proto::control::v1 as pb;
 use sandbolt_proto::control::v1::sandbox_service_server::SandboxService;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
+use crate::ids::SandboxKey;
 use crate::placement::or_default;
-use crate::registry::{PoolSummary, SandboxView};
-use crate::sandboxes::{Core, CreateSpec, UpdateOp, UpdateSpec};
-use crate::store::{Consistency, FailurePolicy, HostVolume, Phase, Resources, SandboxRecord};
+use crate::registry::PoolSummary;
+use crate::sandbox::{
+    Core, CreateRequest, EndpointTarget, Observed, Precondition, UpdateOp, UpdateSpec, page_size,
+};
+use crate::store::{
+    Consistency, FailurePolicy, HostVolume, Phase, Resources, SandboxRecord, SandboxSpec,
+};
 
 pub struct ControlService {
     core: Arc<Core>,
@@ -29,19 +33,12 @@ fn invalid(msg: impl Into<String>) -> Status {
     Status::invalid_argument(msg.into())
 }
 
-/// `(namespace, name, expected uid)` of a reference.
-fn reference(r: Option<&pb::SandboxRef>) -> Result<(String, String, String), Status> {
+/// The sandbox a reference names, and what the caller expects of it.
+fn reference(r: Option<&pb::SandboxRef>) -> Result<(SandboxKey, Precondition), Status> {
     let r = r.ok_or_else(|| invalid("sandbox is required"))?;
-    if r.name.is_empty() {
-        return Err(invalid("sandbox.name is required"));
-    }
-    Ok((
-        or_default(&r.namespace).to_string(),
-        r.name.clone(),
-        r.expected_uid.clone(),
-    ))
+    let key = SandboxKey::named(&r.namespace, &r.name, "sandbox.name")?;
+    Ok((key, Precondition::uid(r.expected_uid.clone())))
 }
-
 fn resources_in(r: Option<&pb::Resources>) -> Result<Resources, Status> {
     let Some(r) = r else {
         return Ok(Resources::default());
@@ -92,7 +89,15 @@ fn volumes_in(vs: &[pb::Volume]) -> Result<Vec<HostVolume>, Status> {
         .collect()
 }
 
-fn create_spec(q: pb::CreateSandboxRequest) -> Result<CreateSpec, Status> {
+fn failure_policy_in(p: i32) -> Result<FailurePolicy, Status> {
+    match pb::FailurePolicy::try_from(p) {
+        Ok(pb::FailurePolicy::Unspecified | pb::FailurePolicy::Manual) => Ok(FailurePolicy::Manual),
+        Ok(pb::FailurePolicy::AutoRecreate) => Ok(FailurePolicy::AutoRecreate),
+        Err(_) => Err(invalid(format!("spec.failure_policy {p} is unknown"))),
+    }
+}
+
+fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> {
     let spec = q.spec.ok_or_else(|| invalid("spec is required"))?;
     if spec.image.trim().is_empty() {
         return Err(invalid("spec.image is required"));
@@ -107,42 +112,34 @@ fn create_spec(q: pb::CreateSandboxRequest) -> Result<CreateSpec, Status> {
             "spec.snapshot_id: snapshots are not supported by sandbolt yet; create from an image",
         ));
     }
-    let failure_policy = match pb::FailurePolicy::try_from(spec.failure_policy) {
-        Ok(pb::FailurePolicy::Unspecified | pb::FailurePolicy::Manual) => FailurePolicy::Manual,
-        Ok(pb::FailurePolicy::AutoRecreate) => FailurePolicy::AutoRecreate,
-        Err(_) => {
-            return Err(invalid(format!(
-                "spec.failure_policy {} is unknown",
-                spec.failure_policy
-            )));
-        }
-    };
     let consistency = match pb::Consistency::try_from(q.consistency) {
         Ok(pb::Consistency::Unspecified) => None,
         Ok(pb::Consistency::Fast) => Some(Consistency::Fast),
         Ok(pb::Consistency::Strong) => Some(Consistency::Strong),
         Err(_) => return Err(invalid(format!("consistency {} is unknown", q.consistency))),
     };
-    Ok(CreateSpec {
+    Ok(CreateRequest {
         request_id: q.request_id,
         name: q.name,
         namespace: q.namespace,
-        pool: spec.pool,
-        image: spec.image,
-        command: spec.command,
-        args: spec.args,
-        envs: spec.env.into_iter().collect(),
-        working_dir: spec.working_dir,
-        exposed_ports: spec.exposed_ports,
-        metadata: spec.metadata.into_iter().collect(),
-        expires_at: spec.expires_at_unix_seconds,
-        failure_policy,
-        recovery_timeout_seconds: spec.recovery_timeout_seconds,
         consistency,
         wait_for_execd: q.wait_ready,
-        resources: resources_in(spec.resources.as_ref())?,
-        volumes: volumes_in(&spec.volumes)?,
-        runtime: spec.runtime,
+        spec: SandboxSpec {
+            failure_policy: failure_policy_in(spec.failure_policy)?,
+            resources: resources_in(spec.resources.as_ref())?,
+            volumes: volumes_in(&spec.volumes)?,
+            pool: spec.pool,
+            image: spec.image,
+            command: spec.command,
+            args: spec.args,
+            envs: spec.env.into_iter().collect(),
+            working_dir: spec.working_dir,
+            exposed_ports: spec.exposed_ports,
+            metadata: spec.metadata.into_iter().collect(),
+            expires_at: spec.expires_at_unix_seconds,
+            recovery_timeout_seconds: spec.recovery_timeout_seconds,
+            runtime: spec.runtime,
+        },
     })
 }
 
@@ -155,94 +152,85 @@ fn resource_list(cpu: &str, memory: &str, pids: i64) -> Option<pb::ResourceList>
     })
 }
 
-/// The phase a client sees: the record's, unless what the agent reports (or
-/// its silence) says more.
-fn observed_phase(view: &SandboxView, r: &SandboxRecord) -> (pb::Phase, String) {
-    let phase = match r.phase {
-        Phase::Pending => pb::Phase::Pending,
-        Phase::Running => pb::Phase::Running,
-        Phase::Paused => pb::Phase::Paused,
-        Phase::Recovering => pb::Phase::Recovering,
-        Phase::Failed => return (pb::Phase::Failed, r.message.clone()),
-    };
-    if !matches!(r.phase, Phase::Running | Phase::Paused) || r.agent_id.is_empty() {
-        return (phase, r.message.clone());
-    }
-    if !view.agent_live {
-        // Silence is not death: nothing is known, nothing is done; the
-        // sandbox is Running again when its agent reports it.
-        return (
-            pb::Phase::Unknown,
-            format!("agent {} is not heartbeating", r.agent_id),
-        );
-    }
-    match &view.observed {
-        Some(s) if matches!(s.phase(), AgentPhase::Failed | AgentPhase::Stopped) => (
-            pb::Phase::Failed,
-            if s.message.is_empty() {
-                format!("entrypoint exited with status {}", s.exit_code)
-            } else {
-                s.message.clone()
+/// The phase a client sees, in this API's vocabulary.
+fn phase_out(observed: Observed, r: &SandboxRecord) -> (pb::Phase, String) {
+    match observed {
+        Observed::Recorded(p) => (
+            match p {
+                Phase::Pending => pb::Phase::Pending,
+                Phase::Running => pb::Phase::Running,
+                Phase::Paused => pb::Phase::Paused,
+                Phase::Recovering => pb::Phase::Recovering,
+                Phase::Failed => pb::Phase::Failed,
             },
+            r.message.clone(),
         ),
-        _ => (phase, r.message.clone()),
+        Observed::AgentSilent { agent } => (
+            pb::Phase::Unknown,
+            format!("agent {agent} is not heartbeating"),
+        ),
+        Observed::Exited { message, .. } => (pb::Phase::Failed, message),
     }
 }
 
-pub(crate) fn sandbox(core: &Core, r: &SandboxRecord) -> pb::Sandbox {
-    let view = core.registry().sandbox_view(&r.agent_id, &r.sandbox_id);
-    let (phase, message) = observed_phase(&view, r);
-    let res = &r.resources;
+fn spec_out(s: &SandboxSpec) -> pb::SandboxSpec {
+    let res = &s.resources;
     let resources = (!res.is_empty()).then(|| pb::Resources {
         limits: resource_list(&res.cpu_limit, &res.memory_limit, res.pids_limit),
         requests: resource_list(&res.cpu_request, &res.memory_request, 0),
     });
+    pb::SandboxSpec {
+        image: s.image.clone(),
+        command: s.command.clone(),
+        args: s.args.clone(),
+        env: s.envs.clone().into_iter().collect(),
+        working_dir: s.working_dir.clone(),
+        resources,
+        volumes: s.volumes.iter().map(volume_out).collect(),
+        runtime: s.runtime.clone(),
+        pool: s.pool.clone(),
+        failure_policy: match s.failure_policy {
+            FailurePolicy::Manual => pb::FailurePolicy::Manual,
+            FailurePolicy::AutoRecreate => pb::FailurePolicy::AutoRecreate,
+        } as i32,
+        recovery_timeout_seconds: s.recovery_timeout_seconds,
+        expires_at_unix_seconds: s.expires_at,
+        metadata: s.metadata.clone().into_iter().collect(),
+        exposed_ports: s.exposed_ports.clone(),
+        network_policy_json: String::new(),
+        snapshot_id: String::new(),
+    }
+}
+
+fn volume_out(v: &HostVolume) -> pb::Volume {
+    pb::Volume {
+        name: v.name.clone(),
+        source: Some(pb::volume::Source::Host(pb::HostPathSource {
+            path: v.host_path.clone(),
+        })),
+        mount_path: v.mount_path.clone(),
+        read_only: v.read_only,
+        sub_path: v.sub_path.clone(),
+    }
+}
+
+pub(crate) fn sandbox(core: &Core, r: &SandboxRecord) -> pb::Sandbox {
+    let (observed, view) = core.observe(r);
+    let (phase, message) = phase_out(observed, r);
     pb::Sandbox {
         namespace: r.namespace.clone(),
         name: r.name.clone(),
         uid: r.uid.clone(),
         generation: r.generation,
         request_id: r.request_id.clone(),
-        spec: Some(pb::SandboxSpec {
-            image: r.image.clone(),
-            command: r.command.clone(),
-            args: r.args.clone(),
-            env: r.envs.clone().into_iter().collect(),
-            working_dir: r.working_dir.clone(),
-            resources,
-            volumes: r
-                .volumes
-                .iter()
-                .map(|v| pb::Volume {
-                    name: v.name.clone(),
-                    source: Some(pb::volume::Source::Host(pb::HostPathSource {
-                        path: v.host_path.clone(),
-                    })),
-                    mount_path: v.mount_path.clone(),
-                    read_only: v.read_only,
-                    sub_path: v.sub_path.clone(),
-                })
-                .collect(),
-            runtime: r.runtime.clone(),
-            pool: r.pool.clone(),
-            failure_policy: match r.failure_policy {
-                FailurePolicy::Manual => pb::FailurePolicy::Manual,
-                FailurePolicy::AutoRecreate => pb::FailurePolicy::AutoRecreate,
-            } as i32,
-            recovery_timeout_seconds: r.recovery_timeout_seconds,
-            expires_at_unix_seconds: r.expires_at,
-            metadata: r.metadata.clone().into_iter().collect(),
-            exposed_ports: r.exposed_ports.clone(),
-            network_policy_json: String::new(),
-            snapshot_id: String::new(),
-        }),
+        spec: Some(spec_out(&r.spec)),
         status: Some(pb::SandboxStatus {
             phase: phase as i32,
             message,
-            agent_id: r.agent_id.clone(),
+            agent_id: r.agent_id.to_string(),
             node_name: view.node_name,
-            runtime: r.runtime.clone(),
-            container_id: r.sandbox_id.clone(),
+            runtime: r.spec.runtime.clone(),
+            container_id: r.sandbox_id.to_string(),
             created_at_unix_ms: r.created_at_unix_ms,
             last_transition_unix_ms: if r.last_transition_unix_ms > 0 {
                 r.last_transition_unix_ms
@@ -274,32 +262,33 @@ pub(crate) fn pool(p: &PoolSummary) -> pb::Pool {
 
 #[tonic::async_trait]
 impl SandboxService for ControlService {
+    #[tracing::instrument(name = "control.CreateSandbox", skip_all, fields(namespace = %req.get_ref().namespace, sandbox = %req.get_ref().name, request_id = %req.get_ref().request_id))]
     async fn create_sandbox(
         &self,
         req: Request<pb::CreateSandboxRequest>,
     ) -> Result<Response<pb::Sandbox>, Status> {
-        let spec = create_spec(req.into_inner())?;
+        let spec = create_request(req.into_inner())?;
         let r = self.core.create(spec).await?;
         Ok(Response::new(sandbox(&self.core, &r)))
     }
 
+    #[tracing::instrument(name = "control.GetSandbox", skip_all, fields(namespace, sandbox))]
     async fn get_sandbox(
         &self,
         req: Request<pb::GetSandboxRequest>,
     ) -> Result<Response<pb::Sandbox>, Status> {
-        let (ns, name, uid) = reference(req.get_ref().sandbox.as_ref())?;
-        let r = self.core.get(&ns, &name, &uid)?;
+        let (key, expect) = reference(req.get_ref().sandbox.as_ref())?;
+        let r = self.core.get(&key, &expect)?;
         Ok(Response::new(sandbox(&self.core, &r)))
     }
 
+    #[tracing::instrument(name = "control.ListSandboxes", skip_all, fields(namespace = %req.get_ref().namespace))]
     async fn list_sandboxes(
         &self,
         req: Request<pb::ListSandboxesRequest>,
     ) -> Result<Response<pb::ListSandboxesResponse>, Status> {
         let q = req.into_inner();
-        if q.page_size < 0 {
-            return Err(invalid("page_size must not be negative"));
-        }
+        let page_size = page_size(q.page_size)?;
         let phases = q
             .phases
             .iter()
@@ -311,11 +300,9 @@ impl SandboxService for ControlService {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let filter = q.metadata.into_iter().collect();
-        let (records, next) = if q.page_size == 0 {
-            (self.core.list_all(&q.namespace, &filter)?, String::new())
-        } else {
-            self.core
-                .list(&q.namespace, &filter, q.page_size as usize, &q.page_token)?
+        let (records, next) = match page_size {
+            0 => (self.core.list_all(&q.namespace, &filter)?, String::new()),
+            n => self.core.list(&q.namespace, &filter, n, &q.page_token)?,
         };
         // Phases are filtered after paging: a page may hold fewer items.
         let items = records
@@ -334,69 +321,77 @@ impl SandboxService for ControlService {
         }))
     }
 
+    #[tracing::instrument(name = "control.DeleteSandbox", skip_all, fields(namespace, sandbox))]
     async fn delete_sandbox(
         &self,
         req: Request<pb::DeleteSandboxRequest>,
     ) -> Result<Response<pb::Sandbox>, Status> {
-        let (ns, name, uid) = reference(req.get_ref().sandbox.as_ref())?;
-        let r = self.core.delete(&ns, &name, &uid).await?;
+        let (key, expect) = reference(req.get_ref().sandbox.as_ref())?;
+        let r = self.core.delete(&key, &expect).await?;
         Ok(Response::new(sandbox(&self.core, &r)))
     }
 
+    #[tracing::instrument(name = "control.UpdateSandbox", skip_all, fields(namespace, sandbox))]
     async fn update_sandbox(
         &self,
         req: Request<pb::UpdateSandboxRequest>,
     ) -> Result<Response<pb::Sandbox>, Status> {
         let q = req.into_inner();
-        let (ns, name, uid) = reference(q.sandbox.as_ref())?;
+        let (key, mut expect) = reference(q.sandbox.as_ref())?;
+        expect.generation = q.expected_generation;
         let op = match q.expires_at_unix_seconds {
             Some(t) => UpdateOp::Expiry(t),
             None => UpdateOp::None,
         };
         let spec = UpdateSpec {
-            expected_uid: uid,
-            expected_generation: q.expected_generation,
+            expect,
             metadata_upsert: q.metadata_upsert.into_iter().collect(),
             metadata_delete: q.metadata_delete_keys,
         };
-        let r = self.core.update(&ns, &name, op, spec).await?;
+        let r = self.core.update(&key, op, spec).await?;
         Ok(Response::new(sandbox(&self.core, &r)))
     }
 
+    #[tracing::instrument(name = "control.PauseSandbox", skip_all, fields(namespace, sandbox))]
     async fn pause_sandbox(
         &self,
         req: Request<pb::SandboxRef>,
     ) -> Result<Response<pb::Sandbox>, Status> {
-        let (ns, name, uid) = reference(Some(req.get_ref()))?;
-        let r = self.core.pause(&ns, &name, &uid, 0, true).await?;
+        let (key, expect) = reference(Some(req.get_ref()))?;
+        let r = self.core.pause(&key, &expect).await?;
         Ok(Response::new(sandbox(&self.core, &r)))
     }
 
+    #[tracing::instrument(name = "control.ResumeSandbox", skip_all, fields(namespace, sandbox))]
     async fn resume_sandbox(
         &self,
         req: Request<pb::SandboxRef>,
     ) -> Result<Response<pb::Sandbox>, Status> {
-        let (ns, name, uid) = reference(Some(req.get_ref()))?;
-        let r = self.core.pause(&ns, &name, &uid, 0, false).await?;
+        let (key, expect) = reference(Some(req.get_ref()))?;
+        let r = self.core.resume(&key, &expect).await?;
         Ok(Response::new(sandbox(&self.core, &r)))
     }
 
+    #[tracing::instrument(name = "control.ResolveEndpoint", skip_all, fields(namespace, sandbox, port = req.get_ref().port))]
     async fn resolve_endpoint(
         &self,
         req: Request<pb::ResolveEndpointRequest>,
     ) -> Result<Response<pb::Endpoint>, Status> {
         let q = req.into_inner();
-        let (ns, name, uid) = reference(q.sandbox.as_ref())?;
+        let (key, expect) = reference(q.sandbox.as_ref())?;
         if q.port == 0 {
             return Err(invalid("port is required"));
         }
-        let route = self.core.resolve(&ns, &name, &uid, 0, Some(q.port), "")?;
+        let route = self
+            .core
+            .resolve(&key, &expect, Some(EndpointTarget::Port(q.port)))?;
         Ok(Response::new(pb::Endpoint {
             endpoint: route.proxy_endpoint,
             headers: route.headers.into_iter().collect(),
         }))
     }
 
+    #[tracing::instrument(name = "control.ListPools", skip_all)]
     async fn list_pools(
         &self,
         _req: Request<pb::ListPoolsRequest>,
@@ -405,6 +400,7 @@ impl SandboxService for ControlService {
         Ok(Response::new(pb::ListPoolsResponse { items }))
     }
 
+    #[tracing::instrument(name = "control.GetPool", skip_all, fields(pool = %req.get_ref().name))]
     async fn get_pool(
         &self,
         req: Request<pb::GetPoolRequest>,
@@ -484,7 +480,7 @@ mod tests {
             ),
         ];
         for (spec, field) in cases {
-            let e = create_spec(request(spec)).unwrap_err();
+            let e = create_request(request(spec)).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument);
             assert!(
                 e.message().contains(field),
@@ -496,7 +492,7 @@ mod tests {
 
     #[test]
     fn everything_asked_reaches_the_core() {
-        let s = create_spec(pb::CreateSandboxRequest {
+        let s = create_request(pb::CreateSandboxRequest {
             request_id: "r1".into(),
             consistency: pb::Consistency::Fast as i32,
             wait_ready: true,
@@ -530,14 +526,17 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        assert_eq!(s.resources.cpu_limit, "500m");
-        assert_eq!(s.resources.memory_limit, "64Mi");
-        assert_eq!(s.resources.pids_limit, 99);
-        assert_eq!(s.resources.cpu_request, "250m");
-        assert_eq!(s.volumes[0].host_path, "/srv/x");
-        assert!(s.volumes[0].read_only);
-        assert_eq!((s.runtime.as_str(), s.pool.as_str()), ("runc", "gpu"));
-        assert_eq!(s.failure_policy, FailurePolicy::AutoRecreate);
+        assert_eq!(s.spec.resources.cpu_limit, "500m");
+        assert_eq!(s.spec.resources.memory_limit, "64Mi");
+        assert_eq!(s.spec.resources.pids_limit, 99);
+        assert_eq!(s.spec.resources.cpu_request, "250m");
+        assert_eq!(s.spec.volumes[0].host_path, "/srv/x");
+        assert!(s.spec.volumes[0].read_only);
+        assert_eq!(
+            (s.spec.runtime.as_str(), s.spec.pool.as_str()),
+            ("runc", "gpu")
+        );
+        assert_eq!(s.spec.failure_policy, FailurePolicy::AutoRecreate);
         assert_eq!(s.consistency, Some(Consistency::Fast));
         assert!(s.wait_for_execd);
     }

@@ -4,6 +4,7 @@
 
 use tonic::{Code, Status};
 
+use crate::ids::SandboxKey;
 use crate::placement::PlacementError;
 use crate::store::StoreError;
 
@@ -11,12 +12,15 @@ use crate::store::StoreError;
 pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
-    #[error("sandbox {0}/{1} not found")]
-    NotFound(String, String),
+    #[error("sandbox {0} not found")]
+    NotFound(SandboxKey),
+    /// The name is taken by another sandbox than the one the caller means.
+    #[error("sandbox {0} (uid {1}) not found")]
+    UidMismatch(SandboxKey, String),
     #[error("{0}")]
     NotFoundOther(String),
-    #[error("sandbox {0}/{1} already exists (created by another request)")]
-    AlreadyExists(String, String),
+    #[error("sandbox {0} already exists (created by another request)")]
+    AlreadyExists(SandboxKey),
     /// Optimistic-concurrency conflict (stale `expected_generation`, a
     /// concurrent writer): retry after reading again.
     #[error("{0}")]
@@ -43,7 +47,7 @@ impl From<Error> for Status {
     fn from(e: Error) -> Self {
         let code = match &e {
             Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::NotFound(..) | Error::NotFoundOther(_) => Code::NotFound,
+            Error::NotFound(_) | Error::UidMismatch(..) | Error::NotFoundOther(_) => Code::NotFound,
             Error::AlreadyExists(..) => Code::AlreadyExists,
             Error::Aborted(_) => Code::Aborted,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,

@@ -17,24 +17,21 @@
 //! ```
 
 pub mod agent_client;
-pub mod auth;
+pub mod cli;
 pub mod clock;
 pub mod config;
-mod consistency;
 pub mod control;
 pub mod error;
-mod expiry;
 pub mod fastpath;
 pub mod ha;
+pub mod ids;
 pub mod leader;
 pub mod limits;
-mod ownership;
 pub mod placement;
 pub mod pool_status;
-mod recovery;
 pub mod registry;
 pub mod registry_server;
-pub mod sandboxes;
+pub mod sandbox;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -42,6 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandbolt_proto::agent::v1::registry_service_server::RegistryServiceServer;
+use sandbolt_proto::auth::RequireBearer;
 use sandbolt_proto::control::v1::sandbox_service_server::SandboxServiceServer;
 use sandbolt_proto::fastpath::v1::fast_path_service_server::FastPathServiceServer as V1Server;
 use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathServiceServer as V2Server;
@@ -50,7 +48,8 @@ use tokio::task::JoinHandle;
 
 pub use config::{ControllerConfig, FAILPOINT_ENV, Failpoint, FailpointSpec};
 pub use error::{Error, Result};
-pub use sandboxes::Core;
+pub use ids::{AgentId, SandboxId, SandboxKey};
+pub use sandbox::Core;
 pub use store::{Consistency, Store};
 
 pub struct Controller;
@@ -83,7 +82,7 @@ impl Controller {
                 "agent_token must be set: agents authenticate with it".into(),
             ));
         }
-        let core = Arc::new(Core::new(config.clone(), store));
+        let core = Arc::new(Core::new(config.clone(), store)?);
         // Records and known agents first: the port opens on a registry that
         // already holds every slot the store knows about.
         core.rebuild()?;
@@ -95,8 +94,8 @@ impl Controller {
             .map_err(|e| Error::Internal(e.to_string()))?;
         let (stop, stop_rx) = watch::channel(false);
 
-        let fp_auth = auth::RequireBearer::new(config.fastpath_token.as_deref(), "fastpath");
-        let agent_auth = auth::RequireBearer::new(Some(&config.agent_token), "registry");
+        let fp_auth = RequireBearer::new(config.fastpath_token.as_deref(), "fastpath");
+        let agent_auth = RequireBearer::new(Some(&config.agent_token), "registry");
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(V2Server::with_interceptor(

@@ -20,6 +20,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::ids::AgentId;
+
 /// Penalty for an image that the agent does not have cached (OSEP-0005).
 pub const IMAGE_MISS_PENALTY: u64 = 1000;
 
@@ -112,7 +114,7 @@ pub struct PlacementRequest<'a> {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
-    pub agent: String,
+    pub agent: AgentId,
     pub score: u64,
     pub image_cached: bool,
 }
@@ -345,7 +347,7 @@ impl PlacementIndex {
         };
         let image_cached = self.slots[&best.2].state.images.contains(req.image_key);
         Ok(Placement {
-            agent: best.2.to_string(),
+            agent: AgentId::from(&*best.2),
             score: best.0,
             image_cached,
         })
@@ -582,7 +584,7 @@ mod tests {
             ix.upsert(n, state("p", 3, &["img"]));
         }
         let pool = PoolKey::new("", "p");
-        let order: Vec<String> = (0..6)
+        let order: Vec<AgentId> = (0..6)
             .map(|i| {
                 ix.allocate(&req(&pool, "img"), &format!("s{i}"))
                     .unwrap()
@@ -699,7 +701,7 @@ mod tests {
                 (Ok(p), Some(i)) => {
                     assert_eq!(p.agent, agents[i].name, "step {step}");
                     agents[i].allocated += 1;
-                    held.push((p.agent, sid));
+                    held.push((p.agent.to_string(), sid));
                 }
                 (Err(_), None) => {}
                 (got, want) => panic!("step {step}: index {got:?}, reference {want:?}"),

@@ -12,7 +12,7 @@ use kube::api::{Api, Patch, PatchParams};
 use sandbolt_deploy::{SandboxPool, SandboxPoolStatus};
 
 use crate::registry::PoolSummary;
-use crate::sandboxes::Core;
+use crate::sandbox::Core;
 
 /// The status `pool` should show, given the registry's pool summaries.
 pub fn status_for(pool: &SandboxPool, summaries: &[PoolSummary]) -> SandboxPoolStatus {

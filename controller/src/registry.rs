@@ -21,12 +21,13 @@
 //! vanished (a node reboot, a wiped containerd) is noticed once the agent
 //! is back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use sandbolt_proto::agent::v1 as pb;
 
+use crate::ids::{AgentId, SandboxId};
 use crate::placement::{
     AgentState, Placement, PlacementError, PlacementIndex, PlacementRequest, PoolKey,
 };
@@ -34,7 +35,7 @@ use crate::store::AgentRecord;
 
 #[derive(Debug, Clone)]
 pub struct AgentInfo {
-    pub agent_id: String,
+    pub agent_id: AgentId,
     pub instance_id: String,
     pub node_name: String,
     pub pool: PoolKey,
@@ -47,7 +48,7 @@ pub struct AgentInfo {
     /// from the store).
     pub heartbeated: bool,
     /// Sandbox id → what the agent last reported about it.
-    pub sandboxes: HashMap<String, pb::SandboxStatus>,
+    pub sandboxes: HashMap<SandboxId, pb::SandboxStatus>,
     pub images: Vec<pb::ImageInfo>,
     /// What the agent's pool promises (runtime, limit defaults and maxima),
     /// as the agent last reported it; `None` until it heartbeats.
@@ -59,9 +60,9 @@ pub struct AgentInfo {
 #[derive(Debug, Default)]
 struct Inner {
     index: PlacementIndex,
-    agents: HashMap<String, AgentInfo>,
+    agents: HashMap<AgentId, AgentInfo>,
     /// Liveness bookkeeping beyond the heartbeat itself, by agent id.
-    watch: HashMap<String, Watch>,
+    watch: HashMap<AgentId, Watch>,
 }
 
 /// What the registry keeps per agent to tell silent from gone, and to
@@ -80,7 +81,7 @@ struct Watch {
     /// No presence check before this instant.
     next_check: Option<Instant>,
     /// Sandbox ids reserved on the agent but absent from its heartbeats.
-    missing: HashMap<String, Missing>,
+    missing: HashMap<SandboxId, Missing>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -169,7 +170,7 @@ impl Registry {
     /// Applies a heartbeat: replaces what we know of the agent.
     pub fn heartbeat(&self, inv: &pb::Inventory) -> HeartbeatOutcome {
         let pool = self.pool_key(&inv.namespace, &inv.pool);
-        let mut images = std::collections::HashSet::new();
+        let mut images = HashSet::new();
         for img in &inv.images {
             for r in &img.references {
                 images.insert(sandbolt_image_ref::match_key(r));
@@ -191,12 +192,15 @@ impl Registry {
         let sandboxes = inv
             .sandboxes
             .iter()
-            .map(|s| (s.sandbox_id.clone(), s.clone()))
+            .map(|s| (SandboxId::from(s.sandbox_id.as_str()), s.clone()))
             .collect();
         let now = Instant::now();
         // The pod as last persisted or heard (a new pod must be persisted).
-        let g_pod = g.watch.get(&inv.agent_id).and_then(|w| w.pod.clone());
-        match g.agents.get_mut(&inv.agent_id) {
+        let g_pod = g
+            .watch
+            .get(inv.agent_id.as_str())
+            .and_then(|w| w.pod.clone());
+        match g.agents.get_mut(inv.agent_id.as_str()) {
             Some(a) => {
                 let pod_changed = g_pod != inv.pod;
                 let persist = a.api_endpoint != inv.api_endpoint
@@ -221,10 +225,11 @@ impl Registry {
                 HeartbeatOutcome { persist, came_back }
             }
             None => {
+                let agent_id = AgentId::from(inv.agent_id.as_str());
                 g.agents.insert(
-                    inv.agent_id.clone(),
+                    agent_id.clone(),
                     AgentInfo {
-                        agent_id: inv.agent_id.clone(),
+                        agent_id,
                         instance_id: inv.instance_id.clone(),
                         node_name: inv.node_name.clone(),
                         pool,
@@ -288,13 +293,13 @@ impl Registry {
     pub fn allocate(
         &self,
         req: &PlacementRequest<'_>,
-        sandbox_id: &str,
+        sandbox_id: &SandboxId,
     ) -> Result<Placement, PlacementError> {
         self.inner.lock().index.allocate(req, sandbox_id)
     }
 
     /// Holds a slot for a sandbox that already lives on `agent`.
-    pub fn reserve(&self, agent: &str, sandbox_id: &str, ports: &[u32]) {
+    pub fn reserve(&self, agent: &AgentId, sandbox_id: &SandboxId, ports: &[u32]) {
         let mut g = self.inner.lock();
         if !g.index.contains(agent) {
             // Known from a record only: hold the slot anyway so the agent's
@@ -304,22 +309,22 @@ impl Registry {
         g.index.reserve(agent, sandbox_id, ports);
     }
 
-    pub fn release(&self, agent: &str, sandbox_id: &str) {
+    pub fn release(&self, agent: &AgentId, sandbox_id: &SandboxId) {
         self.inner.lock().index.release(agent, sandbox_id);
     }
 
-    pub fn agent(&self, agent: &str) -> Option<AgentInfo> {
+    pub fn agent(&self, agent: &AgentId) -> Option<AgentInfo> {
         self.inner.lock().agents.get(agent).cloned()
     }
 
-    pub fn is_live(&self, agent: &str) -> bool {
+    pub fn is_live(&self, agent: &AgentId) -> bool {
         self.inner.lock().agents.get(agent).is_some_and(|a| !a.lost)
     }
 
     /// What a status answer needs about one sandbox's agent, under one lock
     /// and without cloning the agent's inventory: whether it heartbeats, its
     /// node, and what it last reported about the sandbox.
-    pub fn sandbox_view(&self, agent: &str, sandbox_id: &str) -> SandboxView {
+    pub fn sandbox_view(&self, agent: &AgentId, sandbox_id: &SandboxId) -> SandboxView {
         let g = self.inner.lock();
         match g.agents.get(agent) {
             None => SandboxView::default(),
@@ -332,7 +337,7 @@ impl Registry {
     }
 
     /// What the agent last reported about one sandbox.
-    pub fn observed(&self, agent: &str, sandbox_id: &str) -> Option<pb::SandboxStatus> {
+    pub fn observed(&self, agent: &AgentId, sandbox_id: &SandboxId) -> Option<pb::SandboxStatus> {
         self.inner
             .lock()
             .agents
@@ -340,16 +345,16 @@ impl Registry {
             .and_then(|a| a.sandboxes.get(sandbox_id).cloned())
     }
 
-    pub fn allocated(&self, agent: &str) -> Option<u32> {
+    pub fn allocated(&self, agent: &AgentId) -> Option<u32> {
         self.inner.lock().index.allocated(agent)
     }
 
     /// Marks agents silent for longer than `timeout` as lost; returns the ones
     /// that became lost now.
-    pub fn detect_lost(&self, timeout: Duration) -> Vec<String> {
+    pub fn detect_lost(&self, timeout: Duration) -> Vec<AgentId> {
         let mut g = self.inner.lock();
         let now = Instant::now();
-        let lost: Vec<String> = g
+        let lost: Vec<AgentId> = g
             .agents
             .values()
             .filter(|a| !a.lost && now.duration_since(a.last_seen) > timeout)
@@ -428,7 +433,7 @@ impl Registry {
 
     /// Registered and silent (marked lost): what it holds is unknown, not
     /// failed.
-    pub fn is_silent(&self, agent: &str) -> bool {
+    pub fn is_silent(&self, agent: &AgentId) -> bool {
         self.inner.lock().agents.get(agent).is_some_and(|a| a.lost)
     }
 
@@ -441,25 +446,26 @@ impl Registry {
     pub fn note_heartbeat(
         &self,
         inv: &pb::Inventory,
-        in_flight: &std::collections::HashSet<String>,
+        in_flight: &HashSet<SandboxId>,
         rule: VanishRule,
-    ) -> Vec<String> {
+    ) -> Vec<SandboxId> {
         let mut g = self.inner.lock();
         let reserved = g.index.reserved_on(&inv.agent_id);
-        let w = g.watch.entry(inv.agent_id.clone()).or_default();
+        let w = g.watch.entry(inv.agent_id.as_str().into()).or_default();
         w.heartbeats += 1;
         w.pod = inv.pod.clone();
         w.gone = false;
         w.next_check = None;
-        let reported: std::collections::HashSet<&str> = inv
+        let reported: HashSet<&str> = inv
             .sandboxes
             .iter()
             .map(|s| s.sandbox_id.as_str())
             .collect();
         let now = Instant::now();
-        let absent: std::collections::HashSet<String> = reserved
+        let absent: HashSet<SandboxId> = reserved
             .into_iter()
-            .filter(|id| !reported.contains(id.as_str()) && !in_flight.contains(id))
+            .filter(|id| !reported.contains(id.as_str()) && !in_flight.contains(id.as_str()))
+            .map(SandboxId::from)
             .collect();
         w.missing.retain(|id, _| absent.contains(id));
         let mut vanished = Vec::new();
@@ -518,7 +524,13 @@ impl Registry {
     /// the next one waits `recheck`. True when the agent is now judged gone:
     /// the check said so and the agent stayed silent meanwhile (no heartbeat
     /// since the check began). The caller then applies the failure policies.
-    pub fn presence_checked(&self, agent: &str, seq: u64, gone: bool, recheck: Duration) -> bool {
+    pub fn presence_checked(
+        &self,
+        agent: &AgentId,
+        seq: u64,
+        gone: bool,
+        recheck: Duration,
+    ) -> bool {
         let mut g = self.inner.lock();
         let still_silent = g.agents.get(agent).is_some_and(|a| a.lost);
         let Some(w) = g.watch.get_mut(agent) else {
@@ -535,7 +547,7 @@ impl Registry {
 
     /// Takes back a gone verdict whose failure policies could not all be
     /// applied, so the next check applies them again.
-    pub fn presence_retry(&self, agent: &str) {
+    pub fn presence_retry(&self, agent: &AgentId) {
         if let Some(w) = self.inner.lock().watch.get_mut(agent) {
             w.gone = false;
         }
@@ -545,7 +557,7 @@ impl Registry {
 /// Where a silent agent ran: what an [`AgentPresence`] source checks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentWhereabouts {
-    pub agent_id: String,
+    pub agent_id: AgentId,
     pub node_name: String,
     /// The pool it serves (a successor pod serves the same one).
     pub pool: String,
@@ -744,7 +756,7 @@ mod liveness_tests {
         min_age: Duration::ZERO,
     };
 
-    fn beat(r: &Registry, i: &pb::Inventory) -> Vec<String> {
+    fn beat(r: &Registry, i: &pb::Inventory) -> Vec<SandboxId> {
         r.heartbeat(i);
         r.note_heartbeat(i, &HashSet::new(), NOW)
     }
@@ -753,13 +765,13 @@ mod liveness_tests {
     fn a_silent_agent_is_checked_after_the_timeout_and_once_per_recheck() {
         let r = Registry::new();
         beat(&r, &inv("a", &[]));
-        assert!(!r.is_silent("a") && !r.is_silent("unknown"));
+        assert!(!r.is_silent(&"a".into()) && !r.is_silent(&"unknown".into()));
         assert!(
             r.due_presence_checks(Duration::ZERO).is_empty(),
             "not silent"
         );
         r.detect_lost(Duration::ZERO);
-        assert!(r.is_silent("a"));
+        assert!(r.is_silent(&"a".into()));
         assert!(
             r.due_presence_checks(Duration::from_secs(3600)).is_empty(),
             "not silent for long enough"
@@ -776,21 +788,21 @@ mod liveness_tests {
             "one check at a time"
         );
         // Present: asked again only after the re-check period.
-        assert!(!r.presence_checked("a", *seq, false, Duration::from_secs(3600)));
+        assert!(!r.presence_checked(&"a".into(), *seq, false, Duration::from_secs(3600)));
         assert!(r.due_presence_checks(Duration::ZERO).is_empty());
         let mut due = Vec::new();
         while due.is_empty() {
-            r.presence_checked("a", *seq, false, Duration::ZERO);
+            r.presence_checked(&"a".into(), *seq, false, Duration::ZERO);
             due = r.due_presence_checks(Duration::ZERO);
         }
         // Gone: judged once, never checked again while it stays silent.
-        assert!(r.presence_checked("a", due[0].1, true, Duration::ZERO));
+        assert!(r.presence_checked(&"a".into(), due[0].1, true, Duration::ZERO));
         assert!(r.due_presence_checks(Duration::ZERO).is_empty());
         // Its policies could not all be applied: checked again.
-        r.presence_retry("a");
+        r.presence_retry(&"a".into());
         let due = r.due_presence_checks(Duration::ZERO);
         assert_eq!(due.len(), 1);
-        assert!(r.presence_checked("a", due[0].1, true, Duration::ZERO));
+        assert!(r.presence_checked(&"a".into(), due[0].1, true, Duration::ZERO));
     }
 
     #[test]
@@ -801,14 +813,14 @@ mod liveness_tests {
         r.detect_lost(Duration::ZERO);
         let (_, seq) = r.due_presence_checks(Duration::ZERO).remove(0);
         beat(&r, &i);
-        assert!(!r.presence_checked("a", seq, true, Duration::ZERO));
+        assert!(!r.presence_checked(&"a".into(), seq, true, Duration::ZERO));
         // Silent again: a check from before the heartbeat still counts for
         // nothing.
         r.detect_lost(Duration::ZERO);
-        assert!(!r.presence_checked("a", seq, true, Duration::ZERO));
+        assert!(!r.presence_checked(&"a".into(), seq, true, Duration::ZERO));
         // A fresh one does.
         let (_, seq) = r.due_presence_checks(Duration::ZERO).remove(0);
-        assert!(r.presence_checked("a", seq, true, Duration::ZERO));
+        assert!(r.presence_checked(&"a".into(), seq, true, Duration::ZERO));
         // Back after being judged gone: that verdict is over.
         beat(&r, &i);
         r.detect_lost(Duration::ZERO);
@@ -819,8 +831,8 @@ mod liveness_tests {
     fn a_sandbox_vanishes_after_consecutive_heartbeats_without_it_once() {
         let r = Registry::new();
         beat(&r, &inv("a", &["s1", "s2"]));
-        r.reserve("a", "s1", &[]);
-        r.reserve("a", "s2", &[]);
+        r.reserve(&"a".into(), &"s1".into(), &[]);
+        r.reserve(&"a".into(), &"s2".into(), &[]);
         let without = inv("a", &["s2"]);
         assert!(beat(&r, &without).is_empty(), "one heartbeat may be stale");
         assert_eq!(beat(&r, &without), ["s1"]);
@@ -830,7 +842,7 @@ mod liveness_tests {
         assert!(beat(&r, &without).is_empty());
         assert_eq!(beat(&r, &without), ["s1"]);
         // Released (failed, deleted, moved): no longer missing.
-        r.release("a", "s1");
+        r.release(&"a".into(), &"s1".into());
         beat(&r, &inv("a", &["s1", "s2"]));
         let none = inv("a", &[]);
         assert!(beat(&r, &none).is_empty());
@@ -842,8 +854,8 @@ mod liveness_tests {
         let r = Registry::new();
         let empty = inv("a", &[]);
         beat(&r, &empty);
-        r.reserve("a", "new", &[]);
-        let in_flight: HashSet<String> = ["new".to_string()].into();
+        r.reserve(&"a".into(), &"new".into(), &[]);
+        let in_flight: HashSet<SandboxId> = ["new".into()].into();
         for _ in 0..5 {
             r.heartbeat(&empty);
             assert!(r.note_heartbeat(&empty, &in_flight, NOW).is_empty());

@@ -7,8 +7,9 @@ use sandbolt_proto::agent::v1 as pb;
 use sandbolt_proto::agent::v1::registry_service_server::RegistryService;
 use tonic::{Request, Response, Status};
 
-use crate::sandboxes::Core;
-use crate::store::Phase;
+use crate::error::Error;
+use crate::sandbox::Core;
+use crate::store::{ListRange, Phase};
 
 pub struct RegistryServer {
     core: Arc<Core>,
@@ -22,6 +23,7 @@ impl RegistryServer {
 
 #[tonic::async_trait]
 impl RegistryService for RegistryServer {
+    #[tracing::instrument(name = "registry.Heartbeat", skip_all, fields(agent))]
     async fn heartbeat(
         &self,
         req: Request<pb::HeartbeatRequest>,
@@ -30,12 +32,14 @@ impl RegistryService for RegistryServer {
             .into_inner()
             .inventory
             .ok_or_else(|| Status::invalid_argument("inventory is required"))?;
+        tracing::Span::current().record("agent", inv.agent_id.as_str());
         self.core.on_heartbeat(&inv)?;
         Ok(Response::new(pb::HeartbeatResponse {
             interval_ms: self.core.config.heartbeat_interval.as_millis() as u32,
         }))
     }
 
+    #[tracing::instrument(name = "registry.ReportReaped", skip_all, fields(agent = %req.get_ref().agent_id, sandbox_id = %req.get_ref().sandbox_id))]
     async fn report_reaped(
         &self,
         req: Request<pb::ReportReapedRequest>,
@@ -46,24 +50,25 @@ impl RegistryService for RegistryServer {
         }
         tracing::info!(agent = %q.agent_id, node = %q.node_name, sandbox_id = %q.sandbox_id, reason = %q.reason, "janitor reaped a container");
         if !q.agent_id.is_empty() {
-            self.core.registry().release(&q.agent_id, &q.sandbox_id);
+            self.core
+                .registry()
+                .release(&q.agent_id.as_str().into(), &q.sandbox_id.as_str().into());
         }
         // Reaps are rare: a scan is fine, and it finds the record whichever
         // agent the janitor thinks it belonged to.
         let records = self
             .core
             .store()
-            .list(None, None, 0)
-            .map_err(crate::error::Error::from)?;
+            .list(&ListRange::all())
+            .map_err(Error::from)?;
         if let Some(r) = records.into_iter().find(|r| r.sandbox_id == q.sandbox_id) {
-            let sid = q.sandbox_id.clone();
             let msg = format!(
                 "container reaped by the janitor on {} ({})",
                 q.node_name, q.reason
             );
-            let res = self.core.modify(&r.namespace, &r.name, |x| {
-                if x.sandbox_id != sid {
-                    return Err(crate::error::Error::Aborted("reassigned".into()));
+            let res = self.core.modify(&r.key(), |x| {
+                if x.sandbox_id != q.sandbox_id {
+                    return Err(Error::Aborted("reassigned".into()));
                 }
                 if matches!(x.phase, Phase::Running | Phase::Paused | Phase::Pending) {
                     x.phase = Phase::Failed;
@@ -80,6 +85,7 @@ impl RegistryService for RegistryServer {
         Ok(Response::new(pb::ReportReapedResponse {}))
     }
 
+    #[tracing::instrument(name = "registry.GetOwnership", skip_all, fields(queries = req.get_ref().queries.len()))]
     async fn get_ownership(
         &self,
         req: Request<pb::GetOwnershipRequest>,

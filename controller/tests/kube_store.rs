@@ -7,16 +7,15 @@
 //! The store blocks its caller for API round trips, so the tests run on the
 //! multi-threaded runtime (the double serves on the same process).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use sandbolt_controller::SandboxKey;
 use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig, STATE_ANNOTATION};
 use sandbolt_controller::store::{
-    AgentPod, AgentRecord, Consistency, FailurePolicy, HostVolume, Phase, Resources, SandboxRecord,
-    Store, StoreError,
+    AgentPod, AgentRecord, Consistency, FailurePolicy, HostVolume, ListRange, Phase, Resources,
+    SandboxRecord, SandboxSpec, Store, StoreError,
 };
 use sandbolt_deploy::Sandbox;
 use sandbolt_deploy::sandbox::FINALIZER;
@@ -27,19 +26,36 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
         uid: format!("uid-{name}"),
         name: name.into(),
         namespace: ns.into(),
-        sandbox_id: String::new(),
+        sandbox_id: Default::default(),
         agent_id: "agent-1".into(),
-        pool: "default".into(),
-        image: "docker.io/library/busybox:latest".into(),
-        command: vec!["sleep".into()],
-        args: vec!["1000".into()],
-        envs: BTreeMap::from([("A".to_string(), "1".to_string())]),
-        working_dir: "/".into(),
-        exposed_ports: vec![8080],
-        metadata: BTreeMap::from([("team".to_string(), "red".to_string())]),
-        expires_at: 1_900_000_000,
-        failure_policy: FailurePolicy::AutoRecreate,
-        recovery_timeout_seconds: 30,
+        spec: SandboxSpec {
+            pool: "default".into(),
+            image: "docker.io/library/busybox:latest".into(),
+            command: vec!["sleep".into()],
+            args: vec!["1000".into()],
+            envs: BTreeMap::from([("A".to_string(), "1".to_string())]),
+            working_dir: "/".into(),
+            exposed_ports: vec![8080],
+            metadata: BTreeMap::from([("team".to_string(), "red".to_string())]),
+            expires_at: 1_900_000_000,
+            failure_policy: FailurePolicy::AutoRecreate,
+            recovery_timeout_seconds: 30,
+            resources: Resources {
+                cpu_limit: "500m".into(),
+                memory_limit: "64Mi".into(),
+                pids_limit: 128,
+                cpu_request: "250m".into(),
+                memory_request: String::new(),
+            },
+            volumes: vec![HostVolume {
+                name: "data".into(),
+                host_path: "/srv/data".into(),
+                sub_path: "x".into(),
+                mount_path: "/data".into(),
+                read_only: true,
+            }],
+            runtime: "runc".into(),
+        },
         reset_revision: String::new(),
         generation: 1,
         phase: Phase::Pending,
@@ -52,21 +68,6 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
         recovery_deadline_unix_ms: 0,
         events: vec![],
         revision: String::new(),
-        resources: Resources {
-            cpu_limit: "500m".into(),
-            memory_limit: "64Mi".into(),
-            pids_limit: 128,
-            cpu_request: "250m".into(),
-            memory_request: String::new(),
-        },
-        volumes: vec![HostVolume {
-            name: "data".into(),
-            host_path: "/srv/data".into(),
-            sub_path: "x".into(),
-            mount_path: "/data".into(),
-            read_only: true,
-        }],
-        runtime: "runc".into(),
         last_transition_unix_ms: 1_700_000_000_123,
     }
 }
@@ -77,16 +78,9 @@ fn open(api: &ApiDouble) -> KubeStore {
     KubeStore::open(api.config(), cfg).expect("kube store opens on the double")
 }
 
-/// Polls `f` (sync) every 20 ms until it holds; panics after 10 s.
+/// Polls `f` until it holds; panics after 10 s.
 async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    sandbolt_test_support::eventually(what, Duration::from_secs(10), || f().then_some(())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +125,13 @@ async fn records_are_sandbox_resources_with_conflicts_and_finalizers() {
     assert!(obj.status.is_some(), "status written through /status");
 
     // Read-your-writes, before or after the watch caught up.
-    assert_eq!(store.get("team-a", "fsb-one").unwrap().unwrap(), created);
+    assert_eq!(
+        store
+            .get(&SandboxKey::new("team-a", "fsb-one"))
+            .unwrap()
+            .unwrap(),
+        created
+    );
 
     // Name and request id are unique; the holder comes back.
     match store.create(&record("team-a", "fsb-one", "")) {
@@ -180,10 +180,18 @@ async fn records_are_sandbox_resources_with_conflicts_and_finalizers() {
         Err(StoreError::Conflict(..))
     ));
     eventually("the watch delivers the foreign write", || {
-        store.get("team-a", "fsb-one").unwrap().unwrap().revision != running.revision
+        store
+            .get(&SandboxKey::new("team-a", "fsb-one"))
+            .unwrap()
+            .unwrap()
+            .revision
+            != running.revision
     })
     .await;
-    let mut fresh = store.get("team-a", "fsb-one").unwrap().unwrap();
+    let mut fresh = store
+        .get(&SandboxKey::new("team-a", "fsb-one"))
+        .unwrap()
+        .unwrap();
     fresh.message = "after a foreign write".into();
     store.replace(&fresh).unwrap();
     let obj = sandboxes.get("fsb-one").await.unwrap();
@@ -199,22 +207,43 @@ async fn records_are_sandbox_resources_with_conflicts_and_finalizers() {
     }
     let names = |rs: Vec<SandboxRecord>| rs.into_iter().map(|r| r.name).collect::<Vec<_>>();
     assert_eq!(
-        names(store.list(Some("team-b"), None, 2).unwrap()),
+        names(
+            store
+                .list(&ListRange::namespace("team-b").limit(2))
+                .unwrap()
+        ),
         ["fsb-a", "fsb-b"]
     );
     assert_eq!(
-        names(store.list(Some("team-b"), Some("fsb-b"), 0).unwrap()),
+        names(
+            store
+                .list(&ListRange::namespace("team-b").after(Some("fsb-b")))
+                .unwrap()
+        ),
         ["fsb-c"]
     );
-    assert_eq!(store.list(None, None, 0).unwrap().len(), 4);
+    assert_eq!(store.list(&ListRange::all()).unwrap().len(), 4);
 
     // Delete: terminating behind the finalizer, then gone.
-    let deleted = store.delete("team-b", "fsb-a").unwrap().unwrap();
+    let deleted = store
+        .delete(&SandboxKey::new("team-b", "fsb-a"))
+        .unwrap()
+        .unwrap();
     assert_eq!(deleted.name, "fsb-a");
     let team_b: Api<Sandbox> = Api::namespaced(api.client(), "team-b");
     assert!(team_b.get_opt("fsb-a").await.unwrap().is_none());
-    assert!(store.get("team-b", "fsb-a").unwrap().is_none());
-    assert!(store.delete("team-b", "fsb-a").unwrap().is_none());
+    assert!(
+        store
+            .get(&SandboxKey::new("team-b", "fsb-a"))
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .delete(&SandboxKey::new("team-b", "fsb-a"))
+            .unwrap()
+            .is_none()
+    );
 
     // kubectl delete: the object waits for the controller, which sees it.
     team_b
@@ -224,10 +253,10 @@ async fn records_are_sandbox_resources_with_conflicts_and_finalizers() {
     let obj = team_b.get("fsb-b").await.unwrap();
     assert!(obj.metadata.deletion_timestamp.is_some());
     eventually("the deletion request is seen", || {
-        store.deletions_requested() == vec![("team-b".to_string(), "fsb-b".to_string())]
+        store.deletions_requested() == vec![SandboxKey::new("team-b", "fsb-b")]
     })
     .await;
-    store.delete("team-b", "fsb-b").unwrap();
+    store.delete(&SandboxKey::new("team-b", "fsb-b")).unwrap();
     assert!(team_b.get_opt("fsb-b").await.unwrap().is_none());
     eventually("the deletion request is gone", || {
         store.deletions_requested().is_empty()
@@ -258,8 +287,8 @@ async fn records_are_sandbox_resources_with_conflicts_and_finalizers() {
 
     // A second store (a new leader) rebuilds the same records.
     let other = open(&api);
-    let mut a = store.list(None, None, 0).unwrap();
-    let mut b = other.list(None, None, 0).unwrap();
+    let mut a = store.list(&ListRange::all()).unwrap();
+    let mut b = other.list(&ListRange::all()).unwrap();
     a.sort_by(|x, y| (&x.namespace, &x.name).cmp(&(&y.namespace, &y.name)));
     b.sort_by(|x, y| (&x.namespace, &x.name).cmp(&(&y.namespace, &y.name)));
     assert_eq!(a, b);
@@ -285,7 +314,12 @@ async fn api_failures_surface_as_store_errors_and_the_cache_survives_lost_watche
         store.create(&record("default", "fsb-x", "")),
         Err(StoreError::Backend(_))
     ));
-    assert!(store.get("default", "fsb-x").unwrap().is_none());
+    assert!(
+        store
+            .get(&SandboxKey::new("default", "fsb-x"))
+            .unwrap()
+            .is_none()
+    );
     // A failed status write leaves the record whole (the next write fixes
     // the status).
     api.fail_next("update", "sandboxes", 500, 1);
@@ -315,19 +349,27 @@ async fn api_failures_surface_as_store_errors_and_the_cache_survives_lost_watche
         .unwrap();
     eventually("the relisted cache sees the foreign write", || {
         store
-            .get("default", "fsb-x")
+            .get(&SandboxKey::new("default", "fsb-x"))
             .unwrap()
-            .is_some_and(|r| r.metadata.get("k").map(String::as_str) == Some("v"))
+            .is_some_and(|r| r.spec.metadata.get("k").map(String::as_str) == Some("v"))
     })
     .await;
 
     // While the API server is down, writes fail (reads keep coming from
     // the cache).
     api.set_unavailable(true);
-    let mut r = store.get("default", "fsb-x").unwrap().unwrap();
+    let mut r = store
+        .get(&SandboxKey::new("default", "fsb-x"))
+        .unwrap()
+        .unwrap();
     r.message = "x".into();
     assert!(store.replace(&r).is_err());
-    assert!(store.get("default", "fsb-x").unwrap().is_some());
+    assert!(
+        store
+            .get(&SandboxKey::new("default", "fsb-x"))
+            .unwrap()
+            .is_some()
+    );
     api.set_unavailable(false);
     drop(store);
     api.shutdown().await;

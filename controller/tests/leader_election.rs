@@ -23,13 +23,7 @@ const RETRY: Duration = Duration::from_millis(200);
 const SLACK: Duration = Duration::from_secs(1);
 
 fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "sandbolt_controller::leader=debug".into()),
-        )
-        .try_init();
+    sandbolt_test_support::init_tracing("sandbolt_controller::leader=debug");
 }
 
 fn cfg(identity: &str) -> LeaseConfig {
@@ -139,9 +133,16 @@ async fn single_candidate_acquires_and_renews() {
     assert_eq!(api.requests("create", "leases"), 1);
 
     // It keeps renewing: renewTime moves, acquireTime does not.
-    tokio::time::sleep(4 * RETRY).await;
-    let later = read_lease(&client).await.spec.expect("spec");
-    assert!(later.renew_time.expect("renewTime") > first_renew);
+    let later = sandbolt_test_support::eventually_async(
+        "renewTime to move, over at least two renewals",
+        LEASE * 4,
+        || async {
+            let later = read_lease(&client).await.spec.expect("spec");
+            let moved = later.renew_time.clone().expect("renewTime") > first_renew;
+            (moved && api.requests("update", "leases") >= 2).then_some(later)
+        },
+    )
+    .await;
     assert_eq!(later.acquire_time, spec.acquire_time);
     assert_eq!(later.holder_identity.as_deref(), Some("ctrl-a"));
     assert_eq!(later.lease_transitions, Some(0));
@@ -453,4 +454,65 @@ async fn leader_that_lost_the_lease_steps_down() {
     let lease = read_lease(&client).await;
     assert_eq!(holder(&lease).as_deref(), Some("ctrl-a"));
     assert_eq!(transitions(&lease), 2);
+}
+
+/// The controller on top of the elector: a leader that can no longer reach
+/// the API server closes its port and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_stops_serving() {
+    use sandbolt_controller::ControllerConfig;
+    use sandbolt_controller::ha::{ElectedExit, run_elected};
+    use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig};
+
+    init_tracing();
+    let api = ApiDouble::start().await;
+    let lease = LeaseConfig::new(NS, NAME, "in-process").with_timings(
+        Duration::from_millis(1500),
+        Duration::from_millis(1000),
+        Duration::from_millis(200),
+    );
+    let elector = LeaderElector::spawn(api.client(), lease).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ControllerConfig::new(
+        ([127, 0, 0, 1], sandbolt_test_support::free_port()).into(),
+        dir.path(),
+        "cut-off-agent-token",
+    );
+    let (serving_tx, serving_rx) = tokio::sync::oneshot::channel();
+    let mut serving_tx = Some(serving_tx);
+    let kube_config = api.config();
+    let run = tokio::spawn(run_elected(
+        cfg,
+        elector,
+        move || {
+            let store = KubeStore::open(kube_config, KubeStoreConfig::new(NS))?;
+            Ok(std::sync::Arc::new(store) as _)
+        },
+        None,
+        move |h| {
+            if let Some(tx) = serving_tx.take() {
+                let _ = tx.send(h.local_addr());
+            }
+        },
+        std::future::pending(),
+    ));
+    let addr = tokio::time::timeout(Duration::from_secs(20), serving_rx)
+        .await
+        .expect("leads and serves")
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_ok());
+
+    api.set_unavailable(true);
+    let exit = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the cut-off leader gives up")
+        .unwrap()
+        .unwrap();
+    assert_eq!(exit, ElectedExit::LostLeadership);
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the port is closed once leadership is lost"
+    );
+    api.set_unavailable(false);
+    api.shutdown().await;
 }

@@ -2,9 +2,11 @@
 //! with in-process AgentService **stand-ins** (see `support/standin.rs`) in
 //! place of agents. Only what the real-agent tests cannot reach stays here;
 //! each test says why it needs a stand-in. Everything else runs on the test
-//! bed with the real agent: `e2e_testbed.rs` (v2 surface, v1, both modes),
-//! `crash_restart.rs` (kill -9, expiry across a restart), `lost_agent.rs`
-//! (AUTO_RECREATE / MANUAL), `python_contract.rs` (grpcio clients).
+//! bed with the real agent, in the cross-component tests of `tests/tests/`:
+//! `fastpath_end_to_end.rs` (v2 surface, v1, both modes),
+//! `controller_kill_9_restart.rs` (kill -9, expiry across a restart),
+//! `lost_agent_failure_policy.rs` (AUTO_RECREATE / MANUAL),
+//! `python_fastpath_contract.rs` (grpcio clients).
 
 mod support;
 
@@ -14,10 +16,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbolt_controller::{Consistency, Controller, ControllerConfig, ControllerHandle};
+use sandbolt_controller::{AgentId, Consistency, Controller, ControllerConfig, ControllerHandle};
 use sandbolt_proto::fastpath::v1;
 use sandbolt_proto::fastpath::v2;
-use support::standin::{AGENT_TOKEN, StandInAgent};
+use sandbolt_test_support::now_unix_secs as now;
+use support::standin::{AGENT_TOKEN, StandInAgent, create_request as create_req};
 use tonic::Code;
 
 type V2 = v2::fast_path_service_client::FastPathServiceClient<tonic::transport::Channel>;
@@ -54,24 +57,6 @@ fn reference(name: &str) -> Option<v2::SandboxReference> {
         }),
         expected_uid: String::new(),
     })
-}
-
-fn create_req(rid: &str, expires: i64) -> v2::CreateSandboxRequest {
-    v2::CreateSandboxRequest {
-        request_id: rid.into(),
-        image: "busybox".into(),
-        command: vec!["sleep".into(), "1000".into()],
-        expires_at_unix_seconds: expires,
-        completion: v2::CreateCompletion::Ready as i32,
-        ..Default::default()
-    }
-}
-
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
 }
 
 async fn start(dir: &Path, mode: Consistency) -> ControllerHandle {
@@ -261,14 +246,14 @@ fn thousand_threads_allocate_each_slot_once() {
                         exclude: &[],
                         runtime: None,
                     },
-                    &format!("s{i}"),
+                    &format!("s{i}").into(),
                 )
                 .ok()
                 .map(|p| p.agent)
             })
         })
         .collect();
-    let mut per_agent: HashMap<String, u32> = HashMap::new();
+    let mut per_agent: HashMap<AgentId, u32> = HashMap::new();
     let mut failed = 0;
     for h in handles {
         match h.join().unwrap() {
@@ -374,7 +359,8 @@ async fn strong_mode_agent_failure_leaves_no_record_and_frees_the_slot() {
 
 /// Stand-in because: v1-specific controller semantics (expiry 0 = remove,
 /// AlreadyExists, list filters) and v2 pagination over many records, which
-/// the real-agent v1 flow (`e2e_testbed`, `python_contract`) does not
+/// the real-agent v1 flow (`fastpath_end_to_end`, `python_fastpath_contract`)
+/// does not
 /// exercise; no data-plane traffic here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_lifecycle_and_pagination() {

@@ -112,18 +112,29 @@ fn mounts(c: &Value) -> Vec<String> {
 
 /// Every `--flag=` the chart passes exists on that `sandbolt` subcommand
 /// (clap derives `--some-flag` from a `some_flag` field, or `long = "..."`).
+/// A subcommand's flags are in `cli/src/<sub>_cmd.rs`, in the argument
+/// groups it flattens from `cli/src/containerd.rs`, or, for a component with
+/// its own entry point, in `<sub>/src/cli.rs`.
 fn assert_real_flags(c: &Value) {
     let a = args(c);
     let sub = &a[1];
-    let src = std::fs::read_to_string(repo().join(format!("cli/src/{sub}_cmd.rs")))
-        .unwrap_or_else(|e| panic!("cli/src/{sub}_cmd.rs: {e}"));
+    let sources = [
+        format!("cli/src/{sub}_cmd.rs"),
+        "cli/src/containerd.rs".to_string(),
+        format!("{sub}/src/cli.rs"),
+    ];
+    let src: String = sources
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(repo().join(p)).ok())
+        .collect();
+    assert!(!src.is_empty(), "no source for `sandbolt {sub}`");
     for flag in &a[2..] {
         let name = flag.trim_start_matches("--").split('=').next().unwrap();
         let field = format!(" {}: ", name.replace('-', "_"));
         let long = format!("long = \"{name}\"");
         assert!(
             src.contains(&field) || src.contains(&long),
-            "`sandbolt {sub}` has no flag --{name} (cli/src/{sub}_cmd.rs)"
+            "`sandbolt {sub}` has no flag --{name} (looked in {sources:?})"
         );
     }
 }

@@ -8,7 +8,7 @@ use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -16,10 +16,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::error::{ApiError, code};
+use crate::extract::{ApiResult, JsonBody, Query};
 use crate::process::{self, Identity, LineChunker, SpawnSpec, Spawned};
 use crate::sse::{self, Event, EventTx};
 use crate::state::AppState;
-use crate::util::{Query, UserDb, rfc3339, shell_quote};
+use crate::util::{UserDb, rfc3339, shell_quote};
 
 /// Keep-alive interval of command streams.
 pub const PING_INTERVAL: Duration = Duration::from_secs(3);
@@ -97,6 +98,21 @@ pub struct CommandRecord {
 }
 
 impl CommandRecord {
+    /// A running command, with a fresh id.
+    fn started(content: &str, background: bool) -> Self {
+        let (done, _) = watch::channel(false);
+        Self {
+            id: new_id(),
+            content: content.to_string(),
+            background,
+            started_at: SystemTime::now(),
+            state: Mutex::new(RecState {
+                running: true,
+                ..Default::default()
+            }),
+            done,
+        }
+    }
     pub fn lock(&self) -> std::sync::MutexGuard<'_, RecState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -385,78 +401,172 @@ pub struct Outcome {
     pub client_gone: bool,
 }
 
+/// Which output pipe of a child a chunk came from.
+#[derive(Clone, Copy)]
+enum Pipe {
+    Stdout,
+    Stderr,
+}
+
+/// Read buffers of a child's two output pipes.
+struct PipeBufs {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl PipeBufs {
+    fn new() -> Self {
+        Self {
+            stdout: vec![0u8; 32 * 1024],
+            stderr: vec![0u8; 32 * 1024],
+        }
+    }
+
+    /// Waits for the next chunk of either pipe; a pipe at its end (or failing) is
+    /// closed (set to `None`). `None` once both are closed. Cancel-safe.
+    async fn next(&mut self, sp: &mut OutputPipes<'_>) -> Option<(Pipe, usize)> {
+        while sp.stdout.is_some() || sp.stderr.is_some() {
+            tokio::select! {
+                r = process::read_opt(sp.stdout, &mut self.stdout) => match r {
+                    Ok(n) if n > 0 => return Some((Pipe::Stdout, n)),
+                    _ => *sp.stdout = None,
+                },
+                r = process::read_opt(sp.stderr, &mut self.stderr) => match r {
+                    Ok(n) if n > 0 => return Some((Pipe::Stderr, n)),
+                    _ => *sp.stderr = None,
+                },
+            }
+        }
+        None
+    }
+
+    /// What remains buffered in the pipes after the leader exited: chunks until both
+    /// close, 25 ms pass without output or `until` passes. Descendants that keep the
+    /// pipes open (e.g. `server &`) are not waited for.
+    async fn next_leftover(
+        &mut self,
+        sp: &mut OutputPipes<'_>,
+        until: tokio::time::Instant,
+    ) -> Option<(Pipe, usize)> {
+        if tokio::time::Instant::now() >= until {
+            return None;
+        }
+        tokio::select! {
+            r = self.next(sp) => r,
+            _ = tokio::time::sleep(Duration::from_millis(25)) => None,
+        }
+    }
+
+    fn chunk(&self, pipe: Pipe, n: usize) -> &[u8] {
+        match pipe {
+            Pipe::Stdout => &self.stdout[..n],
+            Pipe::Stderr => &self.stderr[..n],
+        }
+    }
+}
+
+/// The output pipes of a [`Spawned`], borrowed apart from its exit status so both can
+/// be waited for at once.
+struct OutputPipes<'a> {
+    stdout: &'a mut Option<tokio::net::unix::pipe::Receiver>,
+    stderr: &'a mut Option<tokio::net::unix::pipe::Receiver>,
+}
+
+/// How long output still buffered after the leader's exit is collected.
+const LEFTOVER_OUTPUT_WAIT: Duration = Duration::from_millis(250);
+
+/// Sleeps until `deadline`; never returns without one.
+async fn sleep_until_deadline(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends a process's output as events, line by line. A client that went away gets
+/// nothing more and costs the process group its life.
+struct EventForwarder<'a> {
+    tx: &'a EventTx,
+    pgid: i32,
+    gone: bool,
+    stdout: LineChunker,
+    stderr: LineChunker,
+}
+
+impl EventForwarder<'_> {
+    async fn emit(&mut self, ev: Event) {
+        if !self.gone && !self.tx.send(ev).await {
+            self.client_gone();
+        }
+    }
+
+    fn client_gone(&mut self) {
+        self.gone = true;
+        process::kill_group(self.pgid, libc::SIGKILL);
+    }
+
+    async fn output(&mut self, pipe: Pipe, data: &[u8]) {
+        let text = match pipe {
+            Pipe::Stdout => self.stdout.push(data).map(Event::stdout),
+            Pipe::Stderr => self.stderr.push(data).map(Event::stderr),
+        };
+        if let Some(ev) = text {
+            self.emit(ev).await;
+        }
+    }
+
+    /// Sends the last, unterminated lines.
+    async fn flush(&mut self) {
+        if let Some(t) = self.stdout.flush() {
+            self.emit(Event::stdout(t)).await;
+        }
+        if let Some(t) = self.stderr.flush() {
+            self.emit(Event::stderr(t)).await;
+        }
+    }
+}
+
 /// Forwards a process's output as events until it exits (keep-alive pings, timeout,
 /// client disconnect: the last two kill its process group).
 pub async fn stream_process(sp: &mut Spawned, tx: &EventTx, timeout: Option<Duration>) -> Outcome {
     let pgid = sp.pid;
-    let (mut out_c, mut err_c) = (LineChunker::default(), LineChunker::default());
-    let mut buf_o = vec![0u8; 32 * 1024];
-    let mut buf_e = vec![0u8; 32 * 1024];
+    let mut fwd = EventForwarder {
+        tx,
+        pgid,
+        gone: false,
+        stdout: LineChunker::default(),
+        stderr: LineChunker::default(),
+    };
+    let mut bufs = PipeBufs::new();
+    let mut pipes = OutputPipes {
+        stdout: &mut sp.stdout,
+        stderr: &mut sp.stderr,
+    };
     let mut ping =
         tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
-    let mut gone = false;
-    macro_rules! emit {
-        ($ev:expr) => {
-            if !gone && !tx.send($ev).await {
-                gone = true;
-                process::kill_group(pgid, libc::SIGKILL);
-            }
-        };
-    }
     let status = loop {
         tokio::select! {
-            r = process::read_opt(&mut sp.stdout, &mut buf_o) => match r {
-                Ok(n) if n > 0 => if let Some(t) = out_c.push(&buf_o[..n]) { emit!(Event::stdout(t)); },
-                _ => sp.stdout = None,
-            },
-            r = process::read_opt(&mut sp.stderr, &mut buf_e) => match r {
-                Ok(n) if n > 0 => if let Some(t) = err_c.push(&buf_e[..n]) { emit!(Event::stderr(t)); },
-                _ => sp.stderr = None,
-            },
+            Some((pipe, n)) = bufs.next(&mut pipes) => fwd.output(pipe, bufs.chunk(pipe, n)).await,
             s = &mut sp.exit => break s.ok(),
-            _ = ping.tick() => { emit!(Event::ping()); }
-            _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } }, if !timed_out => {
+            _ = ping.tick() => fwd.emit(Event::ping()).await,
+            _ = sleep_until_deadline(deadline), if !timed_out => {
                 timed_out = true;
                 process::kill_group(pgid, libc::SIGKILL);
             }
-            _ = tx.closed(), if !gone => {
-                gone = true;
-                process::kill_group(pgid, libc::SIGKILL);
-            }
+            _ = tx.closed(), if !fwd.gone => fwd.client_gone(),
         }
     };
-    // The leader is gone; collect what is still buffered in the pipes, but do not wait
-    // for descendants that keep them open (e.g. `server &`).
-    let drain_until = tokio::time::Instant::now() + Duration::from_millis(250);
-    while sp.stdout.is_some() || sp.stderr.is_some() {
-        let idle = tokio::time::sleep(Duration::from_millis(25));
-        tokio::select! {
-            r = process::read_opt(&mut sp.stdout, &mut buf_o) => match r {
-                Ok(n) if n > 0 => if let Some(t) = out_c.push(&buf_o[..n]) { emit!(Event::stdout(t)); },
-                _ => sp.stdout = None,
-            },
-            r = process::read_opt(&mut sp.stderr, &mut buf_e) => match r {
-                Ok(n) if n > 0 => if let Some(t) = err_c.push(&buf_e[..n]) { emit!(Event::stderr(t)); },
-                _ => sp.stderr = None,
-            },
-            _ = idle => break,
-        }
-        if tokio::time::Instant::now() >= drain_until {
-            break;
-        }
+    let until = tokio::time::Instant::now() + LEFTOVER_OUTPUT_WAIT;
+    while let Some((pipe, n)) = bufs.next_leftover(&mut pipes, until).await {
+        fwd.output(pipe, bufs.chunk(pipe, n)).await;
     }
-    if let Some(t) = out_c.flush() {
-        emit!(Event::stdout(t));
-    }
-    if let Some(t) = err_c.flush() {
-        emit!(Event::stderr(t));
-    }
+    fwd.flush().await;
     Outcome {
         status,
         timed_out,
-        client_gone: gone,
+        client_gone: fwd.gone,
     }
 }
 
@@ -502,29 +612,15 @@ pub fn new_id() -> String {
 }
 
 /// `POST /command`
-pub async fn run_command(State(state): State<AppState>, body: Bytes) -> Response {
-    let req: RunCommandRequest = match crate::server::parse_json(&body) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
-    let prepared = match prepare(&state, &req) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
+#[tracing::instrument(skip_all, fields(command_id = tracing::field::Empty))]
+pub async fn run_command(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<RunCommandRequest>,
+) -> ApiResult<Response> {
+    let prepared = prepare(&state, &req)?;
     let background = req.background.unwrap_or(false);
-    let id = new_id();
-    let (done, _) = watch::channel(false);
-    let record = Arc::new(CommandRecord {
-        id: id.clone(),
-        content: prepared.content.clone(),
-        background,
-        started_at: SystemTime::now(),
-        state: Mutex::new(RecState {
-            running: true,
-            ..Default::default()
-        }),
-        done,
-    });
+    let record = Arc::new(CommandRecord::started(&prepared.content, background));
+    tracing::Span::current().record("command_id", record.id.as_str());
     state.insert_command(record.clone());
     let program = prepared.spec.program.clone();
     let timeout = prepared.timeout;
@@ -532,91 +628,103 @@ pub async fn run_command(State(state): State<AppState>, body: Bytes) -> Response
     let spawned = process::spawn(state.reaper(), prepared.spec);
     let (tx, resp) = sse::stream();
     match spawned {
-        Err(e) => {
-            let (code, msg) = spawn_failure(&program, &e);
-            record.finish(code, Some(msg.clone()));
-            if background {
-                record.lock().log.push(format!("{msg}\n").as_bytes());
-            }
-            tokio::spawn(async move {
-                tx.send(Event::init(&id)).await;
-                if background {
-                    tx.send(Event::complete(0)).await;
-                } else {
-                    tx.send(Event::stderr(format!("{msg}\n"))).await;
-                    tx.send(Event::error(code, msg)).await;
-                }
-            });
-        }
-        Ok(mut sp) => {
+        Err(e) => report_spawn_failure(record, &program, &e, tx),
+        Ok(sp) => {
             record.lock().pgid = sp.pid;
             if background {
                 tokio::spawn(async move {
-                    tx.send(Event::init(&id)).await;
+                    tx.send(Event::init(&record.id)).await;
                     tx.send(Event::complete(started.elapsed().as_millis() as i64))
                         .await;
                     drop(tx);
                     run_background(record, sp, timeout).await;
                 });
             } else {
-                tokio::spawn(async move {
-                    tx.send(Event::init(&id)).await;
-                    let outcome = stream_process(&mut sp, &tx, timeout).await;
-                    let (code, msg) = outcome_code(&outcome, timeout);
-                    record.finish(code, msg.clone());
-                    if code == 0 && !outcome.timed_out {
-                        tx.send(Event::complete(started.elapsed().as_millis() as i64))
-                            .await;
-                    } else {
-                        tx.send(Event::error(code, msg.unwrap_or_default())).await;
-                    }
-                });
+                tokio::spawn(run_foreground(record, sp, tx, timeout, started));
             }
         }
     }
-    resp
+    Ok(resp)
+}
+
+/// A command that could not start: finished with the shell's code (127, 126) and,
+/// in the foreground, the message on the stream.
+fn report_spawn_failure(
+    record: Arc<CommandRecord>,
+    program: &OsStr,
+    err: &std::io::Error,
+    tx: EventTx,
+) {
+    let (code, msg) = spawn_failure(program, err);
+    record.finish(code, Some(msg.clone()));
+    if record.background {
+        record.lock().log.push(format!("{msg}\n").as_bytes());
+    }
+    tokio::spawn(async move {
+        tx.send(Event::init(&record.id)).await;
+        if record.background {
+            tx.send(Event::complete(0)).await;
+        } else {
+            tx.send(Event::stderr(format!("{msg}\n"))).await;
+            tx.send(Event::error(code, msg)).await;
+        }
+    });
+}
+
+/// Streams a foreground command until it exits and records how it ended.
+async fn run_foreground(
+    record: Arc<CommandRecord>,
+    mut sp: Spawned,
+    tx: EventTx,
+    timeout: Option<Duration>,
+    started: Instant,
+) {
+    tx.send(Event::init(&record.id)).await;
+    let outcome = stream_process(&mut sp, &tx, timeout).await;
+    let (code, msg) = outcome_code(&outcome, timeout);
+    record.finish(code, msg.clone());
+    send_last_event(&tx, &outcome, code, msg, started).await;
+}
+
+/// The stream's last event: `complete` for a clean exit, else `error`.
+pub async fn send_last_event(
+    tx: &EventTx,
+    outcome: &Outcome,
+    code: i32,
+    msg: Option<String>,
+    started: Instant,
+) {
+    if code == 0 && !outcome.timed_out {
+        tx.send(Event::complete(started.elapsed().as_millis() as i64))
+            .await;
+    } else {
+        tx.send(Event::error(code, msg.unwrap_or_default())).await;
+    }
 }
 
 /// Collects a background command's combined output until it exits.
 async fn run_background(record: Arc<CommandRecord>, mut sp: Spawned, timeout: Option<Duration>) {
     let pgid = sp.pid;
-    let mut buf_o = vec![0u8; 32 * 1024];
-    let mut buf_e = vec![0u8; 32 * 1024];
+    let mut bufs = PipeBufs::new();
+    let mut pipes = OutputPipes {
+        stdout: &mut sp.stdout,
+        stderr: &mut sp.stderr,
+    };
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
     let status = loop {
         tokio::select! {
-            r = process::read_opt(&mut sp.stdout, &mut buf_o) => match r {
-                Ok(n) if n > 0 => record.lock().log.push(&buf_o[..n]),
-                _ => sp.stdout = None,
-            },
-            r = process::read_opt(&mut sp.stderr, &mut buf_e) => match r {
-                Ok(n) if n > 0 => record.lock().log.push(&buf_e[..n]),
-                _ => sp.stderr = None,
-            },
+            Some((pipe, n)) = bufs.next(&mut pipes) => record.lock().log.push(bufs.chunk(pipe, n)),
             s = &mut sp.exit => break s.ok(),
-            _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } }, if !timed_out => {
+            _ = sleep_until_deadline(deadline), if !timed_out => {
                 timed_out = true;
                 process::kill_group(pgid, libc::SIGKILL);
             }
         }
     };
-    let drain_until = tokio::time::Instant::now() + Duration::from_millis(250);
-    while sp.stdout.is_some() || sp.stderr.is_some() {
-        tokio::select! {
-            r = process::read_opt(&mut sp.stdout, &mut buf_o) => match r {
-                Ok(n) if n > 0 => record.lock().log.push(&buf_o[..n]),
-                _ => sp.stdout = None,
-            },
-            r = process::read_opt(&mut sp.stderr, &mut buf_e) => match r {
-                Ok(n) if n > 0 => record.lock().log.push(&buf_e[..n]),
-                _ => sp.stderr = None,
-            },
-            _ = tokio::time::sleep(Duration::from_millis(25)) => break,
-        }
-        if tokio::time::Instant::now() >= drain_until {
-            break;
-        }
+    let until = tokio::time::Instant::now() + LEFTOVER_OUTPUT_WAIT;
+    while let Some((pipe, n)) = bufs.next_leftover(&mut pipes, until).await {
+        record.lock().log.push(bufs.chunk(pipe, n));
     }
     let outcome = Outcome {
         status,
@@ -628,27 +736,23 @@ async fn run_background(record: Arc<CommandRecord>, mut sp: Spawned, timeout: Op
 }
 
 /// `DELETE /command?id=`
-pub async fn interrupt(State(state): State<AppState>, uri: http::Uri) -> Response {
-    let q = match Query::from_uri(&uri) {
-        Ok(q) => q,
-        Err(e) => return e.into_response(),
-    };
+#[tracing::instrument(skip_all, fields(command_id = q.get("id").unwrap_or_default()))]
+pub async fn interrupt(State(state): State<AppState>, q: Query) -> ApiResult<StatusCode> {
     let Some(id) = q.get("id").filter(|s| !s.is_empty()) else {
-        return ApiError::missing_query("id").into_response();
+        return Err(ApiError::missing_query("id"));
     };
     if let Some(rec) = state.command(id) {
         interrupt_record(&rec).await;
-        return StatusCode::OK.into_response();
+        return Ok(StatusCode::OK);
     }
     if let Some(session) = state.session(id) {
         session.interrupt();
-        return StatusCode::OK.into_response();
+        return Ok(StatusCode::OK);
     }
-    ApiError::not_found(
+    Err(ApiError::not_found(
         code::CONTEXT_NOT_FOUND,
         format!("no command or session {id}"),
-    )
-    .into_response()
+    ))
 }
 
 /// SIGTERM to the command's process group, SIGKILL if it is still there after 2 s.
@@ -676,11 +780,12 @@ pub async fn interrupt_record(rec: &CommandRecord) {
 }
 
 /// `GET /command/status/{id}`
-pub async fn status(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Response {
-    let Some(rec) = state.command(&id) else {
-        return ApiError::not_found(code::CONTEXT_NOT_FOUND, format!("command not found: {id}"))
-            .into_response();
-    };
+#[tracing::instrument(skip_all, fields(command_id = %id))]
+pub async fn status(
+    State(state): State<AppState>,
+    UrlPath(id): UrlPath<String>,
+) -> ApiResult<Response> {
+    let rec = command_record(&state, &id)?;
     let s = rec.lock();
     let body = StatusResponse {
         id: &rec.id,
@@ -691,36 +796,32 @@ pub async fn status(State(state): State<AppState>, UrlPath(id): UrlPath<String>)
         started_at: rfc3339(rec.started_at),
         finished_at: s.finished_at.map(rfc3339),
     };
-    axum::Json(body).into_response()
+    Ok(axum::Json(body).into_response())
+}
+
+fn command_record(state: &AppState, id: &str) -> Result<Arc<CommandRecord>, ApiError> {
+    state.command(id).ok_or_else(|| {
+        ApiError::not_found(code::CONTEXT_NOT_FOUND, format!("command not found: {id}"))
+    })
 }
 
 /// `GET /command/{id}/logs?cursor=`: the cursor is a byte offset into the command's
 /// combined output; the answer's `EXECD-COMMANDS-TAIL-CURSOR` is the next one.
+#[tracing::instrument(skip_all, fields(command_id = %id))]
 pub async fn logs(
     State(state): State<AppState>,
     UrlPath(id): UrlPath<String>,
-    uri: http::Uri,
-) -> Response {
-    let q = match Query::from_uri(&uri) {
-        Ok(q) => q,
-        Err(e) => return e.into_response(),
-    };
-    let cursor = match q.int::<i64>("cursor") {
-        Ok(c) => c.unwrap_or(0),
-        Err(e) => return e.into_response(),
-    };
+    q: Query,
+) -> ApiResult<Response> {
+    let cursor = q.int::<i64>("cursor")?.unwrap_or(0);
     if cursor < 0 {
-        return ApiError::bad_request("cursor must not be negative").into_response();
+        return Err(ApiError::bad_request("cursor must not be negative"));
     }
-    let Some(rec) = state.command(&id) else {
-        return ApiError::not_found(code::CONTEXT_NOT_FOUND, format!("command not found: {id}"))
-            .into_response();
-    };
+    let rec = command_record(&state, &id)?;
     if !rec.background {
-        return ApiError::bad_request(format!(
+        return Err(ApiError::bad_request(format!(
             "command {id} is not a background command; its output was streamed"
-        ))
-        .into_response();
+        )));
     }
     let (data, next) = {
         let s = rec.lock();
@@ -734,7 +835,7 @@ pub async fn logs(
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     h.insert("EXECD-COMMANDS-TAIL-CURSOR", HeaderValue::from(next));
-    resp
+    Ok(resp)
 }
 
 /// Forgets old finished commands (see the limits above).

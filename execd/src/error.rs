@@ -86,6 +86,25 @@ impl ApiError {
         Self::new(StatusCode::NOT_IMPLEMENTED, code::NOT_SUPPORTED, message)
     }
 
+    /// The contract error for an answer the framework produced as plain text (a body
+    /// over the limit, a bad path parameter, 405): the status stays, the text becomes
+    /// the message.
+    pub fn from_framework(status: StatusCode, text: &str) -> Self {
+        let text = text.trim();
+        let message = if text.is_empty() {
+            status.canonical_reason().unwrap_or("error")
+        } else {
+            text
+        };
+        let code = match status {
+            StatusCode::METHOD_NOT_ALLOWED => code::METHOD_NOT_ALLOWED,
+            StatusCode::NOT_FOUND => code::NOT_FOUND,
+            s if s.is_client_error() => code::INVALID_REQUEST,
+            _ => code::RUNTIME_ERROR,
+        };
+        Self::new(status, code, message)
+    }
+
     /// Maps a filesystem error on `path` to 404 / 400 / 500.
     pub fn fs(path: &std::path::Path, what: &str, err: &std::io::Error) -> Self {
         use std::io::ErrorKind::*;

@@ -6,17 +6,20 @@ use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::multipart::{Multipart, MultipartRejection};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::extract::FromRequestParts;
+use axum::extract::multipart::{Field, Multipart, MultipartRejection};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::error::{ApiError, code};
-use crate::server::parse_json;
+use crate::extract::{ApiResult, JsonBody, Query};
 use crate::util::{
-    Query, UserDb, lchown, mode_from_api, mode_to_api, resolve_owner, resolve_path, rfc3339,
+    UserDb, lchown, mode_from_api, mode_to_api, resolve_owner, resolve_path, rfc3339,
 };
 
 /// Largest `metadata` part of an upload.
@@ -93,84 +96,61 @@ async fn blocking<T: Send + 'static>(
         .unwrap_or_else(|e| Err(ApiError::internal(format!("worker failed: {e}"))))
 }
 
-fn query(uri: &Uri) -> Result<Query, ApiError> {
-    Query::from_uri(uri)
-}
-
-fn paths_of(q: &Query) -> Result<Vec<PathBuf>, ApiError> {
-    let raw = q.all("path");
+/// The repeatable `path` parameter as sent; at least one is required.
+fn path_params(q: &Query) -> Result<Vec<String>, ApiError> {
+    let raw: Vec<String> = q.all("path").into_iter().map(str::to_string).collect();
     if raw.is_empty() {
         return Err(ApiError::missing_query("path"));
     }
-    raw.into_iter().map(resolve_path).collect()
+    Ok(raw)
 }
 
-fn ok_empty() -> Response {
-    StatusCode::OK.into_response()
-}
-
-fn respond<T: Serialize>(r: Result<T, ApiError>) -> Response {
-    match r {
-        Ok(v) => axum::Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+fn paths_of(q: &Query) -> Result<Vec<PathBuf>, ApiError> {
+    path_params(q)?.iter().map(|p| resolve_path(p)).collect()
 }
 
 // ---------------------------------------------------------------- info, delete
 
 /// `GET /files/info?path=...` (repeatable)
-pub async fn info(uri: Uri) -> Response {
-    let r = async {
-        let q = query(&uri)?;
-        let raw: Vec<String> = q.all("path").into_iter().map(str::to_string).collect();
-        if raw.is_empty() {
-            return Err(ApiError::missing_query("path"));
+#[tracing::instrument(skip_all)]
+pub async fn info(q: Query) -> ApiResult<Json<HashMap<String, FileInfo>>> {
+    let raw = path_params(&q)?;
+    blocking(move || {
+        let db = UserDb::load();
+        let mut out = HashMap::new();
+        for r in raw {
+            let p = resolve_path(&r)?;
+            let info = info_for(&p, &db).map_err(|e| ApiError::fs(&p, "stat", &e))?;
+            out.insert(r, info);
         }
-        blocking(move || {
-            let db = UserDb::load();
-            let mut out = HashMap::new();
-            for r in raw {
-                let p = resolve_path(&r)?;
-                let info = info_for(&p, &db).map_err(|e| ApiError::fs(&p, "stat", &e))?;
-                out.insert(r, info);
-            }
-            Ok(out)
-        })
-        .await
-    }
-    .await;
-    respond(r)
+        Ok(Json(out))
+    })
+    .await
 }
 
 /// `DELETE /files?path=...`: removes files (and symlinks); missing ones are fine.
-pub async fn remove_files(uri: Uri) -> Response {
-    let r = async {
-        let paths = paths_of(&query(&uri)?)?;
-        blocking(move || {
-            for p in paths {
-                match fs::symlink_metadata(&p) {
-                    Ok(md) if md.is_dir() => {
-                        return Err(ApiError::bad_request(format!(
-                            "{} is a directory; use DELETE /directories",
-                            p.display()
-                        )));
-                    }
-                    Ok(_) => fs::remove_file(&p)
-                        .or_else(ignore_missing)
-                        .map_err(|e| ApiError::fs(&p, "remove", &e))?,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(ApiError::fs(&p, "stat", &e)),
+#[tracing::instrument(skip_all)]
+pub async fn remove_files(q: Query) -> ApiResult<StatusCode> {
+    let paths = paths_of(&q)?;
+    blocking(move || {
+        for p in paths {
+            match fs::symlink_metadata(&p) {
+                Ok(md) if md.is_dir() => {
+                    return Err(ApiError::bad_request(format!(
+                        "{} is a directory; use DELETE /directories",
+                        p.display()
+                    )));
                 }
+                Ok(_) => fs::remove_file(&p)
+                    .or_else(ignore_missing)
+                    .map_err(|e| ApiError::fs(&p, "remove", &e))?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ApiError::fs(&p, "stat", &e)),
             }
-            Ok(())
-        })
-        .await
-    }
-    .await;
-    match r {
-        Ok(()) => ok_empty(),
-        Err(e) => e.into_response(),
-    }
+        }
+        Ok(StatusCode::OK)
+    })
+    .await
 }
 
 fn ignore_missing(e: io::Error) -> io::Result<()> {
@@ -203,8 +183,9 @@ fn apply_permission(p: &Path, perm: &Permission, db: &UserDb) -> Result<(), ApiE
 }
 
 /// `POST /files/permissions` `{path: {owner, group, mode}}`
-pub async fn chmod(body: Bytes) -> Response {
-    with_permissions(body, |p| {
+#[tracing::instrument(skip_all)]
+pub async fn chmod(JsonBody(req): JsonBody<HashMap<String, Permission>>) -> ApiResult<StatusCode> {
+    with_permissions(req, |p| {
         fs::symlink_metadata(p)
             .map(|_| ())
             .map_err(|e| ApiError::fs(p, "stat", &e))
@@ -215,80 +196,71 @@ pub async fn chmod(body: Bytes) -> Response {
 /// The shared body of the `{path: {owner, group, mode}}` routes: validate
 /// every entry first (nothing changes on a bad request), then per path run
 /// `prepare` and apply owner and mode.
-async fn with_permissions(body: Bytes, prepare: fn(&Path) -> Result<(), ApiError>) -> Response {
-    let r = async {
-        let req: HashMap<String, Permission> = parse_json(&body)?;
-        let mut items = Vec::new();
-        for (k, v) in req {
-            if let Some(m) = v.mode {
-                mode_from_api(m)?;
-            }
-            items.push((resolve_path(&k)?, v));
+async fn with_permissions(
+    req: HashMap<String, Permission>,
+    prepare: fn(&Path) -> Result<(), ApiError>,
+) -> ApiResult<StatusCode> {
+    let mut items = Vec::new();
+    for (k, v) in req {
+        if let Some(m) = v.mode {
+            mode_from_api(m)?;
         }
-        blocking(move || {
-            let db = UserDb::load();
-            for (p, perm) in items {
-                prepare(&p)?;
-                apply_permission(&p, &perm, &db)?;
-            }
-            Ok(())
-        })
-        .await
+        items.push((resolve_path(&k)?, v));
     }
-    .await;
-    match r {
-        Ok(()) => ok_empty(),
-        Err(e) => e.into_response(),
-    }
+    blocking(move || {
+        let db = UserDb::load();
+        for (p, perm) in items {
+            prepare(&p)?;
+            apply_permission(&p, &perm, &db)?;
+        }
+        Ok(StatusCode::OK)
+    })
+    .await
 }
 
 #[derive(Deserialize)]
-struct RenameItem {
+pub struct RenameItem {
     src: String,
     dest: String,
 }
 
 /// `POST /files/mv` `[{src, dest}]`
-pub async fn mv(body: Bytes) -> Response {
-    let r = async {
-        let req: Vec<RenameItem> = parse_json(&body)?;
-        let items = req
-            .into_iter()
-            .map(|i| Ok((resolve_path(&i.src)?, resolve_path(&i.dest)?)))
-            .collect::<Result<Vec<_>, ApiError>>()?;
-        blocking(move || {
-            for (src, dest) in items {
-                fs::symlink_metadata(&src).map_err(|e| ApiError::fs(&src, "stat", &e))?;
-                if let Err(e) = fs::rename(&src, &dest) {
-                    if e.kind() == io::ErrorKind::CrossesDevices
-                        && fs::symlink_metadata(&src)
-                            .map(|m| m.is_file())
-                            .unwrap_or(false)
-                    {
-                        fs::copy(&src, &dest).map_err(|e| ApiError::fs(&dest, "copy to", &e))?;
-                        fs::remove_file(&src).map_err(|e| ApiError::fs(&src, "remove", &e))?;
-                    } else {
-                        return Err(ApiError::fs(
-                            &dest,
-                            &format!("move {} to", src.display()),
-                            &e,
-                        ));
-                    }
-                }
-            }
-            Ok(())
-        })
-        .await
-    }
-    .await;
-    match r {
-        Ok(()) => ok_empty(),
-        Err(e) => e.into_response(),
+#[tracing::instrument(skip_all)]
+pub async fn mv(JsonBody(req): JsonBody<Vec<RenameItem>>) -> ApiResult<StatusCode> {
+    let items = req
+        .into_iter()
+        .map(|i| Ok((resolve_path(&i.src)?, resolve_path(&i.dest)?)))
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    blocking(move || {
+        for (src, dest) in items {
+            move_one(&src, &dest)?;
+        }
+        Ok(StatusCode::OK)
+    })
+    .await
+}
+
+/// `rename`, or copy and remove for a regular file on another filesystem.
+fn move_one(src: &Path, dest: &Path) -> Result<(), ApiError> {
+    fs::symlink_metadata(src).map_err(|e| ApiError::fs(src, "stat", &e))?;
+    let Err(e) = fs::rename(src, dest) else {
+        return Ok(());
+    };
+    let is_file = fs::symlink_metadata(src).is_ok_and(|m| m.is_file());
+    if e.kind() == io::ErrorKind::CrossesDevices && is_file {
+        fs::copy(src, dest).map_err(|e| ApiError::fs(dest, "copy to", &e))?;
+        fs::remove_file(src).map_err(|e| ApiError::fs(src, "remove", &e))
+    } else {
+        Err(ApiError::fs(
+            dest,
+            &format!("move {} to", src.display()),
+            &e,
+        ))
     }
 }
 
 #[derive(Deserialize)]
-struct ReplaceItem {
+pub struct ReplaceItem {
     old: String,
     new: String,
 }
@@ -318,53 +290,53 @@ pub fn replace_all(hay: &[u8], old: &[u8], new: &[u8]) -> (Vec<u8>, usize) {
 }
 
 /// `POST /files/replace[?verbose=true]` `{path: {old, new}}`
-pub async fn replace(uri: Uri, body: Bytes) -> Response {
-    let r = async {
-        let verbose = query(&uri)?.flag("verbose");
-        let req: HashMap<String, ReplaceItem> = parse_json(&body)?;
-        let mut items = Vec::new();
-        for (k, v) in req {
-            if v.old.is_empty() {
-                return Err(ApiError::bad_request(format!(
-                    "{k}: old content must not be empty"
-                )));
-            }
-            items.push((k.clone(), resolve_path(&k)?, v));
+#[tracing::instrument(skip_all)]
+pub async fn replace(
+    q: Query,
+    JsonBody(req): JsonBody<HashMap<String, ReplaceItem>>,
+) -> ApiResult<Response> {
+    let verbose = q.flag("verbose");
+    let mut items = Vec::new();
+    for (k, v) in req {
+        if v.old.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "{k}: old content must not be empty"
+            )));
         }
-        let results = blocking(move || {
-            let mut results = HashMap::new();
-            for (key, p, item) in items {
-                let md = fs::metadata(&p).map_err(|e| ApiError::fs(&p, "stat", &e))?;
-                if !md.is_file() {
-                    return Err(ApiError::bad_request(format!(
-                        "{} is not a regular file",
-                        p.display()
-                    )));
-                }
-                let data = fs::read(&p).map_err(|e| ApiError::fs(&p, "read", &e))?;
-                let (new, count) = replace_all(&data, item.old.as_bytes(), item.new.as_bytes());
-                if count > 0 {
-                    // In place: keeps inode, owner, mode and hard links.
-                    fs::write(&p, new).map_err(|e| ApiError::fs(&p, "write", &e))?;
-                }
-                results.insert(
-                    key,
-                    ReplaceResult {
-                        replaced_count: count,
-                    },
-                );
-            }
-            Ok(results)
-        })
-        .await?;
-        Ok(verbose.then_some(results))
+        items.push((k.clone(), resolve_path(&k)?, v));
     }
-    .await;
-    match r {
-        Ok(Some(results)) => axum::Json(results).into_response(),
-        Ok(None) => ok_empty(),
-        Err(e) => e.into_response(),
+    let results = blocking(move || {
+        let mut results = HashMap::new();
+        for (key, p, item) in items {
+            results.insert(key, replace_in_file(&p, &item)?);
+        }
+        Ok(results)
+    })
+    .await?;
+    Ok(if verbose {
+        Json(results).into_response()
+    } else {
+        StatusCode::OK.into_response()
+    })
+}
+
+fn replace_in_file(p: &Path, item: &ReplaceItem) -> Result<ReplaceResult, ApiError> {
+    let md = fs::metadata(p).map_err(|e| ApiError::fs(p, "stat", &e))?;
+    if !md.is_file() {
+        return Err(ApiError::bad_request(format!(
+            "{} is not a regular file",
+            p.display()
+        )));
     }
+    let data = fs::read(p).map_err(|e| ApiError::fs(p, "read", &e))?;
+    let (new, count) = replace_all(&data, item.old.as_bytes(), item.new.as_bytes());
+    if count > 0 {
+        // In place: keeps inode, owner, mode and hard links.
+        fs::write(p, new).map_err(|e| ApiError::fs(p, "write", &e))?;
+    }
+    Ok(ReplaceResult {
+        replaced_count: count,
+    })
 }
 
 // ---------------------------------------------------------------- search
@@ -372,74 +344,72 @@ pub async fn replace(uri: Uri, body: Bytes) -> Response {
 /// `GET /files/search?path=&pattern=` (pattern default `**`): regular files under `path`
 /// whose name matches the glob (or, if the pattern has a `/`, whose path relative to
 /// `path` does). Symlinked directories are not followed.
-pub async fn search(uri: Uri) -> Response {
-    let r = async {
-        let q = query(&uri)?;
-        let root = resolve_path(
-            q.get("path")
-                .ok_or_else(|| ApiError::missing_query("path"))?,
-        )?;
-        let pattern = q
-            .get("pattern")
-            .filter(|p| !p.is_empty())
-            .unwrap_or("**")
-            .to_string();
-        let pat = glob::Pattern::new(&pattern)
-            .map_err(|e| ApiError::bad_request(format!("invalid pattern {pattern:?}: {e}")))?;
-        blocking(move || {
-            let md = fs::metadata(&root).map_err(|e| ApiError::fs(&root, "stat", &e))?;
-            if !md.is_dir() {
-                return Err(ApiError::bad_request(format!(
-                    "{} is not a directory",
-                    root.display()
-                )));
-            }
-            let by_path = pattern.contains('/');
-            let opts = glob::MatchOptions {
-                case_sensitive: true,
-                require_literal_separator: by_path,
-                require_literal_leading_dot: false,
+#[tracing::instrument(skip_all)]
+pub async fn search(q: Query) -> ApiResult<Json<Vec<FileInfo>>> {
+    let root = resolve_path(q.required("path")?)?;
+    let pattern = q
+        .get("pattern")
+        .filter(|p| !p.is_empty())
+        .unwrap_or("**")
+        .to_string();
+    let pat = glob::Pattern::new(&pattern)
+        .map_err(|e| ApiError::bad_request(format!("invalid pattern {pattern:?}: {e}")))?;
+    blocking(move || {
+        let md = fs::metadata(&root).map_err(|e| ApiError::fs(&root, "stat", &e))?;
+        if !md.is_dir() {
+            return Err(ApiError::bad_request(format!(
+                "{} is not a directory",
+                root.display()
+            )));
+        }
+        let mut out = find_matching(&root, &pat, pattern.contains('/'));
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(Json(out))
+    })
+    .await
+}
+
+/// Regular files (and symlinks) under `root` matching `pat`, by name or, with
+/// `by_path`, by their path relative to `root`. Unreadable directories are skipped.
+fn find_matching(root: &Path, pat: &glob::Pattern, by_path: bool) -> Vec<FileInfo> {
+    let opts = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: by_path,
+        require_literal_leading_dot: false,
+    };
+    let db = UserDb::load();
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&dir) else { continue };
+        let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries.into_iter().rev() {
+            let p = e.path();
+            let Ok(lmd) = fs::symlink_metadata(&p) else {
+                continue;
             };
-            let db = UserDb::load();
-            let mut out = Vec::new();
-            let mut stack = vec![root.clone()];
-            while let Some(dir) = stack.pop() {
-                let Ok(rd) = fs::read_dir(&dir) else { continue };
-                let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
-                entries.sort_by_key(|e| e.file_name());
-                for e in entries.into_iter().rev() {
-                    let p = e.path();
-                    let Ok(lmd) = fs::symlink_metadata(&p) else {
-                        continue;
-                    };
-                    if lmd.is_dir() {
-                        stack.push(p);
-                        continue;
-                    }
-                    let matched = if by_path {
-                        p.strip_prefix(&root)
-                            .map(|rel| pat.matches_path_with(rel, opts))
-                            .unwrap_or(false)
-                    } else {
-                        pat.matches_with(&e.file_name().to_string_lossy(), opts)
-                    };
-                    if matched {
-                        let md = if lmd.file_type().is_symlink() {
-                            fs::metadata(&p).ok()
-                        } else {
-                            None
-                        };
-                        out.push(file_info(&p, &lmd, md.as_ref(), &db));
-                    }
-                }
+            if lmd.is_dir() {
+                stack.push(p);
+                continue;
             }
-            out.sort_by(|a, b| a.path.cmp(&b.path));
-            Ok(out)
-        })
-        .await
+            let matched = if by_path {
+                p.strip_prefix(root)
+                    .is_ok_and(|rel| pat.matches_path_with(rel, opts))
+            } else {
+                pat.matches_with(&e.file_name().to_string_lossy(), opts)
+            };
+            if matched {
+                let md = if lmd.file_type().is_symlink() {
+                    fs::metadata(&p).ok()
+                } else {
+                    None
+                };
+                out.push(file_info(&p, &lmd, md.as_ref(), &db));
+            }
+        }
     }
-    .await;
-    respond(r)
+    out
 }
 
 // ---------------------------------------------------------------- directories
@@ -447,41 +417,33 @@ pub async fn search(uri: Uri) -> Response {
 /// `GET /directories/list?path=&depth=` (depth default 1; 0 lists nothing). Entries in
 /// lexical order, descendants right after their parent, symlinks not followed; a path
 /// that is itself a symlink is refused.
-pub async fn list_dir(uri: Uri) -> Response {
-    let r = async {
-        let q = query(&uri)?;
-        let root = resolve_path(
-            q.get("path")
-                .ok_or_else(|| ApiError::missing_query("path"))?,
-        )?;
-        let depth = q.int::<i64>("depth")?.unwrap_or(1);
-        if depth < 0 {
-            return Err(ApiError::bad_request("depth must not be negative"));
-        }
-        blocking(move || {
-            let lmd = fs::symlink_metadata(&root).map_err(|e| ApiError::fs(&root, "stat", &e))?;
-            if lmd.file_type().is_symlink() {
-                return Err(ApiError::bad_request(format!(
-                    "{} is a symbolic link; pass the real directory",
-                    root.display()
-                )));
-            }
-            if !lmd.is_dir() {
-                return Err(ApiError::bad_request(format!(
-                    "{} is not a directory",
-                    root.display()
-                )));
-            }
-            let db = UserDb::load();
-            let mut out = Vec::new();
-            walk(&root, 1, depth as u64, &db, &mut out)
-                .map_err(|e| ApiError::fs(&root, "list", &e))?;
-            Ok(out)
-        })
-        .await
+#[tracing::instrument(skip_all)]
+pub async fn list_dir(q: Query) -> ApiResult<Json<Vec<FileInfo>>> {
+    let root = resolve_path(q.required("path")?)?;
+    let depth = q.int::<i64>("depth")?.unwrap_or(1);
+    if depth < 0 {
+        return Err(ApiError::bad_request("depth must not be negative"));
     }
-    .await;
-    respond(r)
+    blocking(move || {
+        let lmd = fs::symlink_metadata(&root).map_err(|e| ApiError::fs(&root, "stat", &e))?;
+        if lmd.file_type().is_symlink() {
+            return Err(ApiError::bad_request(format!(
+                "{} is a symbolic link; pass the real directory",
+                root.display()
+            )));
+        }
+        if !lmd.is_dir() {
+            return Err(ApiError::bad_request(format!(
+                "{} is not a directory",
+                root.display()
+            )));
+        }
+        let db = UserDb::load();
+        let mut out = Vec::new();
+        walk(&root, 1, depth as u64, &db, &mut out).map_err(|e| ApiError::fs(&root, "list", &e))?;
+        Ok(Json(out))
+    })
+    .await
 }
 
 fn walk(dir: &Path, level: u64, max: u64, db: &UserDb, out: &mut Vec<FileInfo>) -> io::Result<()> {
@@ -506,45 +468,42 @@ fn walk(dir: &Path, level: u64, max: u64, db: &UserDb, out: &mut Vec<FileInfo>) 
 
 /// `POST /directories` `{path: {owner, group, mode}}`: `mkdir -p`, then mode and owner
 /// of the directory itself.
-pub async fn make_dirs(body: Bytes) -> Response {
-    with_permissions(body, |p| {
+#[tracing::instrument(skip_all)]
+pub async fn make_dirs(
+    JsonBody(req): JsonBody<HashMap<String, Permission>>,
+) -> ApiResult<StatusCode> {
+    with_permissions(req, |p| {
         fs::create_dir_all(p).map_err(|e| ApiError::fs(p, "mkdir", &e))
     })
     .await
 }
 
 /// `DELETE /directories?path=...`: `rm -rf`; missing ones are fine.
-pub async fn remove_dirs(uri: Uri) -> Response {
-    let r = async {
-        let paths = paths_of(&query(&uri)?)?;
-        blocking(move || {
-            for p in paths {
-                if p == Path::new("/") {
-                    return Err(ApiError::bad_request("refusing to delete /"));
-                }
-                match fs::symlink_metadata(&p) {
-                    Ok(md) if md.is_dir() => fs::remove_dir_all(&p)
-                        .or_else(ignore_missing)
-                        .map_err(|e| ApiError::fs(&p, "remove", &e))?,
-                    Ok(_) => {
-                        return Err(ApiError::bad_request(format!(
-                            "{} is not a directory; use DELETE /files",
-                            p.display()
-                        )));
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(ApiError::fs(&p, "stat", &e)),
-                }
+#[tracing::instrument(skip_all)]
+pub async fn remove_dirs(q: Query) -> ApiResult<StatusCode> {
+    let paths = paths_of(&q)?;
+    blocking(move || {
+        for p in paths {
+            if p == Path::new("/") {
+                return Err(ApiError::bad_request("refusing to delete /"));
             }
-            Ok(())
-        })
-        .await
-    }
-    .await;
-    match r {
-        Ok(()) => ok_empty(),
-        Err(e) => e.into_response(),
-    }
+            match fs::symlink_metadata(&p) {
+                Ok(md) if md.is_dir() => fs::remove_dir_all(&p)
+                    .or_else(ignore_missing)
+                    .map_err(|e| ApiError::fs(&p, "remove", &e))?,
+                Ok(_) => {
+                    return Err(ApiError::bad_request(format!(
+                        "{} is not a directory; use DELETE /files",
+                        p.display()
+                    )));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ApiError::fs(&p, "stat", &e)),
+            }
+        }
+        Ok(StatusCode::OK)
+    })
+    .await
 }
 
 // ---------------------------------------------------------------- upload
@@ -621,147 +580,26 @@ impl PendingFile {
 
 /// `POST /files/upload`: multipart `metadata` (JSON `{path, owner, group, mode}`, sent as
 /// a file part by the SDK) followed by `file`, repeated. Streams to disk.
-pub async fn upload(multipart: Result<Multipart, MultipartRejection>) -> Response {
-    match upload_inner(multipart).await {
-        Ok(0) => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            code::INVALID_FILE,
-            "no file parts in upload",
-        )
-        .into_response(),
-        Ok(_) => ok_empty(),
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn upload_inner(multipart: Result<Multipart, MultipartRejection>) -> Result<usize, ApiError> {
+#[tracing::instrument(skip_all)]
+pub async fn upload(multipart: Result<Multipart, MultipartRejection>) -> ApiResult<StatusCode> {
     let mut mp = multipart.map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            code::INVALID_REQUEST,
-            format!("not a multipart/form-data upload: {}", e.body_text()),
-        )
+        ApiError::bad_request(format!(
+            "not a multipart/form-data upload: {}",
+            e.body_text()
+        ))
     })?;
     let mut meta: Option<FileMetadata> = None;
     let mut written = 0usize;
-    loop {
-        let field = mp
-            .next_field()
-            .await
-            .map_err(|e| ApiError::bad_request(format!("malformed multipart body: {e}")))?;
-        let Some(mut field) = field else { break };
+    while let Some(field) = mp.next_field().await.map_err(malformed_multipart)? {
         match field.name() {
-            Some("metadata") => {
-                let mut data = Vec::new();
-                while let Some(chunk) = field
-                    .chunk()
-                    .await
-                    .map_err(|e| ApiError::bad_request(format!("malformed multipart body: {e}")))?
-                {
-                    data.extend_from_slice(&chunk);
-                    if data.len() > MAX_METADATA {
-                        return Err(ApiError::new(
-                            StatusCode::BAD_REQUEST,
-                            code::INVALID_FILE_METADATA,
-                            "metadata part too large",
-                        ));
-                    }
-                }
-                let m: FileMetadata = serde_json::from_slice(&data).map_err(|e| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        code::INVALID_FILE_METADATA,
-                        format!("invalid metadata JSON: {e}"),
-                    )
-                })?;
-                if let Some(mode) = m.mode {
-                    mode_from_api(mode).map_err(|e| {
-                        ApiError::new(
-                            StatusCode::BAD_REQUEST,
-                            code::INVALID_FILE_METADATA,
-                            e.message,
-                        )
-                    })?;
-                }
-                if m.path.as_deref().is_none_or(|p| p.is_empty()) {
-                    return Err(ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        code::INVALID_FILE_METADATA,
-                        "metadata has no path",
-                    ));
-                }
-                meta = Some(m);
-            }
+            Some("metadata") => meta = Some(read_metadata_part(field).await?),
             Some("file") => {
                 let Some(m) = meta.take() else {
-                    return Err(ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        code::INVALID_FILE_METADATA,
+                    return Err(invalid_metadata(
                         "file part without a preceding metadata part",
                     ));
                 };
-                let target = resolve_path(m.path.as_deref().unwrap_or_default())?;
-                let perm = Permission {
-                    owner: m.owner,
-                    group: m.group,
-                    mode: m.mode,
-                };
-                // Check owner/group before writing anything.
-                blocking({
-                    let perm_o = perm.owner.clone();
-                    let perm_g = perm.group.clone();
-                    move || {
-                        resolve_owner(&UserDb::load(), perm_o.as_deref(), perm_g.as_deref())
-                            .map(|_| ())
-                    }
-                })
-                .await?;
-                let (tx, mut rx) = mpsc::channel::<Bytes>(16);
-                let writer =
-                    tokio::task::spawn_blocking(move || -> Result<PendingFile, ApiError> {
-                        let (pending, file) = PendingFile::create(target, perm)?;
-                        let mut w = io::BufWriter::with_capacity(256 * 1024, file);
-                        let res = (|| {
-                            while let Some(chunk) = rx.blocking_recv() {
-                                w.write_all(&chunk)?;
-                            }
-                            w.flush()
-                        })();
-                        match res {
-                            Ok(()) => Ok(pending),
-                            Err(e) => {
-                                let err = ApiError::fs(&pending.temp, "write", &e);
-                                pending.abort();
-                                Err(err)
-                            }
-                        }
-                    });
-                let mut read_err = None;
-                loop {
-                    match field.chunk().await {
-                        Ok(Some(chunk)) => {
-                            if tx.send(chunk).await.is_err() {
-                                break; // writer failed; its error is reported below
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            read_err = Some(ApiError::bad_request(format!(
-                                "malformed multipart body: {e}"
-                            )));
-                            break;
-                        }
-                    }
-                }
-                drop(tx);
-                let pending = writer
-                    .await
-                    .unwrap_or_else(|e| Err(ApiError::internal(format!("writer failed: {e}"))))?;
-                if let Some(e) = read_err {
-                    tokio::task::spawn_blocking(move || pending.abort());
-                    return Err(e);
-                }
-                blocking(move || pending.commit(&UserDb::load())).await?;
+                write_file_part(field, m).await?;
                 written += 1;
             }
             other => {
@@ -773,13 +611,126 @@ async fn upload_inner(multipart: Result<Multipart, MultipartRejection>) -> Resul
         }
     }
     if meta.is_some() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            code::INVALID_FILE,
-            "metadata part without a following file part",
-        ));
+        return Err(invalid_file("metadata part without a following file part"));
     }
-    Ok(written)
+    if written == 0 {
+        return Err(invalid_file("no file parts in upload"));
+    }
+    Ok(StatusCode::OK)
+}
+
+fn malformed_multipart(e: impl std::fmt::Display) -> ApiError {
+    ApiError::bad_request(format!("malformed multipart body: {e}"))
+}
+
+fn invalid_metadata(message: impl Into<String>) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        code::INVALID_FILE_METADATA,
+        message,
+    )
+}
+
+fn invalid_file(message: &str) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, code::INVALID_FILE, message)
+}
+
+/// Reads and checks a `metadata` part (bounded: it is held in memory).
+async fn read_metadata_part(mut field: Field<'_>) -> Result<FileMetadata, ApiError> {
+    let mut data = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(malformed_multipart)? {
+        data.extend_from_slice(&chunk);
+        if data.len() > MAX_METADATA {
+            return Err(invalid_metadata("metadata part too large"));
+        }
+    }
+    let m: FileMetadata = serde_json::from_slice(&data)
+        .map_err(|e| invalid_metadata(format!("invalid metadata JSON: {e}")))?;
+    if let Some(mode) = m.mode {
+        mode_from_api(mode).map_err(|e| invalid_metadata(e.message))?;
+    }
+    if m.path.as_deref().is_none_or(|p| p.is_empty()) {
+        return Err(invalid_metadata("metadata has no path"));
+    }
+    Ok(m)
+}
+
+/// Streams a `file` part to its target as `m` describes; the target changes only
+/// once the whole part arrived.
+async fn write_file_part(field: Field<'_>, m: FileMetadata) -> Result<(), ApiError> {
+    let target = resolve_path(m.path.as_deref().unwrap_or_default())?;
+    let perm = Permission {
+        owner: m.owner,
+        group: m.group,
+        mode: m.mode,
+    };
+    // Check owner/group before writing anything.
+    let (owner, group) = (perm.owner.clone(), perm.group.clone());
+    blocking(move || {
+        resolve_owner(&UserDb::load(), owner.as_deref(), group.as_deref()).map(|_| ())
+    })
+    .await?;
+    let pending = stream_to_pending_file(field, target, perm).await?;
+    blocking(move || pending.commit(&UserDb::load())).await
+}
+
+/// Copies the part's chunks into a [`PendingFile`] on a blocking writer. On a
+/// broken body the pending file is removed and the body's error returned.
+async fn stream_to_pending_file(
+    mut field: Field<'_>,
+    target: PathBuf,
+    perm: Permission,
+) -> Result<PendingFile, ApiError> {
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let writer = tokio::task::spawn_blocking(move || write_chunks(target, perm, rx));
+    let mut read_err = None;
+    loop {
+        match field.chunk().await {
+            Ok(Some(chunk)) => {
+                if tx.send(chunk).await.is_err() {
+                    break; // writer failed; its error is reported below
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                read_err = Some(malformed_multipart(e));
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let pending = writer
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("writer failed: {e}"))))?;
+    if let Some(e) = read_err {
+        tokio::task::spawn_blocking(move || pending.abort());
+        return Err(e);
+    }
+    Ok(pending)
+}
+
+/// The blocking side of [`stream_to_pending_file`].
+fn write_chunks(
+    target: PathBuf,
+    perm: Permission,
+    mut rx: mpsc::Receiver<Bytes>,
+) -> Result<PendingFile, ApiError> {
+    let (pending, file) = PendingFile::create(target, perm)?;
+    let mut w = io::BufWriter::with_capacity(256 * 1024, file);
+    let res = (|| {
+        while let Some(chunk) = rx.blocking_recv() {
+            w.write_all(&chunk)?;
+        }
+        w.flush()
+    })();
+    match res {
+        Ok(()) => Ok(pending),
+        Err(e) => {
+            let err = ApiError::fs(&pending.temp, "write", &e);
+            pending.abort();
+            Err(err)
+        }
+    }
 }
 
 // ---------------------------------------------------------------- download
@@ -830,117 +781,129 @@ pub fn parse_range(h: &str, size: u64) -> Result<Option<(u64, u64)>, ()> {
     Ok(Some((start, end - start + 1)))
 }
 
-/// `GET /files/download?path=[&offset=&limit=]` with optional `Range`.
-pub async fn download(uri: Uri, headers: HeaderMap) -> Response {
-    match download_inner(uri, headers).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
+/// What a download asks for: `?path=[&offset=&limit=]` and an optional `Range`.
+pub struct DownloadRequest {
+    path: PathBuf,
+    /// 1-based first line and line count (`offset`/`limit`).
+    lines: Option<(u64, u64)>,
+    range: Option<String>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for DownloadRequest {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let q = Query::from_request_parts(parts, state).await?;
+        let path = resolve_path(q.required("path")?)?;
+        let offset = q.int::<i64>("offset")?;
+        let limit = q.int::<i64>("limit")?;
+        let range = parts
+            .headers
+            .get(header::RANGE)
+            .map(|v| v.to_str().unwrap_or("").to_string());
+        if (offset.is_some() || limit.is_some()) && range.is_some() {
+            return Err(ApiError::bad_request(
+                "offset/limit and the Range header are mutually exclusive",
+            ));
+        }
+        if offset.is_some_and(|o| o < 1) {
+            return Err(ApiError::bad_request(
+                "offset must be a positive integer (1-based)",
+            ));
+        }
+        if limit.is_some_and(|l| l < 1) {
+            return Err(ApiError::bad_request("limit must be a positive integer"));
+        }
+        let lines = (offset.is_some() || limit.is_some()).then(|| {
+            (
+                offset.unwrap_or(1) as u64,
+                limit.map(|l| l as u64).unwrap_or(u64::MAX),
+            )
+        });
+        Ok(Self { path, lines, range })
     }
 }
 
-async fn download_inner(uri: Uri, headers: HeaderMap) -> Result<Response, ApiError> {
-    let q = query(&uri)?;
-    let path = resolve_path(
-        q.get("path")
-            .ok_or_else(|| ApiError::missing_query("path"))?,
-    )?;
-    let offset = q.int::<i64>("offset")?;
-    let limit = q.int::<i64>("limit")?;
-    let range = headers
-        .get(header::RANGE)
-        .map(|v| v.to_str().unwrap_or("").to_string());
-    if (offset.is_some() || limit.is_some()) && range.is_some() {
-        return Err(ApiError::bad_request(
-            "offset/limit and the Range header are mutually exclusive",
-        ));
-    }
-    if offset.is_some_and(|o| o < 1) {
-        return Err(ApiError::bad_request(
-            "offset must be a positive integer (1-based)",
-        ));
-    }
-    if limit.is_some_and(|l| l < 1) {
-        return Err(ApiError::bad_request("limit must be a positive integer"));
-    }
-    let p2 = path.clone();
-    let (file, size) = blocking(move || {
-        let file = File::open(&p2).map_err(|e| ApiError::fs(&p2, "open", &e))?;
-        let md = file.metadata().map_err(|e| ApiError::fs(&p2, "stat", &e))?;
-        if md.is_dir() {
-            return Err(ApiError::bad_request(format!(
-                "{} is a directory",
-                p2.display()
-            )));
-        }
-        Ok((file, md.len()))
-    })
-    .await?;
-    let window = if offset.is_some() || limit.is_some() {
-        Window::Lines {
-            offset: offset.unwrap_or(1) as u64,
-            limit: limit.map(|l| l as u64).unwrap_or(u64::MAX),
-        }
-    } else if let Some(r) = &range {
-        match parse_range(r, size) {
+/// `GET /files/download?path=[&offset=&limit=]` with optional `Range`.
+#[tracing::instrument(skip_all)]
+pub async fn download(req: DownloadRequest) -> ApiResult<Response> {
+    let path = req.path.clone();
+    let (file, size) = blocking(move || open_for_download(&path)).await?;
+    let window = match (req.lines, &req.range) {
+        (Some((offset, limit)), _) => Window::Lines { offset, limit },
+        (None, Some(r)) => match parse_range(r, size) {
             Ok(Some((start, len))) => Window::Bytes { start, len },
             Ok(None) => Window::Full,
-            Err(()) => {
-                let mut resp = ApiError::new(
-                    StatusCode::RANGE_NOT_SATISFIABLE,
-                    code::RANGE_NOT_SATISFIABLE,
-                    format!("range {r:?} not satisfiable for {size} bytes"),
-                )
-                .into_response();
-                resp.headers_mut().insert(
-                    header::CONTENT_RANGE,
-                    HeaderValue::from_str(&format!("bytes */{size}"))
-                        .unwrap_or(HeaderValue::from_static("bytes */0")),
-                );
-                return Ok(resp);
-            }
-        }
-    } else {
-        Window::Full
+            Err(()) => return Ok(range_not_satisfiable(r, size)),
+        },
+        (None, None) => Window::Full,
     };
-    let name = path
+    let name = req
+        .path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    Ok(stream_window(file, size, window, &name))
+}
+
+fn open_for_download(path: &Path) -> Result<(File, u64), ApiError> {
+    let file = File::open(path).map_err(|e| ApiError::fs(path, "open", &e))?;
+    let md = file
+        .metadata()
+        .map_err(|e| ApiError::fs(path, "stat", &e))?;
+    if md.is_dir() {
+        return Err(ApiError::bad_request(format!(
+            "{} is a directory",
+            path.display()
+        )));
+    }
+    Ok((file, md.len()))
+}
+
+fn range_not_satisfiable(range: &str, size: u64) -> Response {
+    let mut resp = ApiError::new(
+        StatusCode::RANGE_NOT_SATISFIABLE,
+        code::RANGE_NOT_SATISFIABLE,
+        format!("range {range:?} not satisfiable for {size} bytes"),
+    )
+    .into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_RANGE,
+        HeaderValue::from_str(&format!("bytes */{size}"))
+            .unwrap_or(HeaderValue::from_static("bytes */0")),
+    );
+    resp
+}
+
+/// The answer streaming `window` of `file` (read on a blocking thread).
+fn stream_window(file: File, size: u64, window: Window, name: &str) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(8);
-    let mut resp;
+    let mut resp = Response::new(Body::from_stream(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ));
+    let h = resp.headers_mut();
     match window {
         Window::Lines { offset, limit } => {
             tokio::task::spawn_blocking(move || stream_lines(file, offset, limit, tx));
-            resp = Response::new(Body::from_stream(
-                tokio_stream::wrappers::ReceiverStream::new(rx),
-            ));
-            resp.headers_mut().insert(
+            h.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; charset=utf-8"),
             );
-            return Ok(resp);
+            return resp;
         }
         Window::Full => {
             tokio::task::spawn_blocking(move || stream_bytes(file, 0, size, tx));
-            resp = Response::new(Body::from_stream(
-                tokio_stream::wrappers::ReceiverStream::new(rx),
-            ));
-            resp.headers_mut()
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
         }
         Window::Bytes { start, len } => {
             tokio::task::spawn_blocking(move || stream_bytes(file, start, len, tx));
-            resp = Response::new(Body::from_stream(
-                tokio_stream::wrappers::ReceiverStream::new(rx),
-            ));
-            *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
-            let h = resp.headers_mut();
             h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
             if let Ok(v) =
                 HeaderValue::from_str(&format!("bytes {}-{}/{}", start, start + len - 1, size))
             {
                 h.insert(header::CONTENT_RANGE, v);
             }
+            *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
         }
     }
     let h = resp.headers_mut();
@@ -949,10 +912,10 @@ async fn download_inner(uri: Uri, headers: HeaderMap) -> Result<Response, ApiErr
         HeaderValue::from_static("application/octet-stream"),
     );
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    if let Ok(v) = HeaderValue::from_str(&content_disposition(&name)) {
+    if let Ok(v) = HeaderValue::from_str(&content_disposition(name)) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
-    Ok(resp)
+    resp
 }
 
 fn content_disposition(name: &str) -> String {

@@ -10,6 +10,7 @@
 mod commands;
 mod drain;
 mod error;
+mod extract;
 mod files;
 mod init;
 mod metrics;
@@ -31,7 +32,11 @@ pub use init::run;
 pub use server::{ACCESS_TOKEN_HEADER, router};
 pub use state::{AppState, StateConfig};
 
-/// Default API address (the OpenSandbox execd port).
+/// The OpenSandbox execd port. execd links no sandbolt crate (it is a small static
+/// binary), so this is its own copy of `sandbolt_proto::wire::EXECD_PORT`;
+/// `tests/tests/wire_constants.rs` holds the two equal.
+pub const PORT: u16 = 44772;
+/// Default API address (all interfaces, [`PORT`]).
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:44772";
 /// Where `--init` points `EXECD_ENVS` when the environment does not set it.
 pub const DEFAULT_ENV_FILE: &str = "/opt/sandbolt/.env";
@@ -130,5 +135,14 @@ impl Server {
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let router = router(self.state.clone());
         server::serve(self.listener, router, shutdown).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn default_listen_is_on_the_execd_port() {
+        let addr: std::net::SocketAddr = super::DEFAULT_LISTEN.parse().unwrap();
+        assert_eq!(addr.port(), super::PORT);
     }
 }

@@ -225,11 +225,13 @@ pub async fn collect(state: &AppState) -> Metrics {
 }
 
 /// `GET /metrics`
+#[tracing::instrument(skip_all)]
 pub async fn get(State(state): State<AppState>) -> Response {
     axum::Json(collect(&state).await).into_response()
 }
 
 /// `GET /metrics/watch`: one JSON object per second, each followed by a blank line.
+#[tracing::instrument(skip_all)]
 pub async fn watch(State(state): State<AppState>) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(2);
     tokio::spawn(async move {

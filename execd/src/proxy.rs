@@ -4,7 +4,7 @@
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use hyper_util::rt::TokioIo;
 
 use crate::error::{ApiError, code};
@@ -41,18 +41,21 @@ pub fn split_target(path: &str) -> Result<(u16, String), ApiError> {
     Ok((port, tail.to_string()))
 }
 
-pub async fn handle(mut req: Request) -> Response {
-    let (port, path) = match split_target(req.uri().path()) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
+fn bad_gateway(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_GATEWAY, code::BAD_GATEWAY, message)
+}
+
+/// `/proxy/{port}/...`: the request relayed to `127.0.0.1:{port}`.
+#[tracing::instrument(skip_all, fields(path = %req.uri().path()))]
+pub async fn handle(mut req: Request) -> Result<Response, ApiError> {
+    let (port, path) = split_target(req.uri().path())?;
     let path_q = match req.uri().query() {
         Some(q) => format!("{path}?{q}"),
         None => path,
     };
-    let Ok(uri) = path_q.parse::<Uri>() else {
-        return ApiError::bad_request("invalid proxy path").into_response();
-    };
+    let uri = path_q
+        .parse::<Uri>()
+        .map_err(|_| ApiError::bad_request("invalid proxy path"))?;
     let upgrade = req
         .headers()
         .get(header::UPGRADE)
@@ -60,34 +63,56 @@ pub async fn handle(mut req: Request) -> Response {
         .map(str::to_string);
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
-    let stream = match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-        Ok(s) => s,
-        Err(e) => {
-            return ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                code::BAD_GATEWAY,
-                format!("cannot reach 127.0.0.1:{port}: {e}"),
-            )
-            .into_response();
-        }
-    };
+    let mut sender = connect_upstream(port).await?;
+    let out = upstream_request(req, uri, port, upgrade.as_deref());
+    let mut resp = sender
+        .send_request(out)
+        .await
+        .map_err(|e| bad_gateway(format!("upstream 127.0.0.1:{port}: {e}")))?;
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let client_upgrade =
+            client_upgrade.ok_or_else(|| bad_gateway("upstream switched protocols unasked"))?;
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) else {
+                return;
+            };
+            let mut c = TokioIo::new(c);
+            let mut u = TokioIo::new(u);
+            let _ = tokio::io::copy_bidirectional(&mut c, &mut u).await;
+        });
+        let (parts, _) = resp.into_parts();
+        return Ok(mark_proxied(Response::from_parts(parts, Body::empty())));
+    }
+
+    let (mut parts, body) = resp.into_parts();
+    for h in HOP {
+        parts.headers.remove(*h);
+    }
+    Ok(mark_proxied(Response::from_parts(parts, Body::new(body))))
+}
+
+/// One HTTP/1.1 connection to `127.0.0.1:{port}`, driven in the background.
+async fn connect_upstream(
+    port: u16,
+) -> Result<hyper::client::conn::http1::SendRequest<Body>, ApiError> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| bad_gateway(format!("cannot reach 127.0.0.1:{port}: {e}")))?;
     let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    {
-        Ok(x) => x,
-        Err(e) => {
-            return ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                code::BAD_GATEWAY,
-                format!("upstream 127.0.0.1:{port}: {e}"),
-            )
-            .into_response();
-        }
-    };
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| bad_gateway(format!("upstream 127.0.0.1:{port}: {e}")))?;
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
+    Ok(sender)
+}
 
+/// The request as the application sees it: end-to-end headers only (never the
+/// access token), the upgrade asked for, and a Host.
+fn upstream_request(req: Request, uri: Uri, port: u16, upgrade: Option<&str>) -> Request {
     let (parts, body) = req.into_parts();
     let mut out = http::Request::new(body);
     *out.method_mut() = parts.method.clone();
@@ -109,7 +134,7 @@ pub async fn handle(mut req: Request) -> Response {
         }
         headers.append(k.clone(), v.clone());
     }
-    if let Some(up) = &upgrade {
+    if let Some(up) = upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         if let Ok(v) = HeaderValue::from_str(up) {
             headers.insert(header::UPGRADE, v);
@@ -124,46 +149,7 @@ pub async fn handle(mut req: Request) -> Response {
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static("http"),
     );
-
-    let mut resp = match sender.send_request(out).await {
-        Ok(r) => r,
-        Err(e) => {
-            return ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                code::BAD_GATEWAY,
-                format!("upstream 127.0.0.1:{port}: {e}"),
-            )
-            .into_response();
-        }
-    };
-
-    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-        let Some(client_upgrade) = client_upgrade else {
-            return ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                code::BAD_GATEWAY,
-                "upstream switched protocols unasked",
-            )
-            .into_response();
-        };
-        let upstream_upgrade = hyper::upgrade::on(&mut resp);
-        tokio::spawn(async move {
-            let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) else {
-                return;
-            };
-            let mut c = TokioIo::new(c);
-            let mut u = TokioIo::new(u);
-            let _ = tokio::io::copy_bidirectional(&mut c, &mut u).await;
-        });
-        let (parts, _) = resp.into_parts();
-        return mark_proxied(Response::from_parts(parts, Body::empty()));
-    }
-
-    let (mut parts, body) = resp.into_parts();
-    for h in HOP {
-        parts.headers.remove(*h);
-    }
-    mark_proxied(Response::from_parts(parts, Body::new(body)))
+    out
 }
 
 #[cfg(test)]

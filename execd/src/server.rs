@@ -4,21 +4,22 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 
 use crate::error::{ApiError, code, json_error};
 use crate::state::AppState;
+use crate::util::ct_eq;
 use crate::{commands, drain, files, metrics, proxy, session};
 
-/// Header carrying the access token.
+/// Header carrying the access token. execd links no sandbolt crate (it is a small
+/// static binary), so this is its own copy of `sandbolt_proto::wire::EXECD_TOKEN_HEADER`;
+/// `tests/tests/wire_constants.rs` holds the two equal.
 pub const ACCESS_TOKEN_HEADER: &str = "x-execd-access-token";
 /// Largest JSON request body.
 pub const MAX_JSON_BODY: usize = 64 * 1024 * 1024;
@@ -28,18 +29,6 @@ pub const MAX_HEAD: usize = 64 * 1024;
 /// Marks responses relayed from a proxied application (left untouched).
 #[derive(Clone, Copy)]
 pub struct Proxied;
-
-/// Parses a JSON request body into `T`; malformed input is a 400.
-pub fn parse_json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::bad_request("request body is required"));
-    }
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "error parsing request, MAYBE invalid body format: {e}"
-        ))
-    })
-}
 
 /// All routes, with auth and JSON errors, over `state`.
 pub fn router(state: AppState) -> Router {
@@ -95,14 +84,17 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+#[tracing::instrument(skip_all)]
 async fn ping() -> &'static str {
     "pong"
 }
 
+#[tracing::instrument(skip_all)]
 async fn code_not_supported() -> Response {
     ApiError::not_supported("code interpreting (/code) is not supported by this execd; run programs with POST /command or a session (/session)").into_response()
 }
 
+#[tracing::instrument(skip_all)]
 async fn not_supported(req: Request) -> Response {
     ApiError::not_supported(format!(
         "{} is not supported by this execd",
@@ -111,6 +103,7 @@ async fn not_supported(req: Request) -> Response {
     .into_response()
 }
 
+#[tracing::instrument(skip_all)]
 async fn not_found(req: Request) -> Response {
     ApiError::not_found(
         code::NOT_FOUND,
@@ -127,7 +120,7 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         let ok = req
             .headers()
             .get(ACCESS_TOKEN_HEADER)
-            .is_some_and(|v| crate::util::ct_eq(v.as_bytes(), token.as_bytes()));
+            .is_some_and(|v| ct_eq(v.as_bytes(), token.as_bytes()));
         if !ok {
             return json_error(
                 StatusCode::UNAUTHORIZED,
@@ -161,17 +154,8 @@ async fn json_errors(req: Request, next: Next) -> Response {
     let body = axum::body::to_bytes(resp.into_body(), 64 * 1024)
         .await
         .unwrap_or_default();
-    let mut msg = String::from_utf8_lossy(&body).trim().to_string();
-    if msg.is_empty() {
-        msg = status.canonical_reason().unwrap_or("error").to_string();
-    }
-    let code = match status {
-        StatusCode::METHOD_NOT_ALLOWED => code::METHOD_NOT_ALLOWED,
-        StatusCode::NOT_FOUND => code::NOT_FOUND,
-        s if s.is_client_error() => code::INVALID_REQUEST,
-        _ => code::RUNTIME_ERROR,
-    };
-    let mut out = json_error(status, code, &msg);
+    let err = ApiError::from_framework(status, &String::from_utf8_lossy(&body));
+    let mut out = err.into_response();
     if let Some(a) = allow {
         out.headers_mut().insert(header::ALLOW, a);
     }

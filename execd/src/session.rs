@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
+use axum::Json;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
@@ -25,9 +25,9 @@ use crate::commands::{
     self, build_env, check_dir, expand_cwd, outcome_code, parse_timeout, stream_process,
 };
 use crate::error::ApiError;
+use crate::extract::{ApiResult, JsonBody, JsonOrDefault};
 use crate::process::{self, SpawnSpec};
-use crate::server::parse_json;
-use crate::sse::{self, Event};
+use crate::sse::{self, Event, EventTx};
 use crate::state::AppState;
 
 pub const SESSION_NOT_FOUND: &str = "SESSION_NOT_FOUND";
@@ -44,7 +44,7 @@ const NOT_PERSISTED: &[&str] = &[
     "PROMPT_COMMAND",
 ];
 
-struct SessionState {
+pub struct SessionState {
     cwd: PathBuf,
     env: BTreeMap<OsString, OsString>,
     closed: bool,
@@ -69,55 +69,45 @@ impl Session {
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct CreateRequest {
+pub struct CreateRequest {
     cwd: Option<String>,
 }
 
 #[derive(Serialize)]
-struct CreateResponse {
+pub struct CreateResponse {
     session_id: String,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct RunRequest {
+pub struct RunRequest {
     command: Option<String>,
     cwd: Option<String>,
     timeout: Option<i64>,
 }
 
 /// `POST /session` (body optional)
-pub async fn create(State(state): State<AppState>, body: Bytes) -> Response {
-    let req: CreateRequest = if body.iter().all(|b| b.is_ascii_whitespace()) {
-        CreateRequest::default()
-    } else {
-        match parse_json(&body) {
-            Ok(r) => r,
-            Err(e) => return e.into_response(),
-        }
-    };
-    let env = match build_env(&state, None) {
-        Ok(e) => e,
-        Err(e) => return e.into_response(),
-    };
+#[tracing::instrument(skip_all, fields(session_id = tracing::field::Empty))]
+pub async fn create(
+    State(state): State<AppState>,
+    JsonOrDefault(req): JsonOrDefault<CreateRequest>,
+) -> ApiResult<Json<CreateResponse>> {
+    let env = build_env(&state, None)?;
     if process::find_shell(env.get(OsStr::new("PATH")).map(|p| p.as_os_str())).is_none() {
-        return ApiError::bad_request("sessions need a shell (bash or sh) in PATH").into_response();
+        return Err(no_shell());
     }
     let cwd = match req.cwd.as_deref().filter(|c| !c.is_empty()) {
         Some(c) => {
-            let p = match expand_cwd(c, &env) {
-                Ok(p) => p,
-                Err(e) => return e.into_response(),
-            };
-            if let Err(e) = std::fs::create_dir_all(&p) {
-                return ApiError::bad_request(format!("cannot create cwd {}: {e}", p.display()))
-                    .into_response();
-            }
+            let p = expand_cwd(c, &env)?;
+            std::fs::create_dir_all(&p).map_err(|e| {
+                ApiError::bad_request(format!("cannot create cwd {}: {e}", p.display()))
+            })?;
             p
         }
         None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
     };
     let id = commands::new_id();
+    tracing::Span::current().record("session_id", id.as_str());
     state.insert_session(Arc::new(Session {
         id: id.clone(),
         state: Arc::new(tokio::sync::Mutex::new(SessionState {
@@ -127,148 +117,159 @@ pub async fn create(State(state): State<AppState>, body: Bytes) -> Response {
         })),
         pgid: AtomicI32::new(0),
     }));
-    axum::Json(CreateResponse { session_id: id }).into_response()
+    Ok(Json(CreateResponse { session_id: id }))
+}
+
+fn no_shell() -> ApiError {
+    ApiError::bad_request("sessions need a shell (bash or sh) in PATH")
+}
+
+fn session_not_found(id: &str, what: &str) -> ApiError {
+    ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} {what}"))
 }
 
 /// `DELETE /session/{id}`
-pub async fn delete(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Response {
-    match state.remove_session(&id) {
-        Some(s) => {
-            s.interrupt();
-            if let Ok(mut st) = s.state.try_lock() {
-                st.closed = true;
-            }
-            StatusCode::OK.into_response()
-        }
-        None => ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} not found"))
-            .into_response(),
+#[tracing::instrument(skip_all, fields(session_id = %id))]
+pub async fn delete(
+    State(state): State<AppState>,
+    UrlPath(id): UrlPath<String>,
+) -> ApiResult<StatusCode> {
+    let s = state
+        .remove_session(&id)
+        .ok_or_else(|| session_not_found(&id, "not found"))?;
+    s.interrupt();
+    if let Ok(mut st) = s.state.try_lock() {
+        st.closed = true;
     }
+    Ok(StatusCode::OK)
 }
 
 /// `POST /session/{id}/run`
+#[tracing::instrument(skip_all, fields(session_id = %id))]
 pub async fn run(
     State(state): State<AppState>,
     UrlPath(id): UrlPath<String>,
-    body: Bytes,
-) -> Response {
-    let req: RunRequest = match parse_json(&body) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
+    JsonBody(req): JsonBody<RunRequest>,
+) -> ApiResult<Response> {
     let Some(command) = req.command.filter(|c| !c.trim().is_empty()) else {
-        return ApiError::bad_request("command must not be empty").into_response();
+        return Err(ApiError::bad_request("command must not be empty"));
     };
     if command.contains('\0') {
-        return ApiError::bad_request("command must not contain NUL bytes").into_response();
+        return Err(ApiError::bad_request("command must not contain NUL bytes"));
     }
-    let timeout = match parse_timeout(req.timeout) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
-    let Some(session) = state.session(&id) else {
-        return ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} not found"))
-            .into_response();
-    };
+    let timeout = parse_timeout(req.timeout)?;
+    let session = state
+        .session(&id)
+        .ok_or_else(|| session_not_found(&id, "not found"))?;
     // Runs of one session are serialized; the stream starts once it is this run's turn.
     let st = session.state.clone().lock_owned().await;
     if st.closed {
-        return ApiError::not_found(SESSION_NOT_FOUND, format!("session {id} was deleted"))
-            .into_response();
+        return Err(session_not_found(&id, "was deleted"));
     }
     let cwd = match req.cwd.as_deref().filter(|c| !c.is_empty()) {
-        Some(c) => match expand_cwd(c, &st.env) {
-            Ok(p) => p,
-            Err(e) => return e.into_response(),
-        },
+        Some(c) => expand_cwd(c, &st.env)?,
         None => st.cwd.clone(),
     };
-    if let Err(e) = check_dir(&cwd) {
-        return e.into_response();
-    }
+    check_dir(&cwd)?;
+    let (state_r, state_w) = make_pipe().map_err(|e| ApiError::internal(format!("pipe: {e}")))?;
+    let spec = run_spec(&state, &st, &command, cwd, state_w)?;
+    let shell = spec.program.clone();
+    let started = Instant::now();
+    let spawned = process::spawn(state.reaper(), spec);
+    let (tx, resp) = sse::stream();
+    tokio::spawn(async move {
+        tx.send(Event::init(&session.id)).await;
+        match spawned {
+            Ok(sp) => run_in_session(&session, st, sp, state_r, &tx, timeout, started).await,
+            Err(e) => {
+                let (code, msg) = commands::spawn_failure(&shell, &e);
+                tx.send(Event::error(code, msg)).await;
+            }
+        }
+    });
+    Ok(resp)
+}
+
+/// The shell of one run: the session's environment (plus `EXECD_ENVS` written since
+/// it started) in `cwd`, the state trap writing to `state_w` as fd 3.
+fn run_spec(
+    state: &AppState,
+    st: &SessionState,
+    command: &str,
+    cwd: PathBuf,
+    state_w: OwnedFd,
+) -> ApiResult<SpawnSpec> {
     let path_var = st.env.get(OsStr::new("PATH")).cloned();
-    let Some(shell) = process::find_shell(path_var.as_deref()) else {
-        return ApiError::bad_request("sessions need a shell (bash or sh) in PATH").into_response();
-    };
-    let (state_r, state_w) = match make_pipe() {
-        Ok(p) => p,
-        Err(e) => return ApiError::internal(format!("pipe: {e}")).into_response(),
-    };
-    let is_bash = shell.file_name() == Some(OsStr::new("bash"));
+    let shell = process::find_shell(path_var.as_deref()).ok_or_else(no_shell)?;
     let mut args: Vec<OsString> = Vec::new();
-    if is_bash {
+    if shell.file_name() == Some(OsStr::new("bash")) {
         args.push("--noprofile".into());
         args.push("--norc".into());
     }
     args.push("-c".into());
-    args.push(wrap_script(&command).into());
+    args.push(wrap_script(command).into());
     let mut env = st.env.clone();
     // Files from EXECD_ENVS written since the session started apply too.
     for (k, v) in state.env_file_entries() {
         env.entry(k.into()).or_insert(v.into());
     }
     env.insert("PWD".into(), cwd.clone().into_os_string());
-    let mut spec = SpawnSpec::new(shell.clone().into_os_string());
+    let mut spec = SpawnSpec::new(shell.into_os_string());
     spec.args = args;
     spec.env = env.into_iter().collect();
-    spec.cwd = Some(cwd.clone());
+    spec.cwd = Some(cwd);
     spec.fd3 = Some(state_w);
-    let started = Instant::now();
-    let spawned = process::spawn(state.reaper(), spec);
-    let (tx, resp) = sse::stream();
-    let session2 = session.clone();
-    tokio::spawn(async move {
-        let mut st = st;
-        tx.send(Event::init(&session2.id)).await;
-        let mut sp = match spawned {
-            Ok(sp) => sp,
-            Err(e) => {
-                let (code, msg) = commands::spawn_failure(shell.as_os_str(), &e);
-                tx.send(Event::error(code, msg)).await;
-                return;
-            }
-        };
-        session2.pgid.store(sp.pid, Ordering::SeqCst);
-        let mut reader = tokio::net::unix::pipe::Receiver::from_owned_fd(state_r).ok();
-        // Read the state pipe concurrently so a large `export -p` cannot block the shell.
-        let collect = tokio::spawn(async move {
-            let mut data = Vec::new();
-            if let Some(r) = reader.as_mut() {
-                let mut buf = vec![0u8; 16 * 1024];
-                loop {
-                    match r.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            data.extend_from_slice(&buf[..n]);
-                            if data.len() > 16 * 1024 * 1024 {
-                                break;
-                            }
-                        }
-                    }
+    Ok(spec)
+}
+
+/// Streams one run, then takes the state its trap reported as the session's next.
+async fn run_in_session(
+    session: &Session,
+    mut st: tokio::sync::OwnedMutexGuard<SessionState>,
+    mut sp: process::Spawned,
+    state_r: OwnedFd,
+    tx: &EventTx,
+    timeout: Option<Duration>,
+    started: Instant,
+) {
+    session.pgid.store(sp.pid, Ordering::SeqCst);
+    let collect = tokio::spawn(read_state_pipe(state_r));
+    let outcome = stream_process(&mut sp, tx, timeout).await;
+    session.pgid.store(0, Ordering::SeqCst);
+    // Descendants may keep fd 3 open; the trap has written by the time the shell exited.
+    let data = match tokio::time::timeout(Duration::from_millis(100), collect).await {
+        Ok(Ok(d)) => d,
+        _ => Vec::new(),
+    };
+    if let Some((cwd, env)) = parse_state(&data) {
+        st.cwd = cwd;
+        st.env = env;
+    }
+    drop(st);
+    let (code, msg) = outcome_code(&outcome, timeout);
+    commands::send_last_event(tx, &outcome, code, msg, started).await;
+}
+
+/// Reads the state pipe to its end (bounded), concurrently with the run so a large
+/// `export -p` cannot block the shell.
+async fn read_state_pipe(state_r: OwnedFd) -> Vec<u8> {
+    let mut data = Vec::new();
+    let Ok(mut reader) = tokio::net::unix::pipe::Receiver::from_owned_fd(state_r) else {
+        return data;
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                data.extend_from_slice(&buf[..n]);
+                if data.len() > 16 * 1024 * 1024 {
+                    break;
                 }
             }
-            data
-        });
-        let outcome = stream_process(&mut sp, &tx, timeout).await;
-        session2.pgid.store(0, Ordering::SeqCst);
-        // Descendants may keep fd 3 open; the trap has written by the time the shell exited.
-        let data = match tokio::time::timeout(Duration::from_millis(100), collect).await {
-            Ok(Ok(d)) => d,
-            _ => Vec::new(),
-        };
-        if let Some((cwd, env)) = parse_state(&data) {
-            st.cwd = cwd;
-            st.env = env;
         }
-        drop(st);
-        let (code, msg) = outcome_code(&outcome, timeout);
-        if code == 0 && !outcome.timed_out {
-            tx.send(Event::complete(started.elapsed().as_millis() as i64))
-                .await;
-        } else {
-            tx.send(Event::error(code, msg.unwrap_or_default())).await;
-        }
-    });
-    resp
+    }
+    data
 }
 
 fn make_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {

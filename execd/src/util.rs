@@ -1,4 +1,4 @@
-//! Small helpers: query strings, paths, time, users and groups, constant-time compare.
+//! Small helpers: paths, time, users and groups, constant-time compare.
 //!
 //! The binary is statically linked against glibc, where NSS (getpwnam & co.) does not
 //! work reliably; users and groups are read from `/etc/passwd` and `/etc/group` directly.
@@ -11,87 +11,6 @@ use crate::error::ApiError;
 
 /// Longest path the API accepts (Linux PATH_MAX).
 pub const MAX_PATH_LEN: usize = 4096;
-
-/// Decoded `application/x-www-form-urlencoded` query pairs, in order (repeated keys kept).
-pub struct Query(pub Vec<(String, String)>);
-
-impl Query {
-    /// Parses the query of a URI; invalid percent-encoding or UTF-8 is a 400.
-    pub fn parse(query: Option<&str>) -> Result<Self, ApiError> {
-        let mut pairs = Vec::new();
-        let Some(q) = query else {
-            return Ok(Self(pairs));
-        };
-        for part in q.split('&') {
-            if part.is_empty() {
-                continue;
-            }
-            let (k, v) = part.split_once('=').unwrap_or((part, ""));
-            pairs.push((decode_component(k)?, decode_component(v)?));
-        }
-        Ok(Self(pairs))
-    }
-    pub fn from_uri(uri: &http::Uri) -> Result<Self, ApiError> {
-        Self::parse(uri.query())
-    }
-    /// First value of `key`.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-    /// All values of `key`.
-    pub fn all(&self, key: &str) -> Vec<&str> {
-        self.0
-            .iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-            .collect()
-    }
-    /// Optional integer parameter; present but unparsable is a 400.
-    pub fn int<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>, ApiError> {
-        match self.get(key) {
-            None | Some("") => Ok(None),
-            Some(v) => v.trim().parse::<T>().map(Some).map_err(|_| {
-                ApiError::bad_request(format!("invalid query parameter '{key}': {v:?}"))
-            }),
-        }
-    }
-    pub fn flag(&self, key: &str) -> bool {
-        matches!(self.get(key), Some("true" | "1" | "yes"))
-    }
-}
-
-fn decode_component(s: &str) -> Result<String, ApiError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b'%' => {
-                let hex = |b: u8| (b as char).to_digit(16);
-                let (Some(&h), Some(&l)) = (bytes.get(i + 1), bytes.get(i + 2)) else {
-                    return Err(ApiError::bad_request("invalid percent-encoding in query"));
-                };
-                let (Some(h), Some(l)) = (hex(h), hex(l)) else {
-                    return Err(ApiError::bad_request("invalid percent-encoding in query"));
-                };
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| ApiError::bad_request("query is not valid UTF-8"))
-}
 
 /// Validates and normalizes a path from a request: non-empty, no NUL, bounded length,
 /// `~` expanded to the daemon's home, made absolute against the daemon's working
@@ -192,16 +111,11 @@ pub fn mode_from_api(mode: i64) -> Result<u32, ApiError> {
     Ok(out)
 }
 
-/// Constant-time byte comparison (length is not hidden).
+/// Constant-time byte comparison (length is not hidden). `subtle`, as
+/// `sandbolt_proto::auth` uses, which execd does not link.
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        diff |= x ^ y;
-    }
-    std::hint::black_box(diff) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 /// One `/etc/passwd` entry.
@@ -370,18 +284,6 @@ mod tests {
         assert!(mode_from_api(788).is_err());
         assert!(mode_from_api(-1).is_err());
         assert!(mode_from_api(17777).is_err());
-    }
-
-    #[test]
-    fn query_parsing() {
-        let q = Query::parse(Some("path=%2Ftmp%2Fa+b&path=/x&depth=2&&flag")).unwrap();
-        assert_eq!(q.all("path"), vec!["/tmp/a b", "/x"]);
-        assert_eq!(q.int::<i32>("depth").unwrap(), Some(2));
-        assert_eq!(q.get("flag"), Some(""));
-        assert!(Query::parse(Some("a=%zz")).is_err());
-        assert!(Query::parse(Some("a=%ff")).is_err());
-        assert!(Query::parse(Some("a=%4")).is_err());
-        assert!(q.int::<i32>("path").is_err());
     }
 
     #[test]

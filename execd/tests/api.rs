@@ -6,8 +6,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Execd, frames};
+use common::{Execd, frames, gone_from_proc, zombies_of};
 use reqwest::StatusCode;
+use sandbolt_test_support::{eventually, eventually_async};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "t0ken";
@@ -71,6 +72,11 @@ async fn error_of(r: reqwest::Response) -> (StatusCode, Value) {
     (s, v)
 }
 
+/// The status of an error answer (checked to be a contract error body).
+async fn error_status(req: reqwest::RequestBuilder) -> StatusCode {
+    error_of(req.send().await.unwrap()).await.0
+}
+
 fn pid_alive(pid: i32) -> bool {
     // A zombie still "exists" for kill(0); look at the state instead.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -84,15 +90,9 @@ fn pid_alive(pid: i32) -> bool {
     }
 }
 
-async fn wait_dead(pid: i32, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if !pid_alive(pid) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
+/// Waits until `pid` is gone (or a zombie); `what` says whose process it is.
+async fn wait_dead(pid: i32, within: Duration, what: &str) {
+    eventually(what, within, || (!pid_alive(pid)).then_some(())).await
 }
 
 #[tokio::test]
@@ -303,10 +303,12 @@ async fn timeout_kills_process_group() {
         .trim()
         .parse()
         .unwrap();
-    assert!(
-        wait_dead(pid, Duration::from_secs(3)).await,
-        "background child of the group is killed too"
-    );
+    wait_dead(
+        pid,
+        Duration::from_secs(3),
+        "the background child of the group to be killed too",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -348,7 +350,7 @@ async fn client_disconnect_kills_foreground_command() {
         .trim()
         .parse()
         .unwrap();
-    assert!(wait_dead(pid, Duration::from_secs(5)).await);
+    wait_dead(pid, Duration::from_secs(5), "the command to be killed").await;
 }
 
 #[tokio::test]
@@ -448,7 +450,12 @@ async fn background_status_logs_interrupt() {
         .trim()
         .parse()
         .unwrap();
-    assert!(wait_dead(pid, Duration::from_secs(3)).await);
+    wait_dead(
+        pid,
+        Duration::from_secs(3),
+        "the interrupted command to be killed",
+    )
+    .await;
     // Interrupting again is harmless.
     assert_eq!(
         c.delete(e.url(&format!("/command?id={id}")))
@@ -500,27 +507,26 @@ async fn background_timeout_and_exit_code() {
     )
     .await;
     let id2 = fr[0]["text"].as_str().unwrap().to_string();
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let st: Value = c
-        .get(e.url(&format!("/command/status/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let finished = |id: String| {
+        let (c, url) = (c.clone(), e.url(&format!("/command/status/{id}")));
+        eventually_async(
+            "the command to finish",
+            Duration::from_secs(10),
+            move || {
+                let (c, url) = (c.clone(), url.clone());
+                async move {
+                    let st: Value = c.get(url).send().await.ok()?.json().await.ok()?;
+                    (st["running"] == json!(false)).then_some(st)
+                }
+            },
+        )
+    };
+    let st = finished(id).await;
     assert_eq!(
         (st["running"].clone(), st["exit_code"].clone()),
         (json!(false), json!(3))
     );
-    let st: Value = c
-        .get(e.url(&format!("/command/status/{id2}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st = finished(id2).await;
     assert_eq!(
         (st["running"].clone(), st["exit_code"].clone()),
         (json!(false), json!(137))
@@ -532,42 +538,32 @@ async fn background_timeout_and_exit_code() {
 async fn orphans_of_commands_are_reaped_in_init_mode() {
     let e = Execd::start(&["--init"], &[]);
     let c = reqwest::Client::new();
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("orphan.pid");
     let r = c
         .post(e.url("/command"))
-        .json(&json!({"command": "(sleep 0.2 &) ; echo ok"}))
+        .json(
+            &json!({"command": format!("(sleep 0.2 & echo $! > {}) ; echo ok", pidfile.display())}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(stdout(&frames(&r.text().await.unwrap())), "ok\n");
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let orphan: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Gone from /proc entirely: exited and reaped (a zombie keeps its entry).
+    eventually("the orphan to be reaped", Duration::from_secs(5), || {
+        gone_from_proc(orphan).then_some(())
+    })
+    .await;
     assert!(
         zombies_of(e.pid()).is_empty(),
         "zombies: {:?}",
         zombies_of(e.pid())
     );
-}
-
-/// Zombie children of `ppid`.
-fn zombies_of(ppid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let rest: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        if rest.len() > 2 && rest[0] == "Z" && rest[1].parse::<i32>().ok() == Some(ppid) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 #[tokio::test]
@@ -705,9 +701,12 @@ async fn session_delete_kills_running_command() {
         .to_string();
     let url = e.url(&format!("/session/{sid}/run"));
     let c2 = c.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let command = format!("touch {}; sleep 30", started.display());
     let run = tokio::spawn(async move {
         c2.post(url)
-            .json(&json!({"command": "sleep 30"}))
+            .json(&json!({"command": command}))
             .send()
             .await
             .unwrap()
@@ -715,7 +714,10 @@ async fn session_delete_kills_running_command() {
             .await
             .unwrap()
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually("the run to start", Duration::from_secs(5), || {
+        started.exists().then_some(())
+    })
+    .await;
     let t = Instant::now();
     assert_eq!(
         c.delete(e.url(&format!("/session/{sid}")))
@@ -946,15 +948,7 @@ async fn upload_rejects_bad_multipart() {
     // unknown part name, no parts, not multipart at all
     let form = reqwest::multipart::Form::new().part("other", file_part(b"x".to_vec()));
     assert_eq!(
-        error_of(
-            c.post(e.url("/files/upload"))
-                .multipart(form)
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
+        error_status(c.post(e.url("/files/upload")).multipart(form)).await,
         400
     );
     let r = c
@@ -987,15 +981,10 @@ async fn upload_rejects_bad_multipart() {
     assert_eq!(error_of(r).await.0, 400);
     // The temporary file is removed as the failed upload unwinds, which may
     // finish just after the response is written: allow it a moment.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while std::fs::read_dir(&d).unwrap().count() > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        std::fs::read_dir(&d).unwrap().count(),
-        0,
-        "nothing left behind"
-    );
+    eventually("nothing left behind", Duration::from_secs(5), || {
+        (std::fs::read_dir(&d).unwrap().count() == 0).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -1046,33 +1035,14 @@ async fn file_management() {
         .unwrap();
     assert_eq!(rel.as_array().unwrap().len(), 1);
     assert_eq!(
-        error_of(
-            c.get(e.url(&format!("/files/search?path={d}&pattern=[a")))
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
+        error_status(c.get(e.url(&format!("/files/search?path={d}&pattern=[a")))).await,
         400
     );
     assert_eq!(
-        error_of(
-            c.get(e.url(&format!("/files/search?path={d}/nope")))
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
+        error_status(c.get(e.url(&format!("/files/search?path={d}/nope")))).await,
         404
     );
-    assert_eq!(
-        error_of(c.get(e.url("/files/search")).send().await.unwrap())
-            .await
-            .0,
-        400
-    );
+    assert_eq!(error_status(c.get(e.url("/files/search"))).await, 400);
 
     let r = c
         .post(e.url("/files/replace?verbose=true"))
@@ -1095,39 +1065,23 @@ async fn file_management() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "");
     assert_eq!(
-        error_of(
+        error_status(
             c.post(e.url("/files/replace"))
                 .json(&json!({format!("{d}/src/c.txt"): {"old": "", "new": "C"}}))
-                .send()
-                .await
-                .unwrap()
         )
-        .await
-        .0,
+        .await,
         400
     );
     assert_eq!(
-        error_of(
+        error_status(
             c.post(e.url("/files/replace"))
                 .json(&json!({format!("{d}/none"): {"old": "a", "new": "C"}}))
-                .send()
-                .await
-                .unwrap()
         )
-        .await
-        .0,
+        .await,
         404
     );
     assert_eq!(
-        error_of(
-            c.post(e.url("/files/replace"))
-                .json(&json!(["not a map"]))
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
+        error_status(c.post(e.url("/files/replace")).json(&json!(["not a map"]))).await,
         400
     );
 
@@ -1140,27 +1094,19 @@ async fn file_management() {
     assert_eq!(r.status(), 200);
     assert!(std::path::Path::new(&format!("{d}/c2.txt")).exists());
     assert_eq!(
-        error_of(
+        error_status(
             c.post(e.url("/files/mv"))
                 .json(&json!([{"src": format!("{d}/gone"), "dest": format!("{d}/x")}]))
-                .send()
-                .await
-                .unwrap()
         )
-        .await
-        .0,
+        .await,
         404
     );
     assert_eq!(
-        error_of(
+        error_status(
             c.post(e.url("/files/mv"))
                 .json(&json!([{"src": format!("{d}/c2.txt")}]))
-                .send()
-                .await
-                .unwrap()
         )
-        .await
-        .0,
+        .await,
         400
     );
 
@@ -1181,27 +1127,19 @@ async fn file_management() {
         .unwrap();
     assert_eq!(info[format!("{d}/c2.txt")]["mode"], 600);
     assert_eq!(
-        error_of(
+        error_status(
             c.post(e.url("/files/permissions"))
                 .json(&json!({format!("{d}/c2.txt"): {"mode": 800}}))
-                .send()
-                .await
-                .unwrap()
         )
-        .await
-        .0,
+        .await,
         400
     );
     assert_eq!(
-        error_of(
+        error_status(
             c.post(e.url("/files/permissions"))
                 .json(&json!({format!("{d}/zz"): {"mode": 600}}))
-                .send()
-                .await
-                .unwrap()
         )
-        .await
-        .0,
+        .await,
         404
     );
 
@@ -1215,22 +1153,10 @@ async fn file_management() {
     );
     assert!(!std::path::Path::new(&format!("{d}/c2.txt")).exists());
     assert_eq!(
-        error_of(
-            c.delete(e.url(&format!("/files?path={d}/src")))
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
+        error_status(c.delete(e.url(&format!("/files?path={d}/src")))).await,
         400
     );
-    assert_eq!(
-        error_of(c.delete(e.url("/files")).send().await.unwrap())
-            .await
-            .0,
-        400
-    );
+    assert_eq!(error_status(c.delete(e.url("/files"))).await, 400);
 }
 
 #[tokio::test]
@@ -1290,15 +1216,11 @@ async fn directories() {
     );
     assert_eq!(error_of(list(String::new()).await).await.0, 400);
     assert_eq!(
-        error_of(
+        error_status(
             c.post(e.url("/directories"))
                 .json(&json!({format!("{d}/p/f/sub"): {"mode": 755}}))
-                .send()
-                .await
-                .unwrap()
         )
-        .await
-        .0,
+        .await,
         400
     );
 
@@ -1312,20 +1234,11 @@ async fn directories() {
     );
     assert!(!std::path::Path::new(&format!("{d}/p")).exists());
     assert_eq!(
-        error_of(c.delete(e.url("/directories?path=/")).send().await.unwrap())
-            .await
-            .0,
+        error_status(c.delete(e.url("/directories?path=/"))).await,
         400
     );
     assert_eq!(
-        error_of(
-            c.delete(e.url(&format!("/directories?path={d}/link")))
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
+        error_status(c.delete(e.url(&format!("/directories?path={d}/link")))).await,
         400
     );
 }
@@ -1358,32 +1271,13 @@ async fn routes_errors_and_limits() {
         (501, "NOT_SUPPORTED")
     );
     assert_eq!(
-        error_of(
-            c.get(e.url("/v1/isolated/capabilities"))
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
+        error_status(c.get(e.url("/v1/isolated/capabilities"))).await,
         501
     );
+    assert_eq!(error_status(c.get(e.url("/does/not/exist"))).await, 404);
+    assert_eq!(error_status(c.put(e.url("/command"))).await, 405);
     assert_eq!(
-        error_of(c.get(e.url("/does/not/exist")).send().await.unwrap())
-            .await
-            .0,
-        404
-    );
-    assert_eq!(
-        error_of(c.put(e.url("/command")).send().await.unwrap())
-            .await
-            .0,
-        405
-    );
-    assert_eq!(
-        error_of(c.get(e.url("/files/info?path=%zz")).send().await.unwrap())
-            .await
-            .0,
+        error_status(c.get(e.url("/files/info?path=%zz"))).await,
         400
     );
     // Oversized JSON body.
@@ -1549,28 +1443,11 @@ async fn proxy_http_and_upgrade() {
         l.local_addr().unwrap().port()
     };
     assert_eq!(
-        error_of(
-            c.get(e.url(&format!("/proxy/{closed}/x")))
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .0,
+        error_status(c.get(e.url(&format!("/proxy/{closed}/x")))).await,
         502
     );
-    assert_eq!(
-        error_of(c.get(e.url("/proxy/0/x")).send().await.unwrap())
-            .await
-            .0,
-        400
-    );
-    assert_eq!(
-        error_of(c.get(e.url("/proxy/70000/x")).send().await.unwrap())
-            .await
-            .0,
-        400
-    );
+    assert_eq!(error_status(c.get(e.url("/proxy/0/x"))).await, 400);
+    assert_eq!(error_status(c.get(e.url("/proxy/70000/x"))).await, 400);
     // Without the token the proxy is closed too.
     assert_eq!(
         reqwest::Client::new()

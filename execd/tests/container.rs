@@ -7,6 +7,7 @@ mod common;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use sandbolt_test_support::{eventually_blocking, free_port};
 use sandbolt_testbed::{OciImage, Testbed, busybox_image, execd_binary};
 
 const NS: &str = "default";
@@ -42,14 +43,6 @@ impl Drop for Task<'_> {
             .args(["containers", "delete", &self.id])
             .output();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn check(out: Output, what: &str) -> String {
@@ -94,17 +87,11 @@ fn start<'a>(bed: &'a Testbed, image: &str, id: &str, port: u16, entrypoint: &[&
         id: id.to_string(),
     };
     check(cmd.output().expect("ctr run"), "ctr run");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if std::net::TcpStream::connect(&listen).is_ok() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "execd in {id} never listened on {listen}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_blocking(
+        &format!("execd in {id} to listen on {listen}"),
+        Duration::from_secs(20),
+        || std::net::TcpStream::connect(&listen).ok(),
+    );
     task
 }
 

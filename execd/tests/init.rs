@@ -5,7 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::Execd;
+use common::{Execd, gone_from_proc, zombies_of};
+use sandbolt_test_support::eventually_blocking;
 
 fn get(e: &Execd, path: &str) -> u16 {
     let out = std::process::Command::new("curl")
@@ -78,8 +79,22 @@ fn missing_entrypoint_exits_127() {
 
 #[test]
 fn keeps_serving_after_entrypoint_exits() {
-    let mut e = Execd::start(&["--init", "--", "true"], &[]);
-    std::thread::sleep(Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("entrypoint.pid");
+    let mut e = Execd::start(
+        &["--init", "--", "sh", "-c", "echo $$ > \"$P\""],
+        &[("P", pidfile.to_str().unwrap())],
+    );
+    let entrypoint = eventually_blocking("the entrypoint to start", Duration::from_secs(5), || {
+        std::fs::read_to_string(&pidfile)
+            .ok()?
+            .trim()
+            .parse::<i32>()
+            .ok()
+    });
+    eventually_blocking("the entrypoint to exit", Duration::from_secs(5), || {
+        gone_from_proc(entrypoint).then_some(())
+    });
     assert_eq!(get(&e, "/ping"), 200);
     assert_eq!(e.wait_exit(Duration::from_millis(200)), None);
     kill(e.pid(), libc::SIGTERM);
@@ -93,20 +108,23 @@ fn keeps_serving_after_entrypoint_exits() {
 #[test]
 fn sigterm_is_forwarded_and_execd_follows_the_entrypoint() {
     // The entrypoint turns SIGTERM into exit 9; USR1 is forwarded but keeps it running.
-    let script = "trap 'echo usr1 > \"$F\"' USR1; trap 'exit 9' TERM; while :; do sleep 0.05; done";
+    let script = "trap 'echo usr1 > \"$F\"' USR1; trap 'exit 9' TERM; touch \"$R\"; while :; do sleep 0.05; done";
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("usr1");
+    let ready = dir.path().join("traps-set");
     let mut e = Execd::start(
         &["--init", "--", "sh", "-c", script],
-        &[("F", f.to_str().unwrap())],
+        &[("F", f.to_str().unwrap()), ("R", ready.to_str().unwrap())],
     );
-    std::thread::sleep(Duration::from_millis(300));
+    eventually_blocking("the entrypoint's traps", Duration::from_secs(5), || {
+        ready.exists().then_some(())
+    });
     kill(e.pid(), libc::SIGUSR1);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !f.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(f.exists(), "SIGUSR1 reached the entrypoint");
+    eventually_blocking(
+        "SIGUSR1 to reach the entrypoint",
+        Duration::from_secs(5),
+        || f.exists().then_some(()),
+    );
     assert_eq!(e.wait_exit(Duration::from_millis(100)), None);
     kill(e.pid(), libc::SIGTERM);
     assert_eq!(e.wait_exit(Duration::from_secs(5)), Some(9));
@@ -115,42 +133,33 @@ fn sigterm_is_forwarded_and_execd_follows_the_entrypoint() {
 #[test]
 fn reaps_orphans_of_the_entrypoint() {
     // Each round leaves an orphan that is re-parented to execd and exits.
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("orphans");
     let e = Execd::start(
         &[
             "--init",
             "--",
             "sh",
             "-c",
-            "for i in 1 2 3 4 5; do (sleep 0.05 &); done; sleep 100",
+            "for i in 1 2 3 4 5; do (sleep 0.05 & echo $! >> \"$P\"); done; touch \"$P.done\"; sleep 100",
         ],
-        &[],
+        &[("P", pids.to_str().unwrap())],
     );
-    std::thread::sleep(Duration::from_millis(800));
+    let done = dir.path().join("orphans.done");
+    let orphans: Vec<i32> =
+        eventually_blocking("the orphans to start", Duration::from_secs(5), || {
+            done.exists().then_some(())?;
+            let text = std::fs::read_to_string(&pids).ok()?;
+            Some(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        });
+    assert_eq!(orphans.len(), 5, "{orphans:?}");
+    // Gone from /proc: exited and reaped (a zombie keeps its entry).
+    eventually_blocking("the orphans to be reaped", Duration::from_secs(5), || {
+        orphans.iter().all(|p| gone_from_proc(*p)).then_some(())
+    });
     let zombies = zombies_of(e.pid());
     assert!(zombies.is_empty(), "zombies left: {zombies:?}");
     assert_eq!(get(&e, "/ping"), 200);
-}
-
-fn zombies_of(ppid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let rest: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        if rest.len() > 2 && rest[0] == "Z" && rest[1].parse::<i32>().ok() == Some(ppid) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 #[test]

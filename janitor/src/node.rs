@@ -13,8 +13,8 @@ use containerd_client::services::v1::snapshots::{
 };
 use containerd_client::services::v1::{Container, GetContainerRequest, ListContainersRequest};
 use futures::{FutureExt, StreamExt};
-use sandbolt_agent::containerd::Containerd;
-use sandbolt_agent::teardown::{Hook, SnapshotRef, Step, Stop, Teardown, TeardownError};
+use sandbolt_node::containerd::Containerd;
+use sandbolt_node::teardown::{Hook, SnapshotRef, Step, Stop, Teardown, TeardownError};
 use tonic::Code;
 
 use crate::config::{Failpoint, JanitorConfig};

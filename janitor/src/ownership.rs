@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use sandbolt_agent::server::BearerToken;
 use sandbolt_proto::agent::v1 as pb;
 use sandbolt_proto::agent::v1::registry_service_client::RegistryServiceClient;
+use sandbolt_proto::auth::BearerToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
@@ -58,6 +58,24 @@ impl ControllerOwnership {
             client: RegistryServiceClient::with_interceptor(ep.connect_lazy(), auth),
             timeout,
         })
+    }
+}
+
+impl ControllerOwnership {
+    /// One RPC, bounded by the timeout; every failure means "do not know".
+    async fn call<T>(
+        &self,
+        rpc: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
+        tokio::time::timeout(self.timeout, rpc)
+            .await
+            .map_err(|_| {
+                JanitorError::OwnershipUnavailable(format!("no answer within {:?}", self.timeout))
+            })?
+            .map(tonic::Response::into_inner)
+            .map_err(|s| {
+                JanitorError::OwnershipUnavailable(format!("{}: {}", s.code(), s.message()))
+            })
     }
 }
 
@@ -135,15 +153,8 @@ impl OwnershipSource for ControllerOwnership {
                 })
                 .collect(),
         };
-        let resp = tokio::time::timeout(self.timeout, self.client.clone().get_ownership(req))
-            .await
-            .map_err(|_| {
-                JanitorError::OwnershipUnavailable(format!("no answer within {:?}", self.timeout))
-            })?
-            .map_err(|s| {
-                JanitorError::OwnershipUnavailable(format!("{}: {}", s.code(), s.message()))
-            })?;
-        from_proto(resp.into_inner(), queries.len())
+        let resp = self.call(self.client.clone().get_ownership(req)).await?;
+        from_proto(resp, queries.len())
     }
 
     async fn report_reaped(
@@ -159,14 +170,7 @@ impl OwnershipSource for ControllerOwnership {
             agent_id: agent_id.to_string(),
             reason: reason.as_str().to_string(),
         };
-        tokio::time::timeout(self.timeout, self.client.clone().report_reaped(req))
-            .await
-            .map_err(|_| {
-                JanitorError::OwnershipUnavailable(format!("no answer within {:?}", self.timeout))
-            })?
-            .map_err(|s| {
-                JanitorError::OwnershipUnavailable(format!("{}: {}", s.code(), s.message()))
-            })?;
+        self.call(self.client.clone().report_reaped(req)).await?;
         Ok(())
     }
 }

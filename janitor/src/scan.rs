@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use containerd_client::services::v1::Container;
+use containerd_client::services::v1::snapshots::Info as SnapshotInfo;
 use parking_lot::Mutex;
-use sandbolt_agent::labels;
+use sandbolt_node::labels;
 
 use crate::agent_pods::AgentPods;
 use crate::config::JanitorConfig;
@@ -74,6 +75,128 @@ struct Leftover {
     /// journal proves a fenced decision was already taken.
     created_at_ms: Option<i64>,
     journal: Option<journal::Entry>,
+}
+
+/// One scan's view of the node (see [`Janitor::list_node`] for the order).
+struct Listing {
+    pending: Vec<journal::Entry>,
+    /// Log files: sandbox id → last modification (unix ms).
+    logs: HashMap<String, i64>,
+    snapshots: Vec<SnapshotInfo>,
+    containers: Vec<Container>,
+    pods_before: Option<AgentPodList>,
+    pods_after: Option<AgentPodList>,
+}
+
+impl Listing {
+    fn pod_evidence(&self) -> Option<PodEvidence<'_>> {
+        self.pods_before
+            .as_ref()
+            .zip(self.pods_after.as_ref())
+            .map(|(before, after)| PodEvidence { before, after })
+    }
+
+    /// The containers carrying the managed label, with their facts.
+    fn managed(&self) -> Vec<(&Container, ContainerFacts)> {
+        self.containers
+            .iter()
+            .filter(|c| is_managed(c))
+            .filter_map(|c| facts_of(c).map(|f| (c, f)))
+            .collect()
+    }
+
+    /// Remains of sandboxes whose container is gone, by sandbox id: journal
+    /// entries of interrupted cleanups, log files, and writable snapshots
+    /// that are provably sandbolt's.
+    fn leftovers(&self, snapshotter: &str) -> BTreeMap<String, Leftover> {
+        let container_ids: HashSet<&str> = self.containers.iter().map(|c| c.id.as_str()).collect();
+        let mut leftovers: BTreeMap<String, Leftover> = BTreeMap::new();
+        for e in &self.pending {
+            if container_ids.contains(e.sandbox_id.as_str()) {
+                continue;
+            }
+            leftovers.insert(e.sandbox_id.clone(), Leftover::journaled(e.clone()));
+        }
+        for (id, mtime) in &self.logs {
+            if container_ids.contains(id.as_str()) {
+                continue;
+            }
+            leftovers.entry(id.clone()).or_default().seen(id, *mtime);
+        }
+        let referenced: HashSet<(&str, &str)> = self
+            .containers
+            .iter()
+            .map(|c| (c.snapshotter.as_str(), c.snapshot_key.as_str()))
+            .collect();
+        for s in &self.snapshots {
+            let key = s.name.as_str();
+            if !journal::safe_id(key)
+                || container_ids.contains(key)
+                || referenced.contains(&(snapshotter, key))
+            {
+                continue;
+            }
+            // Provably sandbolt's: the key is a sandbox id the journal or the
+            // agent's log dir names, or the snapshot says so in its labels.
+            let labelled = s.labels.get(labels::SANDBOX_ID).is_some_and(|v| v == key);
+            if !labelled && !leftovers.contains_key(key) {
+                continue;
+            }
+            let l = leftovers.entry(key.to_string()).or_default();
+            l.snapshot = Some((snapshotter.to_string(), key.to_string()));
+            // Unknown creation time counts as "now": young, kept.
+            l.seen(key, node::ts_ms(&s.created_at).unwrap_or(i64::MAX));
+        }
+        leftovers
+    }
+}
+
+impl Leftover {
+    /// Remains a journal entry names: a fenced decision was already taken.
+    fn journaled(e: journal::Entry) -> Self {
+        Self {
+            facts: ContainerFacts {
+                sandbox_id: e.sandbox_id.clone(),
+                name: e.name.clone(),
+                namespace: e.namespace.clone(),
+                agent_id: e.agent_id.clone(),
+                ..Default::default()
+            },
+            snapshot: Some((e.snapshotter.clone(), e.snapshot_key.clone())),
+            created_at_ms: Some(0),
+            journal: Some(e),
+        }
+    }
+
+    /// Evidence of sandbox `id` last touched at `at_ms`: the youngest
+    /// evidence counts (unless a journal entry settles the age).
+    fn seen(&mut self, id: &str, at_ms: i64) {
+        self.facts.sandbox_id = id.to_string();
+        if self.journal.is_none() {
+            self.created_at_ms = Some(self.created_at_ms.unwrap_or(0).max(at_ms));
+        }
+    }
+}
+
+/// A container read again for the agent-pod rule.
+enum Reread {
+    /// Still there and managed.
+    Fresh(Box<Fresh>),
+    /// Gone, or no longer one to judge: nothing to reap.
+    Gone,
+    /// Could not be read: stop reaping this scan (fail safe).
+    Unknown,
+}
+
+/// A container as read again, and the agent pods listed after it.
+struct Fresh {
+    container: Container,
+    facts: ContainerFacts,
+    pods: Option<AgentPodList>,
+}
+
+fn is_managed(c: &Container) -> bool {
+    c.labels.get(labels::MANAGED).is_some_and(|v| v == "true")
 }
 
 pub struct Janitor {
@@ -176,100 +299,16 @@ impl Janitor {
 
     /// One full scan. `Err` only when nothing could be decided (containerd
     /// or the ownership source unavailable): then nothing was reaped.
+    #[tracing::instrument(skip_all, fields(node = %self.cfg.node_name))]
     pub async fn scan_once(&self) -> Result<ScanReport> {
         let _g = self.scan_lock.lock().await;
         self.metrics.scan();
         let mut report = ScanReport::default();
-
-        // Listing order matters: journal, log files and snapshots before
-        // containers. The agent creates the container before its snapshot
-        // and its log file, so remains seen first whose container is missing
-        // afterwards cannot belong to a create that started in between.
-        let pending = self.journal.pending()?;
-        let logs = self.node.log_files()?;
-        let snapshots = self.node.active_snapshots().await?;
-        // The agent pods are listed on both sides of the container listing:
-        // the rule needs a Ready pod from before the labels were read and
-        // the pods still there after (see `rules`).
-        let pods_before = self.list_agent_pods(&mut report).await;
-        let containers = self.node.containers().await?;
-        let pods_after = match pods_before {
-            Some(_) => self.list_agent_pods(&mut report).await,
-            None => None,
-        };
-        let evidence = pods_before
-            .as_ref()
-            .zip(pods_after.as_ref())
-            .map(|(before, after)| PodEvidence { before, after });
-
-        let container_ids: HashSet<&str> = containers.iter().map(|c| c.id.as_str()).collect();
-        let referenced: HashSet<(&str, &str)> = containers
-            .iter()
-            .map(|c| (c.snapshotter.as_str(), c.snapshot_key.as_str()))
-            .collect();
-        let managed: Vec<(&Container, ContainerFacts)> = containers
-            .iter()
-            .filter(|c| c.labels.get(labels::MANAGED).is_some_and(|v| v == "true"))
-            .filter_map(|c| facts_of(c).map(|f| (c, f)))
-            .collect();
+        let listing = self.list_node(&mut report).await?;
+        let managed = listing.managed();
         report.containers = managed.len();
         *self.seen_agents.lock() = managed.iter().map(|(_, f)| f.agent_id.clone()).collect();
-
-        let mut leftovers: BTreeMap<String, Leftover> = BTreeMap::new();
-        for e in pending {
-            if container_ids.contains(e.sandbox_id.as_str()) {
-                continue;
-            }
-            leftovers.insert(
-                e.sandbox_id.clone(),
-                Leftover {
-                    facts: ContainerFacts {
-                        sandbox_id: e.sandbox_id.clone(),
-                        name: e.name.clone(),
-                        namespace: e.namespace.clone(),
-                        agent_id: e.agent_id.clone(),
-                        ..Default::default()
-                    },
-                    snapshot: Some((e.snapshotter.clone(), e.snapshot_key.clone())),
-                    created_at_ms: Some(0),
-                    journal: Some(e),
-                },
-            );
-        }
-        for (id, mtime) in &logs {
-            if container_ids.contains(id.as_str()) {
-                continue;
-            }
-            let l = leftovers.entry(id.clone()).or_default();
-            l.facts.sandbox_id = id.clone();
-            if l.journal.is_none() {
-                l.created_at_ms = Some(l.created_at_ms.unwrap_or(0).max(*mtime));
-            }
-        }
-        for s in &snapshots {
-            let key = s.name.as_str();
-            if !journal::safe_id(key)
-                || container_ids.contains(key)
-                || referenced.contains(&(self.node.snapshotter(), key))
-            {
-                continue;
-            }
-            // Provably sandbolt's: the key is a sandbox id the journal or the
-            // agent's log dir names, or the snapshot says so in its labels.
-            let labelled = s.labels.get(labels::SANDBOX_ID).is_some_and(|v| v == key);
-            let named = leftovers.contains_key(key);
-            if !labelled && !named {
-                continue;
-            }
-            let l = leftovers.entry(key.to_string()).or_default();
-            l.facts.sandbox_id = key.to_string();
-            l.snapshot = Some((self.node.snapshotter().to_string(), key.to_string()));
-            if l.journal.is_none() {
-                // Unknown creation time counts as "now": young, kept.
-                let created = node::ts_ms(&s.created_at).unwrap_or(i64::MAX);
-                l.created_at_ms = Some(l.created_at_ms.unwrap_or(0).max(created));
-            }
-        }
+        let leftovers = listing.leftovers(self.node.snapshotter());
 
         let mut queries: Vec<ContainerFacts> = managed.iter().map(|(_, f)| f.clone()).collect();
         queries.extend(leftovers.values().map(|l| l.facts.clone()));
@@ -287,27 +326,90 @@ impl Janitor {
         };
         report.controller_ready = answer.ready;
         self.check_grace(&answer);
-        let now = node::now_ms();
-        let grace = self.cfg.grace_period;
-
         let (container_answers, leftover_answers) = answer.answers.split_at(managed.len());
-        for ((c, facts), o) in managed.iter().zip(container_answers) {
-            match rules::evaluate(facts, o, answer.ready, now, grace, evidence) {
+        let go_on = self
+            .decide_containers(
+                &managed,
+                container_answers,
+                answer.ready,
+                &listing,
+                &mut report,
+            )
+            .await;
+        if go_on {
+            self.decide_leftovers(leftovers, leftover_answers, &mut report)
+                .await?;
+        }
+        Ok(report)
+    }
+
+    /// What is on the node, in the order that makes remains safe to judge.
+    /// The agent creates the container before its snapshot and its log file,
+    /// so remains listed first whose container is missing afterwards cannot
+    /// belong to a create that started in between. The agent pods are listed
+    /// on both sides of the container listing: the rule needs a Ready pod
+    /// from before the labels were read and the pods still there after (see
+    /// `rules`).
+    async fn list_node(&self, report: &mut ScanReport) -> Result<Listing> {
+        let pending = self.journal.pending()?;
+        let logs = self.node.log_files()?;
+        let snapshots = self.node.active_snapshots().await?;
+        let pods_before = self.list_agent_pods(report).await;
+        let containers = self.node.containers().await?;
+        let pods_after = match pods_before {
+            Some(_) => self.list_agent_pods(report).await,
+            None => None,
+        };
+        Ok(Listing {
+            pending,
+            logs,
+            snapshots,
+            containers,
+            pods_before,
+            pods_after,
+        })
+    }
+
+    /// Applies the rules to every managed container and reaps the orphans.
+    /// Returns false when the scan must stop reaping (fence unavailable).
+    async fn decide_containers(
+        &self,
+        managed: &[(&Container, ContainerFacts)],
+        answers: &[rules::OwnershipAnswer],
+        ready: bool,
+        listing: &Listing,
+        report: &mut ScanReport,
+    ) -> bool {
+        let now = node::now_ms();
+        let evidence = listing.pod_evidence();
+        for ((c, facts), o) in managed.iter().zip(answers) {
+            match rules::evaluate(facts, o, ready, now, self.cfg.grace_period, evidence) {
                 Verdict::Keep(k) => report.kept.push(Kept {
                     sandbox_id: facts.sandbox_id.clone(),
                     reason: k,
                 }),
                 Verdict::Reap(reason) => {
-                    if !self
-                        .reap_container(c, facts, reason, pods_after.as_ref(), &mut report)
-                        .await
-                    {
-                        return Ok(report);
+                    let pods = listing.pods_after.as_ref();
+                    if !self.reap_container(c, facts, reason, pods, report).await {
+                        return false;
                     }
                 }
             }
         }
-        for (l, o) in leftovers.into_values().zip(leftover_answers) {
+        true
+    }
+
+    /// Applies the rules to the remains of sandboxes whose container is
+    /// gone, and removes the orphaned ones.
+    async fn decide_leftovers(
+        &self,
+        leftovers: BTreeMap<String, Leftover>,
+        answers: &[rules::OwnershipAnswer],
+        report: &mut ScanReport,
+    ) -> Result<()> {
+        let now = node::now_ms();
+        let grace = self.cfg.grace_period;
+        for (l, o) in leftovers.into_values().zip(answers) {
             match rules::evaluate_leftover(&l.facts.sandbox_id, o, l.created_at_ms, now, grace) {
                 Verdict::Keep(k) => {
                     if k == KeepReason::Owned
@@ -324,13 +426,13 @@ impl Janitor {
                     });
                 }
                 Verdict::Reap(reason) => {
-                    if !self.reap_leftover(l, reason, &mut report).await {
-                        return Ok(report);
+                    if !self.reap_leftover(l, reason, report).await {
+                        return Ok(());
                     }
                 }
             }
         }
-        Ok(report)
+        Ok(())
     }
 
     /// `None` when the janitor does not read agent pods or could not (then
@@ -384,7 +486,7 @@ impl Janitor {
             Ok(_) => None,
             Err(e) => {
                 self.metrics.fail_safe();
-                tracing::warn!(sandbox = %facts.sandbox_id, error = %e, "fence check failed: reaping NOTHING more this scan (fail safe)");
+                tracing::warn!(error = %e, "fence check failed: reaping NOTHING more this scan (fail safe)");
                 report
                     .errors
                     .push(format!("{}: fence: {e}", facts.sandbox_id));
@@ -396,6 +498,7 @@ impl Janitor {
     /// Returns false when the scan must stop reaping (fence unavailable).
     /// `pods_before`: the scan's agent pod list taken after the containers
     /// were listed, and so before the fence re-reads the labels.
+    #[tracing::instrument(skip_all, fields(sandbox_id = %facts.sandbox_id, agent_id = %facts.agent_id, name = %facts.name, namespace = %facts.namespace))]
     async fn reap_container(
         &self,
         c: &Container,
@@ -404,39 +507,15 @@ impl Janitor {
         pods_before: Option<&AgentPodList>,
         report: &mut ScanReport,
     ) -> bool {
-        let mut c = c.clone();
-        let mut facts = facts.clone();
-        let mut pods_after = None;
-        if self.agent_pods.is_some() {
-            // The agent-pod rule judges a label a new agent pod may have
-            // rewritten since the listing: read it again, then the pods.
-            match self.node.container(&facts.sandbox_id).await {
-                Ok(Some(fresh)) => match facts_of(&fresh) {
-                    Some(f)
-                        if fresh
-                            .labels
-                            .get(labels::MANAGED)
-                            .is_some_and(|v| v == "true") =>
-                    {
-                        c = fresh;
-                        facts = f;
-                    }
-                    _ => return true,
-                },
-                Ok(None) => {
-                    tracing::info!(sandbox = %facts.sandbox_id, "gone before the fence; nothing to reap");
-                    return true;
-                }
-                Err(e) => {
-                    tracing::warn!(sandbox = %facts.sandbox_id, error = %e, "fence: cannot re-read the container: reaping NOTHING more this scan (fail safe)");
-                    report
-                        .errors
-                        .push(format!("{}: fence: {e}", facts.sandbox_id));
-                    return false;
-                }
+        let (c, facts, pods_after) = if self.agent_pods.is_some() {
+            match self.reread_for_pod_rule(&facts.sandbox_id, report).await {
+                Reread::Fresh(f) => (f.container, f.facts, f.pods),
+                Reread::Gone => return true,
+                Reread::Unknown => return false,
             }
-            pods_after = self.list_agent_pods(report).await;
-        }
+        } else {
+            (c.clone(), facts.clone(), None)
+        };
         let (c, facts) = (&c, &facts);
         let evidence = pods_before
             .zip(pods_after.as_ref())
@@ -444,17 +523,11 @@ impl Janitor {
         let Some((o, ready)) = self.fence(facts, report).await else {
             return false;
         };
-        let reason = match rules::evaluate(
-            facts,
-            &o,
-            ready,
-            node::now_ms(),
-            self.cfg.grace_period,
-            evidence,
-        ) {
+        let now = node::now_ms();
+        let reason = match rules::evaluate(facts, &o, ready, now, self.cfg.grace_period, evidence) {
             Verdict::Reap(r) => r,
             Verdict::Keep(k) => {
-                tracing::info!(sandbox = %facts.sandbox_id, first = %first, now = ?k, "fence: no longer an orphan; kept");
+                tracing::info!(first = %first, now = ?k, "fence: no longer an orphan; kept");
                 report.kept.push(Kept {
                     sandbox_id: facts.sandbox_id.clone(),
                     reason: k,
@@ -462,24 +535,7 @@ impl Janitor {
                 return true;
             }
         };
-        let (snapshotter, key) = if c.snapshot_key.is_empty() {
-            (
-                self.node.snapshotter().to_string(),
-                facts.sandbox_id.clone(),
-            )
-        } else {
-            (c.snapshotter.clone(), c.snapshot_key.clone())
-        };
-        let entry = journal::Entry {
-            sandbox_id: facts.sandbox_id.clone(),
-            agent_id: facts.agent_id.clone(),
-            name: facts.name.clone(),
-            namespace: facts.namespace.clone(),
-            reason: reason.as_str().into(),
-            snapshotter,
-            snapshot_key: key,
-            started_at_unix_ms: node::now_ms(),
-        };
+        let entry = self.journal_entry(c, facts, reason);
         if !journal::safe_id(&entry.sandbox_id) {
             report.errors.push(format!(
                 "{}: not a sandbox id sandbolt makes; left alone",
@@ -487,7 +543,7 @@ impl Janitor {
             ));
             return true;
         }
-        tracing::warn!(sandbox = %facts.sandbox_id, name = %facts.name, namespace = %facts.namespace, agent = %facts.agent_id, %reason, record = ?o.record, record_phase = %o.record_phase, "reaping orphaned sandbox");
+        tracing::warn!(%reason, record = ?o.record, record_phase = %o.record_phase, "reaping orphaned sandbox");
         if let Err(e) = self.journal.begin(&entry) {
             report.errors.push(format!("{}: {e}", entry.sandbox_id));
             return true;
@@ -503,6 +559,62 @@ impl Janitor {
         true
     }
 
+    /// The agent-pod rule judges a label a new agent pod may have rewritten
+    /// since the listing: reads the container again, then the pods.
+    async fn reread_for_pod_rule(&self, sandbox_id: &str, report: &mut ScanReport) -> Reread {
+        match self.node.container(sandbox_id).await {
+            Ok(Some(fresh)) => match facts_of(&fresh) {
+                Some(facts) if is_managed(&fresh) => {
+                    let pods = self.list_agent_pods(report).await;
+                    Reread::Fresh(Box::new(Fresh {
+                        container: fresh,
+                        facts,
+                        pods,
+                    }))
+                }
+                _ => Reread::Gone,
+            },
+            Ok(None) => {
+                tracing::info!("gone before the fence; nothing to reap");
+                Reread::Gone
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "fence: cannot re-read the container: reaping NOTHING more this scan (fail safe)");
+                report.errors.push(format!("{sandbox_id}: fence: {e}"));
+                Reread::Unknown
+            }
+        }
+    }
+
+    /// The journal entry a container's removal starts with: what to finish
+    /// if the janitor dies part-way.
+    fn journal_entry(
+        &self,
+        c: &Container,
+        facts: &ContainerFacts,
+        reason: ReapReason,
+    ) -> journal::Entry {
+        let (snapshotter, snapshot_key) = if c.snapshot_key.is_empty() {
+            (
+                self.node.snapshotter().to_string(),
+                facts.sandbox_id.clone(),
+            )
+        } else {
+            (c.snapshotter.clone(), c.snapshot_key.clone())
+        };
+        journal::Entry {
+            sandbox_id: facts.sandbox_id.clone(),
+            agent_id: facts.agent_id.clone(),
+            name: facts.name.clone(),
+            namespace: facts.namespace.clone(),
+            reason: reason.as_str().into(),
+            snapshotter,
+            snapshot_key,
+            started_at_unix_ms: node::now_ms(),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(sandbox_id = %l.facts.sandbox_id))]
     async fn reap_leftover(&self, l: Leftover, first: ReapReason, report: &mut ScanReport) -> bool {
         let Some((o, _)) = self.fence(&l.facts, report).await else {
             return false;
@@ -555,7 +667,7 @@ impl Janitor {
                 e
             }
         };
-        tracing::warn!(sandbox = %id, %reason, first = %first, "removing the remains of a partially removed sandbox");
+        tracing::warn!(%reason, first = %first, "removing the remains of a partially removed sandbox");
         // The container is gone (a container that still exists is decided
         // by the container rules, even with a journal entry).
         let removed = self
@@ -577,7 +689,7 @@ impl Janitor {
         let id = entry.sandbox_id.clone();
         if let Err(e) = removed {
             self.metrics.cleanup_error();
-            tracing::warn!(sandbox = %id, error = %e, "cleanup incomplete; the next scan finishes it");
+            tracing::warn!(error = %e, "cleanup incomplete; the next scan finishes it");
             report.errors.push(format!("{id}: {e}"));
             return;
         }
@@ -588,7 +700,7 @@ impl Janitor {
         {
             // Removed but unreported: the journal entry stays, the next scan
             // re-sends the report (the controller handles it idempotently).
-            tracing::warn!(sandbox = %id, error = %e, "could not report the reap; the next scan retries");
+            tracing::warn!(error = %e, "could not report the reap; the next scan retries");
             report.errors.push(format!("{id}: report: {e}"));
             return;
         }
@@ -596,7 +708,7 @@ impl Janitor {
             report.errors.push(format!("{id}: {e}"));
         }
         self.metrics.reaped(reason);
-        tracing::info!(sandbox = %id, agent = %entry.agent_id, %reason, leftover, "reaped");
+        tracing::info!(agent = %entry.agent_id, %reason, leftover, "reaped");
         report.reaped.push(Reaped {
             sandbox_id: id,
             agent_id: entry.agent_id,

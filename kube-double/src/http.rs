@@ -260,126 +260,190 @@ fn delete_options(body: &[u8]) -> Result<DeleteOptions, ApiError> {
     })
 }
 
+/// What of a request every route needs, read from its head.
+struct RequestHead {
+    method: Method,
+    query: HashMap<String, String>,
+    /// It carries the double's bearer token.
+    authorized: bool,
+    host: String,
+    content_type: String,
+}
+
+impl RequestHead {
+    fn read(shared: &Shared, parts: &http::request::Parts) -> RequestHead {
+        let header_str = |name: header::HeaderName| {
+            parts
+                .headers
+                .get(name)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        RequestHead {
+            method: parts.method.clone(),
+            query: query_map(parts.uri.query()),
+            authorized: header_str(header::AUTHORIZATION)
+                .strip_prefix("Bearer ")
+                .is_some_and(|t| t == shared.token),
+            host: header_str(header::HOST),
+            content_type: header_str(header::CONTENT_TYPE),
+        }
+    }
+}
+
+/// Where a resource request points (the parts of [`Route::Resource`]).
+struct ResourceRef {
+    kid: KindId,
+    namespace: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+/// One request to the double, in a span naming it (the logs of a test that
+/// drives the controller or janitor show which API call they made).
+#[tracing::instrument(skip_all, fields(method = %req.method(), path = req.uri().path()))]
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let (parts, body) = req.into_parts();
-    let path = parts.uri.path().to_string();
-    let q = query_map(parts.uri.query());
-    let route = route(&shared, &path);
-    let authorized = parts
-        .headers
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
-        .is_some_and(|t| t == shared.token);
-    let host = parts
-        .headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
+    let head = RequestHead::read(&shared, &parts);
+    Ok(match route(&shared, parts.uri.path()) {
+        Route::Resource {
+            kid,
+            namespace,
+            name,
+            status,
+        } => {
+            let target = ResourceRef {
+                kid,
+                namespace,
+                name,
+                status,
+            };
+            serve_resource(&shared, &head, &target, body).await
+        }
+        other => serve_discovery(&shared, &head, &other),
+    })
+}
 
-    let Route::Resource {
-        kid,
-        namespace,
-        name,
-        status,
-    } = route
-    else {
-        if shared.is_unavailable() {
-            return Ok(error_response(&ApiError::unavailable()));
-        }
-        if !authorized {
-            return Ok(error_response(&ApiError::unauthorized()));
-        }
-        if route == Route::Unknown {
-            return Ok(error_response(&ApiError::no_resource()));
-        }
-        if parts.method != Method::GET {
-            return Ok(error_response(&ApiError::method_not_allowed()));
-        }
-        return Ok(json_response(200, &discovery(&shared, &route, &host)));
-    };
+/// The version and discovery documents (and 404 for unknown paths).
+fn serve_discovery(shared: &Shared, head: &RequestHead, route: &Route) -> Response<Body> {
+    if shared.is_unavailable() {
+        return error_response(&ApiError::unavailable());
+    }
+    if !head.authorized {
+        return error_response(&ApiError::unauthorized());
+    }
+    if *route == Route::Unknown {
+        return error_response(&ApiError::no_resource());
+    }
+    if head.method != Method::GET {
+        return error_response(&ApiError::method_not_allowed());
+    }
+    json_response(200, &discovery(shared, route, &head.host))
+}
 
-    let kind = shared.store.lock().kinds[kid].clone();
-    let resource = if status {
-        format!("{}/status", kind.plural)
+/// One verb on a resource: counted, then refused as the API server would
+/// (unavailable, unauthorized, an injected fault), else run on the store.
+async fn serve_resource(
+    shared: &Arc<Shared>,
+    head: &RequestHead,
+    at: &ResourceRef,
+    body: Incoming,
+) -> Response<Body> {
+    let plural = shared.store.lock().kinds[at.kid].plural.to_string();
+    let resource = if at.status {
+        format!("{plural}/status")
     } else {
-        kind.plural.to_string()
+        plural
     };
-    let watch = is_true(&q, "watch");
+    let watch = is_true(&head.query, "watch");
+    let has_name = at.name.is_some();
     let Some(verb) = verb_of(
-        &parts.method,
-        name.is_some(),
-        namespace.is_some(),
-        status,
+        &head.method,
+        has_name,
+        at.namespace.is_some(),
+        at.status,
         watch,
     ) else {
-        shared.count(parts.method.as_str(), &resource);
-        return Ok(error_response(&ApiError::method_not_allowed()));
+        shared.count(head.method.as_str(), &resource);
+        return error_response(&ApiError::method_not_allowed());
     };
     shared.count(verb, &resource);
     if shared.is_unavailable() {
-        return Ok(error_response(&ApiError::unavailable()));
+        return error_response(&ApiError::unavailable());
     }
-    if !authorized {
-        return Ok(error_response(&ApiError::unauthorized()));
+    if !head.authorized {
+        return error_response(&ApiError::unauthorized());
     }
     if let Some(code) = shared.take_fault(verb, &resource) {
-        return Ok(error_response(&ApiError::from_code(code)));
+        return error_response(&ApiError::from_code(code));
+    }
+    if verb == "watch" {
+        return start_watch(shared, at.kid, at.namespace.as_deref(), &head.query);
     }
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return Ok(error_response(&ApiError::bad_request(format!(
-                "reading body: {e}"
-            ))));
-        }
+        Err(e) => return error_response(&ApiError::bad_request(format!("reading body: {e}"))),
     };
-    let ns = namespace.as_deref().unwrap_or_default();
-    let name = name.as_deref().unwrap_or_default();
-    let target = if status { Target::Status } else { Target::Main };
+    match run_verb(shared, head, at, verb, &body) {
+        Ok((code, v)) => json_response(code, &v),
+        Err(err) => error_response(&err),
+    }
+}
 
-    let result: Result<(u16, Value), ApiError> = match verb {
+/// Runs `verb` (not `watch`) on the store: the status code and object.
+fn run_verb(
+    shared: &Shared,
+    head: &RequestHead,
+    at: &ResourceRef,
+    verb: &str,
+    body: &[u8],
+) -> Result<(u16, Value), ApiError> {
+    let kid = at.kid;
+    let kind = shared.store.lock().kinds[kid].clone();
+    let ns = at.namespace.as_deref().unwrap_or_default();
+    let name = at.name.as_deref().unwrap_or_default();
+    let target = if at.status {
+        Target::Status
+    } else {
+        Target::Main
+    };
+    let content_type = head.content_type.as_str();
+    match verb {
         "get" => shared.store.lock().get(kid, ns, name).map(|v| (200, v)),
-        "list" => list_options(&q, &kind)
-            .and_then(|opts| shared.store.lock().list(kid, namespace.as_deref(), &opts))
+        "list" => list_options(&head.query, &kind)
+            .and_then(|opts| {
+                shared
+                    .store
+                    .lock()
+                    .list(kid, at.namespace.as_deref(), &opts)
+            })
             .map(|v| (200, v)),
-        "watch" => return Ok(start_watch(&shared, kid, namespace.as_deref(), &q)),
-        "create" => parse_json_body(&body, &content_type)
+        "create" => parse_json_body(body, content_type)
             .and_then(|v| shared.store.lock().create(kid, ns, v))
             .map(|v| (201, v)),
-        "update" => parse_json_body(&body, &content_type)
+        "update" => parse_json_body(body, content_type)
             .and_then(|v| shared.store.lock().update(kid, ns, name, v, target, false))
             .map(|v| (200, v)),
         "patch" => {
             let mut store = shared.store.lock();
             store
                 .get(kid, ns, name)
-                .and_then(|current| patch::apply(&kind, name, &content_type, &body, &current))
+                .and_then(|current| patch::apply(&kind, name, content_type, body, &current))
                 .and_then(|patched| store.update(kid, ns, name, patched, target, true))
                 .map(|v| (200, v))
         }
-        "delete" => delete_options(&body)
+        "delete" => delete_options(body)
             .and_then(|opts| shared.store.lock().delete(kid, ns, name, &opts))
             .map(|v| (200, v)),
-        "deletecollection" => list_options(&q, &kind)
+        "deletecollection" => list_options(&head.query, &kind)
             .and_then(|opts| shared.store.lock().delete_collection(kid, ns, &opts))
             .map(|v| (200, v)),
         _ => Err(ApiError::method_not_allowed()),
-    };
-    Ok(match result {
-        Ok((code, v)) => json_response(code, &v),
-        Err(err) => error_response(&err),
-    })
+    }
 }
 
 fn start_watch(

@@ -102,12 +102,15 @@ pub(crate) struct WatchSetup {
 pub(crate) struct Store {
     pub kinds: Vec<Kind>,
     rv: u64,
-    objects: BTreeMap<(KindId, String, String), Value>,
+    objects: BTreeMap<ObjectKey, Value>,
     history: VecDeque<Arc<Event>>,
     /// Events at or below this version are forgotten.
     compacted: u64,
     watches: Vec<WatchSink>,
 }
+
+/// Where a stored object is: its kind, namespace and name.
+type ObjectKey = (KindId, String, String);
 
 fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -255,6 +258,153 @@ fn check_labels(kind: &Kind, name: &str, obj: &Value) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// What a PUT must agree on with the stored object `old`: the name and
+/// namespace of the URL, the version it replaces (which a custom resource
+/// must name unless patched), its uid, and that only a delete terminates.
+fn check_update_of(
+    kind: &Kind,
+    ns: &str,
+    name: &str,
+    body: &Value,
+    old: &Value,
+    from_patch: bool,
+) -> Result<(), ApiError> {
+    let body_name = meta_str(body, "name").unwrap_or_default();
+    if body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    if let Some(body_ns) = meta_str(body, "namespace")
+        && !body_ns.is_empty()
+        && body_ns != ns
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    let old_rv = meta_str(old, "resourceVersion").unwrap_or_default();
+    match meta_str(body, "resourceVersion").filter(|v| !v.is_empty()) {
+        Some(rv) if rv != old_rv => return Err(ApiError::modified(kind, name)),
+        None if kind.custom && !from_patch => {
+            return Err(ApiError::invalid(
+                kind,
+                name,
+                "metadata.resourceVersion",
+                "Invalid value: 0x0: must be specified for an update",
+            ));
+        }
+        Some(_) | None => {}
+    }
+    check_uid(
+        kind,
+        name,
+        meta_str(body, "uid").filter(|u| !u.is_empty()),
+        old,
+    )?;
+    if !terminating(old) && terminating(body) {
+        return Err(ApiError::invalid(
+            kind,
+            name,
+            "metadata.deletionTimestamp",
+            "Invalid value: field is immutable; may only be set by a delete",
+        ));
+    }
+    Ok(())
+}
+
+/// A uid precondition (`want`) against the stored object's uid.
+fn check_uid(kind: &Kind, name: &str, want: Option<&str>, old: &Value) -> Result<(), ApiError> {
+    let old_uid = meta_str(old, "uid").unwrap_or_default();
+    match want {
+        Some(uid) if uid != old_uid => Err(ApiError::conflict(
+            kind,
+            name,
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The object a PUT leaves: the body, with the stored status kept when the
+/// kind has a status subresource; for `/status`, the stored object with
+/// the body's status.
+fn replaced_part(kind: &Kind, body: Value, old: &Value, target: Target) -> Value {
+    let (mut new, status_from) = match target {
+        Target::Main if !kind.status_subresource => return body,
+        Target::Main => (body, old.get("status").cloned()),
+        Target::Status => (old.clone(), body.get("status").cloned()),
+    };
+    let map = new
+        .as_object_mut()
+        .expect("checked or stored objects are objects");
+    match status_from {
+        Some(status) => map.insert("status".into(), status),
+        None => map.remove("status"),
+    };
+    new
+}
+
+/// Overrides what the client may not change: server-owned metadata, the
+/// identity, the version (bumped on commit), apiVersion and kind.
+fn keep_server_fields(kind: &Kind, ns: &str, name: &str, new: &mut Value, old: &Value) {
+    let old_meta = meta(old).cloned().unwrap_or_default();
+    let m = meta_mut(new);
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "generation",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+    ] {
+        match old_meta.get(field) {
+            Some(v) => m.insert(field.into(), v.clone()),
+            None => m.remove(field),
+        };
+    }
+    m.remove("selfLink");
+    m.insert("name".into(), json!(name));
+    m.insert("namespace".into(), json!(ns));
+    let old_rv = old_meta
+        .get("resourceVersion")
+        .cloned()
+        .unwrap_or(json!(""));
+    m.insert("resourceVersion".into(), old_rv);
+    let map = new.as_object_mut().expect("checked");
+    map.insert("apiVersion".into(), json!(kind.api_version()));
+    map.insert("kind".into(), json!(kind.kind));
+}
+
+/// An object being deleted may lose finalizers, never gain one.
+fn check_no_new_finalizers(
+    kind: &Kind,
+    name: &str,
+    old: &Value,
+    new: &Value,
+) -> Result<(), ApiError> {
+    if !terminating(old) {
+        return Ok(());
+    }
+    let before = finalizers(old);
+    let added: Vec<String> = finalizers(new)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    if added.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        kind,
+        name,
+        "metadata.finalizers",
+        &format!(
+            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+        ),
+    ))
 }
 
 /// Five characters from the alphabet apimachinery's `rand.String` uses
@@ -558,129 +708,13 @@ impl Store {
         target: Target,
         from_patch: bool,
     ) -> Result<Value, ApiError> {
-        let kind = self.kinds[kid].clone();
-        let key = (kid, ns.to_string(), name.to_string());
-        let old = self
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&kind, name))?;
+        let (kind, key, old) = self.stored(kid, ns, name)?;
         check_shape(&kind, &body)?;
-        let body_name = meta_str(&body, "name").unwrap_or_default();
-        if body_name != name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({body_name}) does not match the name on the URL ({name})"
-            )));
-        }
-        if let Some(body_ns) = meta_str(&body, "namespace")
-            && !body_ns.is_empty()
-            && body_ns != ns
-        {
-            return Err(ApiError::bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request",
-            ));
-        }
-        let old_rv = meta_str(&old, "resourceVersion")
-            .unwrap_or_default()
-            .to_string();
-        match meta_str(&body, "resourceVersion").filter(|v| !v.is_empty()) {
-            Some(rv) if rv != old_rv => return Err(ApiError::modified(&kind, name)),
-            Some(_) => {}
-            None if kind.custom && !from_patch => {
-                return Err(ApiError::invalid(
-                    &kind,
-                    name,
-                    "metadata.resourceVersion",
-                    "Invalid value: 0x0: must be specified for an update",
-                ));
-            }
-            None => {}
-        }
-        let old_uid = meta_str(&old, "uid").unwrap_or_default();
-        if let Some(uid) = meta_str(&body, "uid").filter(|u| !u.is_empty())
-            && uid != old_uid
-        {
-            return Err(ApiError::conflict(
-                &kind,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
-                ),
-            ));
-        }
-        if !terminating(&old) && terminating(&body) {
-            return Err(ApiError::invalid(
-                &kind,
-                name,
-                "metadata.deletionTimestamp",
-                "Invalid value: field is immutable; may only be set by a delete",
-            ));
-        }
-        let mut new = match target {
-            Target::Main => {
-                let mut new = body;
-                if kind.status_subresource {
-                    let map = new.as_object_mut().expect("checked");
-                    match old.get("status") {
-                        Some(s) => map.insert("status".into(), s.clone()),
-                        None => map.remove("status"),
-                    };
-                }
-                new
-            }
-            Target::Status => {
-                // Everything but status comes from the stored object.
-                let mut new = old.clone();
-                let map = new.as_object_mut().expect("stored objects are objects");
-                match body.get("status") {
-                    Some(s) => map.insert("status".into(), s.clone()),
-                    None => map.remove("status"),
-                };
-                new
-            }
-        };
-        {
-            let old_meta = meta(&old).cloned().unwrap_or_default();
-            let m = meta_mut(&mut new);
-            // Server-owned fields: what the client sent is overridden.
-            for field in [
-                "uid",
-                "creationTimestamp",
-                "generation",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-            ] {
-                match old_meta.get(field) {
-                    Some(v) => m.insert(field.into(), v.clone()),
-                    None => m.remove(field),
-                };
-            }
-            m.remove("selfLink");
-            m.insert("name".into(), json!(name));
-            m.insert("namespace".into(), json!(ns));
-            m.insert("resourceVersion".into(), json!(old_rv));
-            let map = new.as_object_mut().expect("checked");
-            map.insert("apiVersion".into(), json!(kind.api_version()));
-            map.insert("kind".into(), json!(kind.kind));
-        }
+        check_update_of(&kind, ns, name, &body, &old, from_patch)?;
+        let mut new = replaced_part(&kind, body, &old, target);
+        keep_server_fields(&kind, ns, name, &mut new, &old);
         check_labels(&kind, name, &new)?;
-        if terminating(&old) {
-            let before = finalizers(&old);
-            let added: Vec<String> = finalizers(&new)
-                .into_iter()
-                .filter(|f| !before.contains(f))
-                .collect();
-            if !added.is_empty() {
-                return Err(ApiError::invalid(
-                    &kind,
-                    name,
-                    "metadata.finalizers",
-                    &format!(
-                        "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
-                    ),
-                ));
-            }
-        }
+        check_no_new_finalizers(&kind, name, &old, &new)?;
         if target == Target::Main && desired_state(&new) != desired_state(&old) {
             let generation = meta(&old)
                 .and_then(|m| m.get("generation"))
@@ -703,6 +737,24 @@ impl Store {
             self.record(kid, EventType::Modified, new.clone(), Some(old));
         }
         Ok(new)
+    }
+
+    /// The stored object `ns/name` of `kid` (with its kind and key), or the
+    /// API server's 404.
+    fn stored(
+        &self,
+        kid: KindId,
+        ns: &str,
+        name: &str,
+    ) -> Result<(Kind, ObjectKey, Value), ApiError> {
+        let kind = self.kinds[kid].clone();
+        let key = (kid, ns.to_string(), name.to_string());
+        let old = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&kind, name))?;
+        Ok((kind, key, old))
     }
 
     /// DELETE of one object: the response body.
@@ -741,25 +793,8 @@ impl Store {
         name: &str,
         opts: &DeleteOptions,
     ) -> Result<(Value, bool), ApiError> {
-        let kind = self.kinds[kid].clone();
-        let key = (kid, ns.to_string(), name.to_string());
-        let old = self
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&kind, name))?;
-        let old_uid = meta_str(&old, "uid").unwrap_or_default().to_string();
-        if let Some(uid) = opts.uid.as_deref()
-            && uid != old_uid
-        {
-            return Err(ApiError::conflict(
-                &kind,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
-                ),
-            ));
-        }
+        let (kind, key, old) = self.stored(kid, ns, name)?;
+        check_uid(&kind, name, opts.uid.as_deref(), &old)?;
         let old_rv = meta_str(&old, "resourceVersion").unwrap_or_default();
         if let Some(rv) = opts.resource_version.as_deref()
             && rv != old_rv

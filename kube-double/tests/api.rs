@@ -16,10 +16,7 @@ async fn create_get_list_set_server_fields() {
     let (double, client) = start().await;
     let api = leases(&client);
     let before = double.resource_version();
-    let created = api
-        .create(&PostParams::default(), &lease("a", "me"))
-        .await
-        .unwrap();
+    let created = create(&api, &lease("a", "me")).await;
     let meta = &created.metadata;
     assert_eq!(meta.namespace.as_deref(), Some(NS));
     assert_eq!(meta.uid.as_ref().map(String::len), Some(36));
@@ -31,9 +28,7 @@ async fn create_get_list_set_server_fields() {
     assert_eq!(got.metadata.uid, meta.uid);
     assert_eq!(got.spec.unwrap().holder_identity.as_deref(), Some("me"));
 
-    api.create(&PostParams::default(), &lease("b", "you"))
-        .await
-        .unwrap();
+    create(&api, &lease("b", "you")).await;
     let list = api.list(&ListParams::default()).await.unwrap();
     let names: Vec<String> = list.items.iter().map(|l| l.name_any()).collect();
     assert_eq!(names, ["a", "b"]);
@@ -44,10 +39,7 @@ async fn create_get_list_set_server_fields() {
 
     // Cluster-wide list sees every namespace.
     let other: Api<Lease> = Api::namespaced(client.clone(), "other");
-    other
-        .create(&PostParams::default(), &lease("c", "x"))
-        .await
-        .unwrap();
+    create(&other, &lease("c", "x")).await;
     let all: Api<Lease> = Api::all(client.clone());
     assert_eq!(
         all.list(&ListParams::default()).await.unwrap().items.len(),
@@ -63,9 +55,7 @@ async fn create_get_list_set_server_fields() {
 async fn create_errors_are_api_statuses() {
     let (_double, client) = start().await;
     let api = leases(&client);
-    api.create(&PostParams::default(), &lease("a", "me"))
-        .await
-        .unwrap();
+    create(&api, &lease("a", "me")).await;
 
     let dup = status_of(api.create(&PostParams::default(), &lease("a", "me")).await);
     assert_eq!((dup.code, dup.reason.as_str()), (409, "AlreadyExists"));
@@ -95,10 +85,7 @@ async fn create_errors_are_api_statuses() {
     let mut generated = lease("", "me");
     generated.metadata.name = None;
     generated.metadata.generate_name = Some("gen-".into());
-    let made = api
-        .create(&PostParams::default(), &generated)
-        .await
-        .unwrap();
+    let made = create(&api, &generated).await;
     let name = made.name_any();
     assert!(name.starts_with("gen-") && name.len() == 9, "{name}");
 
@@ -122,10 +109,7 @@ fn unknown_api(client: &Client) -> Api<kube::api::DynamicObject> {
 async fn replace_checks_resource_version() {
     let (_double, client) = start().await;
     let api = leases(&client);
-    let v1 = api
-        .create(&PostParams::default(), &lease("a", "one"))
-        .await
-        .unwrap();
+    let v1 = create(&api, &lease("a", "one")).await;
 
     let mut v2 = v1.clone();
     v2.spec.as_mut().unwrap().holder_identity = Some("two".into());
@@ -169,10 +153,7 @@ async fn replace_checks_resource_version() {
 
     // Custom resources must name the version they replace.
     let sb = sandboxes(&client);
-    let mut obj = sb
-        .create(&PostParams::default(), &sandbox("s", json!({})))
-        .await
-        .unwrap();
+    let mut obj = create(&sb, &sandbox("s", json!({}))).await;
     obj.metadata.resource_version = None;
     let required = status_of(sb.replace("s", &PostParams::default(), &obj).await);
     assert_eq!((required.code, required.reason.as_str()), (422, "Invalid"));
@@ -183,10 +164,7 @@ async fn generation_moves_with_spec_only() {
     let (double, client) = start().await;
     let api = sandboxes(&client);
     let pp = PatchParams::default();
-    let created = api
-        .create(&PostParams::default(), &sandbox("s", json!({})))
-        .await
-        .unwrap();
+    let created = create(&api, &sandbox("s", json!({}))).await;
     assert_eq!(created.metadata.generation, Some(1));
 
     let labelled = api
@@ -238,13 +216,7 @@ async fn status_subresource_is_isolated_both_ways() {
     let (_double, client) = start().await;
     let api = sandboxes(&client);
     let pp = PatchParams::default();
-    let created = api
-        .create(
-            &PostParams::default(),
-            &sandbox("s", json!({"status": {"phase": "Bogus"}})),
-        )
-        .await
-        .unwrap();
+    let created = create(&api, &sandbox("s", json!({"status": {"phase": "Bogus"}}))).await;
     assert!(
         created.data.get("status").is_none(),
         "status dropped on create"
@@ -309,10 +281,7 @@ async fn status_subresource_is_isolated_both_ways() {
 
     // Pods: the same split; new pods start Pending.
     let pods = pods(&client);
-    let p = pods
-        .create(&PostParams::default(), &pod("p", json!({}), None))
-        .await
-        .unwrap();
+    let p = create(&pods, &pod("p", json!({}), None)).await;
     assert_eq!(p.status.unwrap().phase.as_deref(), Some("Pending"));
     let p = pods
         .patch_status(
@@ -339,12 +308,11 @@ async fn patch_types() {
     let (_double, client) = start().await;
     let api = sandboxes(&client);
     let pp = PatchParams::default();
-    api.create(
-        &PostParams::default(),
+    create(
+        &api,
         &sandbox("s", json!({"metadata": {"labels": {"a": "1", "b": "2"}}})),
     )
-    .await
-    .unwrap();
+    .await;
 
     let merged = api
         .patch(
@@ -393,10 +361,7 @@ async fn patch_types() {
         (415, "UnsupportedMediaType")
     );
     let leases = leases(&client);
-    leases
-        .create(&PostParams::default(), &lease("l", "a"))
-        .await
-        .unwrap();
+    create(&leases, &lease("l", "a")).await;
     let l = leases
         .patch(
             "l",
@@ -422,15 +387,14 @@ async fn finalizers_hold_deletion_until_removed() {
     let (_double, client) = start().await;
     let api = sandboxes(&client);
     let pp = PatchParams::default();
-    api.create(
-        &PostParams::default(),
+    create(
+        &api,
         &sandbox(
             "s",
             json!({"metadata": {"finalizers": ["sandbolt.io/cleanup"]}}),
         ),
     )
-    .await
-    .unwrap();
+    .await;
 
     let deleted = api.delete("s", &DeleteParams::default()).await.unwrap();
     let obj = deleted.left().expect("the terminating object");
@@ -481,19 +445,14 @@ async fn finalizers_hold_deletion_until_removed() {
     assert!(last.finalizers().is_empty());
     assert_eq!(status_of(api.get("s").await).code, 404);
     // The name is free again.
-    api.create(&PostParams::default(), &sandbox("s", json!({})))
-        .await
-        .unwrap();
+    create(&api, &sandbox("s", json!({}))).await;
 }
 
 #[tokio::test]
 async fn delete_without_finalizers_and_preconditions() {
     let (_double, client) = start().await;
     let leases = leases(&client);
-    let l = leases
-        .create(&PostParams::default(), &lease("l", "a"))
-        .await
-        .unwrap();
+    let l = create(&leases, &lease("l", "a")).await;
 
     let wrong = DeleteParams {
         preconditions: Some(Preconditions {
@@ -534,9 +493,7 @@ async fn delete_without_finalizers_and_preconditions() {
     );
 
     let pods = pods(&client);
-    pods.create(&PostParams::default(), &pod("p", json!({}), None))
-        .await
-        .unwrap();
+    create(&pods, &pod("p", json!({}), None)).await;
     let gone = pods.delete("p", &DeleteParams::foreground()).await.unwrap();
     assert_eq!(
         gone.left().expect("the pod").metadata.name.as_deref(),
@@ -545,9 +502,7 @@ async fn delete_without_finalizers_and_preconditions() {
 
     for n in ["a", "b", "c"] {
         let labels = json!({"del": if n == "c" { "no" } else { "yes" }});
-        pods.create(&PostParams::default(), &pod(n, labels, None))
-            .await
-            .unwrap();
+        create(&pods, &pod(n, labels, None)).await;
     }
     let removed = pods
         .delete_collection(
@@ -571,10 +526,7 @@ async fn delete_without_finalizers_and_preconditions() {
 
     // Collections of kinds that answer a single delete with a Status still
     // list what they deleted.
-    leases
-        .create(&PostParams::default(), &lease("m", "a"))
-        .await
-        .unwrap();
+    create(&leases, &lease("m", "a")).await;
     let removed = leases
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
@@ -665,9 +617,7 @@ async fn pagination_is_consistent_and_expires() {
     let (double, client) = start().await;
     let api = leases(&client);
     for i in 0..7 {
-        api.create(&PostParams::default(), &lease(&format!("l{i}"), "x"))
-            .await
-            .unwrap();
+        create(&api, &lease(&format!("l{i}"), "x")).await;
     }
     let first = api.list(&ListParams::default().limit(3)).await.unwrap();
     let names = |items: &[Lease]| items.iter().map(|l| l.name_any()).collect::<Vec<_>>();
@@ -676,9 +626,7 @@ async fn pagination_is_consistent_and_expires() {
     let token = first.metadata.continue_.clone().expect("a continue token");
 
     // Writes after the first page do not show in the later pages.
-    api.create(&PostParams::default(), &lease("l3a", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("l3a", "x")).await;
     api.delete("l5", &DeleteParams::default()).await.unwrap();
 
     let second = api
@@ -716,10 +664,7 @@ async fn pagination_is_consistent_and_expires() {
 async fn injected_failures() {
     let (double, client) = start().await;
     let api = leases(&client);
-    let l = api
-        .create(&PostParams::default(), &lease("a", "x"))
-        .await
-        .unwrap();
+    let l = create(&api, &lease("a", "x")).await;
 
     double.fail_next("update", "leases", 409, 1);
     let conflict = status_of(api.replace("a", &PostParams::default(), &l).await);
@@ -765,9 +710,7 @@ async fn injected_failures() {
 async fn outage_returns_503_until_restored() {
     let (double, client) = start().await;
     let api = leases(&client);
-    api.create(&PostParams::default(), &lease("a", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("a", "x")).await;
 
     let mut config = double.config();
     config.default_retry = false;

@@ -8,7 +8,7 @@ use common::*;
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
@@ -51,12 +51,8 @@ where
 async fn watcher_lists_then_follows() {
     let (double, client) = start().await;
     let api = leases(&client);
-    api.create(&PostParams::default(), &lease("a", "x"))
-        .await
-        .unwrap();
-    api.create(&PostParams::default(), &lease("b", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("a", "x")).await;
+    create(&api, &lease("b", "x")).await;
 
     let mut w = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
     expect_events(
@@ -65,9 +61,7 @@ async fn watcher_lists_then_follows() {
     )
     .await;
 
-    api.create(&PostParams::default(), &lease("c", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("c", "x")).await;
     expect_events(&mut w, &["Apply(c)"]).await;
     api.patch(
         "a",
@@ -85,9 +79,7 @@ async fn watcher_lists_then_follows() {
     let lists = double.requests("list", "leases");
     let watches = double.requests("watch", "leases");
     double.close_watches();
-    api.create(&PostParams::default(), &lease("d", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("d", "x")).await;
     expect_events(&mut w, &["Apply(d)"]).await;
     assert_eq!(double.requests("list", "leases"), lists);
     assert!(double.requests("watch", "leases") > watches);
@@ -97,19 +89,14 @@ async fn watcher_lists_then_follows() {
 async fn watcher_relists_after_compaction() {
     let (double, client) = start().await;
     let api = leases(&client);
-    api.create(&PostParams::default(), &lease("a", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("a", "x")).await;
     // Without bookmarks the watcher's version stays at its last event.
     let config = watcher::Config::default().disable_bookmarks();
     let mut w = watcher::watcher(api.clone(), config).boxed();
     expect_events(&mut w, &["Init", "InitApply(a)", "InitDone"]).await;
 
     // Another kind's write moves the global version past the watcher's.
-    pods(&client)
-        .create(&PostParams::default(), &pod("p", json!({}), None))
-        .await
-        .unwrap();
+    create(&pods(&client), &pod("p", json!({}), None)).await;
     double.compact();
     double.close_watches();
     expect_events(
@@ -117,9 +104,7 @@ async fn watcher_relists_after_compaction() {
         &["WatchError(410)", "Init", "InitApply(a)", "InitDone"],
     )
     .await;
-    api.create(&PostParams::default(), &lease("b", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("b", "x")).await;
     expect_events(&mut w, &["Apply(b)"]).await;
 }
 
@@ -127,15 +112,11 @@ async fn watcher_relists_after_compaction() {
 async fn streaming_list_watcher_gets_initial_events() {
     let (_double, client) = start().await;
     let api = leases(&client);
-    api.create(&PostParams::default(), &lease("a", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("a", "x")).await;
     let config = watcher::Config::default().streaming_lists();
     let mut w = watcher::watcher(api.clone(), config).boxed();
     expect_events(&mut w, &["Init", "InitApply(a)", "InitDone"]).await;
-    api.create(&PostParams::default(), &lease("b", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("b", "x")).await;
     expect_events(&mut w, &["Apply(b)"]).await;
 }
 
@@ -143,14 +124,9 @@ async fn streaming_list_watcher_gets_initial_events() {
 async fn raw_watch_replays_and_expires() {
     let (double, client) = start().await;
     let api = leases(&client);
-    let a = api
-        .create(&PostParams::default(), &lease("a", "x"))
-        .await
-        .unwrap();
+    let a = create(&api, &lease("a", "x")).await;
     let a_rv = a.resource_version().unwrap();
-    api.create(&PostParams::default(), &lease("b", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("b", "x")).await;
     api.delete("a", &DeleteParams::default()).await.unwrap();
 
     // From "0": synthetic ADDED for what exists now.
@@ -200,9 +176,7 @@ async fn raw_watch_replays_and_expires() {
     );
 
     // Live events reach the open watch; closing ends it.
-    api.create(&PostParams::default(), &lease("c", "x"))
-        .await
-        .unwrap();
+    create(&api, &lease("c", "x")).await;
     match next(&mut replay).await.unwrap() {
         WatchEvent::Added(l) => assert_eq!(l.name_any(), "c"),
         other => panic!("unexpected {other:?}"),
@@ -224,18 +198,8 @@ async fn watch_selectors_timeout_and_bookmarks() {
         .labels("app=web")
         .timeout(2);
     let mut w = api.watch(&params, "0").await.unwrap().boxed();
-    api.create(
-        &PostParams::default(),
-        &pod("db", json!({"app": "db"}), None),
-    )
-    .await
-    .unwrap();
-    api.create(
-        &PostParams::default(),
-        &pod("web", json!({"app": "web"}), None),
-    )
-    .await
-    .unwrap();
+    create(&api, &pod("db", json!({"app": "db"}), None)).await;
+    create(&api, &pod("web", json!({"app": "web"}), None)).await;
     match next(&mut w).await.unwrap() {
         WatchEvent::Added(p) => assert_eq!(p.name_any(), "web"),
         other => panic!("unexpected {other:?}"),
@@ -292,16 +256,14 @@ async fn finalizer_flow_events() {
     let (_double, client) = start().await;
     let api = sandboxes(&client);
     let pp = PatchParams::default();
-    let created = api
-        .create(
-            &PostParams::default(),
-            &sandbox(
-                "s",
-                json!({"metadata": {"finalizers": ["sandbolt.io/cleanup"]}}),
-            ),
-        )
-        .await
-        .unwrap();
+    let created = create(
+        &api,
+        &sandbox(
+            "s",
+            json!({"metadata": {"finalizers": ["sandbolt.io/cleanup"]}}),
+        ),
+    )
+    .await;
     let mut w = api
         .watch(
             &WatchParams::default().disable_bookmarks(),

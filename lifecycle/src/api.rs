@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, Request, State as AxState};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State as AxState};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use chrono::{DateTime, Utc};
+use sandbolt_proto::auth::constant_time_eq;
 use serde::de::DeserializeOwned;
 
 use crate::backend::Backend;
@@ -125,15 +127,6 @@ async fn request_id(req: Request, next: Next) -> Response {
     resp
 }
 
-/// Constant-time comparison: the time taken does not depend on where the
-/// first differing byte is (length is not secret).
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn auth<B: Backend>(AxState(app): AppState<B>, req: Request, next: Next) -> Response {
     let Some(key) = app.api_key.as_deref() else {
         return next.run(req).await;
@@ -160,19 +153,71 @@ async fn auth<B: Backend>(AxState(app): AppState<B>, req: Request, next: Next) -
     }
 }
 
-/// JSON body parsing with `{code, message}` errors (axum's own rejections
-/// are plain text).
-fn parse_json<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+/// A JSON request body whose rejections are `{code, message}` 400s (axum's
+/// own `Json` rejects in plain text, with 415 and 422).
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> ApiResult<Self> {
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(|r| ApiError::new(r.status(), "INVALID_REQUEST", r.body_text()))?;
+        serde_json::from_slice(&body)
+            .map(JsonBody)
+            .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ListQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<Self> {
+        parse_list_query(parts.uri.query().unwrap_or(""))
+    }
+}
+
+/// The endpoint query: `use_server_proxy`. Signed endpoints (`expires`)
+/// are refused rather than answered unsigned.
+pub struct EndpointQuery {
+    pub use_server_proxy: bool,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for EndpointQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<Self> {
+        let params = form_decode(parts.uri.query().unwrap_or(""));
+        let use_server_proxy = match params.iter().rev().find(|(k, _)| k == "use_server_proxy") {
+            None => false,
+            Some((_, v)) => match v.to_ascii_lowercase().as_str() {
+                "true" | "1" => true,
+                "false" | "0" => false,
+                _ => return Err(ApiError::invalid("use_server_proxy must be true or false")),
+            },
+        };
+        if params.iter().any(|(k, _)| k == "expires") {
+            return Err(ApiError::invalid_code(
+                "INVALID_PARAMETER",
+                "signed endpoints (expires) are not supported by sandbolt",
+            ));
+        }
+        Ok(Self { use_server_proxy })
+    }
 }
 
 fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
     (status, axum::Json(v)).into_response()
 }
 
-async fn create<B: Backend>(AxState(app): AppState<B>, body: Bytes) -> ApiResult<Response> {
-    let req: CreateSandboxRequest = parse_json(&body)?;
+#[tracing::instrument(skip_all, fields(sandbox_id = tracing::field::Empty))]
+async fn create<B: Backend>(
+    AxState(app): AppState<B>,
+    JsonBody(req): JsonBody<CreateSandboxRequest>,
+) -> ApiResult<Response> {
     let plan = plan_create(req, &app.policy, Utc::now())?;
+    tracing::Span::current().record("sandbox_id", plan.id.as_str());
     for v in &plan.volumes {
         app.backend.check_volume(v)?;
     }
@@ -181,6 +226,7 @@ async fn create<B: Backend>(AxState(app): AppState<B>, body: Bytes) -> ApiResult
     Ok(json(StatusCode::ACCEPTED, &rec.to_create_response()))
 }
 
+#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
 async fn get_one<B: Backend>(
     AxState(app): AppState<B>,
     Path(id): Path<String>,
@@ -189,6 +235,7 @@ async fn get_one<B: Backend>(
     Ok(json(StatusCode::OK, &rec.to_sandbox()))
 }
 
+#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
 async fn delete<B: Backend>(
     AxState(app): AppState<B>,
     Path(id): Path<String>,
@@ -218,6 +265,7 @@ async fn require_state<B: Backend>(
     Ok(())
 }
 
+#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
 async fn pause<B: Backend>(
     AxState(app): AppState<B>,
     Path(id): Path<String>,
@@ -227,6 +275,7 @@ async fn pause<B: Backend>(
     Ok(StatusCode::ACCEPTED)
 }
 
+#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
 async fn resume<B: Backend>(
     AxState(app): AppState<B>,
     Path(id): Path<String>,
@@ -236,12 +285,12 @@ async fn resume<B: Backend>(
     Ok(StatusCode::ACCEPTED)
 }
 
+#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
 async fn patch_metadata<B: Backend>(
     AxState(app): AppState<B>,
     Path(id): Path<String>,
-    body: Bytes,
+    JsonBody(patch): JsonBody<BTreeMap<String, Option<String>>>,
 ) -> ApiResult<Response> {
-    let patch: BTreeMap<String, Option<String>> = parse_json(&body)?;
     for (k, v) in &patch {
         check_metadata_entry(k, v.as_deref().unwrap_or(""))?;
     }
@@ -249,12 +298,12 @@ async fn patch_metadata<B: Backend>(
     Ok(json(StatusCode::OK, &rec.to_sandbox()))
 }
 
+#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
 async fn renew<B: Backend>(
     AxState(app): AppState<B>,
     Path(id): Path<String>,
-    body: Bytes,
+    JsonBody(req): JsonBody<RenewSandboxExpirationRequest>,
 ) -> ApiResult<Response> {
-    let req: RenewSandboxExpirationRequest = parse_json(&body)?;
     let at = DateTime::parse_from_rfc3339(&req.expires_at)
         .map_err(|e| {
             ApiError::invalid(format!(
@@ -285,31 +334,17 @@ async fn renew<B: Backend>(
     ))
 }
 
+#[tracing::instrument(skip_all, fields(sandbox_id = %id, port = %port))]
 async fn endpoint<B: Backend>(
     AxState(app): AppState<B>,
     Path((id, port)): Path<(String, String)>,
-    RawQuery(query): RawQuery,
+    query: EndpointQuery,
     headers: HeaderMap,
     req_uri: http::Uri,
 ) -> ApiResult<Response> {
     let port = parse_port(&port)?;
-    let params = form_decode(query.as_deref().unwrap_or(""));
-    let use_server_proxy = match params.iter().rev().find(|(k, _)| k == "use_server_proxy") {
-        None => false,
-        Some((_, v)) => match v.to_ascii_lowercase().as_str() {
-            "true" | "1" => true,
-            "false" | "0" => false,
-            _ => return Err(ApiError::invalid("use_server_proxy must be true or false")),
-        },
-    };
-    if params.iter().any(|(k, _)| k == "expires") {
-        return Err(ApiError::invalid_code(
-            "INVALID_PARAMETER",
-            "signed endpoints (expires) are not supported by sandbolt",
-        ));
-    }
     let route = app.backend.route(&id, port).await?;
-    let ep = if use_server_proxy {
+    let ep = if query.use_server_proxy {
         // Reflect how the client reached us (host and /v1 mount), as the
         // OpenSandbox server does; our proxy adds the sandbox headers itself.
         let host = headers
@@ -458,22 +493,25 @@ pub fn page_records(mut all: Vec<SandboxRecord>, q: &ListQuery) -> ListSandboxes
     }
 }
 
-async fn list<B: Backend>(AxState(app): AppState<B>, RawQuery(q): RawQuery) -> ApiResult<Response> {
-    let q = parse_list_query(q.as_deref().unwrap_or(""))?;
+#[tracing::instrument(skip_all)]
+async fn list<B: Backend>(AxState(app): AppState<B>, q: ListQuery) -> ApiResult<Response> {
     let all = app.backend.list().await?;
     Ok(json(StatusCode::OK, &page_records(all, &q)))
 }
 
+#[tracing::instrument(skip_all)]
 async fn metrics_event(_body: Bytes) -> StatusCode {
     // The SDK reports create latency here fire-and-forget; sandbolt measures
     // itself server-side, so the event is accepted and dropped.
     StatusCode::NO_CONTENT
 }
 
+#[tracing::instrument(skip_all)]
 async fn health() -> Response {
     json(StatusCode::OK, &serde_json::json!({"status": "healthy"}))
 }
 
+#[tracing::instrument(skip_all)]
 async fn version() -> Response {
     json(
         StatusCode::OK,
@@ -481,6 +519,7 @@ async fn version() -> Response {
     )
 }
 
+#[tracing::instrument(skip_all)]
 async fn openapi() -> Response {
     let mut r = Response::new(Body::from(crate::openapi::DOCUMENT));
     r.headers_mut().insert(
@@ -494,13 +533,6 @@ async fn openapi() -> Response {
 mod tests {
     use super::*;
     use crate::model::State as S;
-
-    #[test]
-    fn constant_time_eq_is_eq() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
-    }
 
     #[test]
     fn list_query_parsing() {

@@ -6,7 +6,7 @@ use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 use crate::model::SandboxRecord;
 use crate::validate::{CreatePlan, Extensions};
 use crate::volumes::VolumeMount;
@@ -25,6 +25,16 @@ impl Route {
     pub fn endpoint(&self) -> String {
         format!("{}{}", self.authority, self.path_prefix)
     }
+}
+
+/// What [`Backend::proxy_route`] answers for a paused sandbox: a frozen
+/// process accepts connections and never answers, so the proxy refuses
+/// instead of letting the request hang.
+pub fn paused_sandbox(code: &'static str, id: &str) -> ApiError {
+    ApiError::conflict(
+        code,
+        format!("Sandbox {id} is paused; resume it before proxying to it."),
+    )
 }
 
 /// A sandbox runtime. Implementations map each lifecycle operation to their

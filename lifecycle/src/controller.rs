@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
+use sandbolt_proto::auth::BearerToken;
 use sandbolt_proto::control::v1 as pb;
-use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::backend::{Backend, Route};
+use crate::backend::{Backend, Route, paused_sandbox};
 use crate::error::{ApiError, ApiResult, StartError};
 use crate::model::{SandboxRecord, State};
 use crate::validate::{
@@ -24,7 +25,8 @@ use crate::validate::{
 };
 use crate::volumes::{VolumeMount, VolumeSource, unsupported};
 
-type Client = pb::sandbox_service_client::SandboxServiceClient<Channel>;
+type Client =
+    pb::sandbox_service_client::SandboxServiceClient<InterceptedService<Channel, BearerToken>>;
 
 /// Controller backend settings.
 #[derive(Debug, Clone)]
@@ -51,16 +53,44 @@ impl ControllerConfig {
 pub struct ControllerBackend {
     client: Client,
     namespace: String,
-    auth: Option<MetadataValue<Ascii>>,
 }
 
-/// Maps a controller status to the REST error. The native API's codes mean
-/// one thing each (control.proto), so the message is passed on as it is:
-/// for INVALID_ARGUMENT it names the offending field.
-fn map_status(id: &str, s: tonic::Status) -> ApiError {
+/// What the lifecycle asked the controller, where an answer's code means
+/// something particular to the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Create,
+    SetExpiry,
+    /// Every call on an existing sandbox (get, delete, update, pause,
+    /// resume, resolve) and the list.
+    OnSandbox,
+}
+
+/// Maps a controller status to the REST error: the one place where the
+/// controller's answers are translated. The native API's codes mean one
+/// thing each (control.proto), so the message is passed on as it is: for
+/// INVALID_ARGUMENT it names the offending field.
+fn map_status(call: Call, id: &str, s: tonic::Status) -> ApiError {
     use tonic::Code;
     let msg = s.message().to_string();
-    match s.code() {
+    match (call, s.code()) {
+        // Nothing a create names can be "not found" but what it refers to
+        // (a pool, an image): the request's to fix, not a missing sandbox.
+        (Call::Create, Code::NotFound) => ApiError::invalid(msg),
+        // The API layer read the record first and saw an expiry; the
+        // controller disagreeing means it was made manual-cleanup in
+        // between. Same answer as when the read sees it.
+        (Call::SetExpiry, Code::FailedPrecondition) => ApiError::conflict(
+            "SANDBOX_MANUAL_CLEANUP",
+            format!("Sandbox {id} does not have automatic expiration enabled."),
+        ),
+        (_, code) => map_code(code, id, msg),
+    }
+}
+
+fn map_code(code: tonic::Code, id: &str, msg: String) -> ApiError {
+    use tonic::Code;
+    match code {
         Code::NotFound => ApiError::not_found(id),
         Code::InvalidArgument | Code::OutOfRange => ApiError::invalid(msg),
         Code::AlreadyExists => ApiError::conflict("SANDBOX_ALREADY_EXISTS", msg),
@@ -269,26 +299,16 @@ impl ControllerBackend {
             })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
-        let auth = config
-            .token
-            .filter(|t| !t.is_empty())
-            .map(|t| {
-                format!("Bearer {t}")
-                    .parse()
-                    .map_err(|_| StartError::Config("controller token is not valid ASCII".into()))
-            })
-            .transpose()?;
+        let token = BearerToken::new(config.token.as_deref().unwrap_or_default())
+            .map_err(|_| StartError::Config("controller token is not valid ASCII".into()))?;
         let backend = Self {
-            client: Client::new(endpoint.connect_lazy()),
+            client: pb::sandbox_service_client::SandboxServiceClient::with_interceptor(
+                endpoint.connect_lazy(),
+                token,
+            ),
             namespace: config.namespace,
-            auth,
         };
-        match backend
-            .client
-            .clone()
-            .list_pools(backend.req(pb::ListPoolsRequest {}))
-            .await
-        {
+        match backend.client().list_pools(pb::ListPoolsRequest {}).await {
             Ok(_) => {}
             Err(s) if matches!(s.code(), tonic::Code::Unauthenticated) => {
                 return Err(StartError::Backend(format!(
@@ -305,15 +325,6 @@ impl ControllerBackend {
             ),
         }
         Ok(backend)
-    }
-
-    /// Wraps a message with the controller's bearer token.
-    fn req<T>(&self, msg: T) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(msg);
-        if let Some(a) = &self.auth {
-            r.metadata_mut().insert("authorization", a.clone());
-        }
-        r
     }
 
     fn reference(&self, id: &str) -> pb::SandboxRef {
@@ -356,19 +367,14 @@ impl Backend for ControllerBackend {
         true
     }
 
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "create", sandbox_id = %plan.id, namespace = %self.namespace))]
     async fn create(&self, plan: CreatePlan) -> ApiResult<SandboxRecord> {
         let req = create_request(&plan, &self.namespace)?;
         let sandbox = self
             .client()
-            .create_sandbox(self.req(req))
+            .create_sandbox(req)
             .await
-            .map_err(|s| match s.code() {
-                // Nothing a create names can be "not found" but what it
-                // refers to (a pool, an image): the request's to fix, not
-                // a missing sandbox.
-                tonic::Code::NotFound => ApiError::invalid(s.message()),
-                _ => map_status(&plan.id, s),
-            })?
+            .map_err(|s| map_status(Call::Create, &plan.id, s))?
             .into_inner();
         let mut rec = to_record(&sandbox);
         // wait_ready: the controller answered once execd inside answered.
@@ -381,19 +387,21 @@ impl Backend for ControllerBackend {
         Ok(rec)
     }
 
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "get", sandbox_id = %id, namespace = %self.namespace))]
     async fn get(&self, id: &str) -> ApiResult<SandboxRecord> {
         check_id(id)?;
         let sandbox = self
             .client()
-            .get_sandbox(self.req(pb::GetSandboxRequest {
+            .get_sandbox(pb::GetSandboxRequest {
                 sandbox: Some(self.reference(id)),
-            }))
+            })
             .await
-            .map_err(|s| map_status(id, s))?
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?
             .into_inner();
         Ok(to_record(&sandbox))
     }
 
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "list", namespace = %self.namespace))]
     async fn list(&self) -> ApiResult<Vec<SandboxRecord>> {
         // page_size 0: every sandbox in one answer. The token loop is only
         // for a controller that pages anyway.
@@ -402,15 +410,15 @@ impl Backend for ControllerBackend {
         loop {
             let resp = self
                 .client()
-                .list_sandboxes(self.req(pb::ListSandboxesRequest {
+                .list_sandboxes(pb::ListSandboxesRequest {
                     namespace: self.namespace.clone(),
                     metadata: Default::default(),
                     phases: Vec::new(),
                     page_size: 0,
                     page_token,
-                }))
+                })
                 .await
-                .map_err(|s| map_status("*", s))?
+                .map_err(|s| map_status(Call::OnSandbox, "*", s))?
                 .into_inner();
             out.extend(resp.items.iter().map(to_record));
             if resp.next_page_token.is_empty() {
@@ -420,18 +428,20 @@ impl Backend for ControllerBackend {
         }
     }
 
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "delete", sandbox_id = %id, namespace = %self.namespace))]
     async fn delete(&self, id: &str) -> ApiResult<()> {
         check_id(id)?;
         self.client()
-            .delete_sandbox(self.req(pb::DeleteSandboxRequest {
+            .delete_sandbox(pb::DeleteSandboxRequest {
                 sandbox: Some(self.reference(id)),
-            }))
+            })
             .await
-            .map_err(|s| map_status(id, s))?;
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?;
         tracing::info!(%id, "sandbox deleted");
         Ok(())
     }
 
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "patch_metadata", sandbox_id = %id, namespace = %self.namespace))]
     async fn patch_metadata(
         &self,
         id: &str,
@@ -449,59 +459,53 @@ impl Backend for ControllerBackend {
             .collect();
         let sandbox = self
             .client()
-            .update_sandbox(self.req(pb::UpdateSandboxRequest {
+            .update_sandbox(pb::UpdateSandboxRequest {
                 sandbox: Some(self.reference(id)),
                 expected_generation: 0,
                 expires_at_unix_seconds: None,
                 metadata_upsert: upsert,
                 metadata_delete_keys: delete,
-            }))
+            })
             .await
-            .map_err(|s| map_status(id, s))?
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?
             .into_inner();
         Ok(to_record(&sandbox))
     }
 
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "pause", sandbox_id = %id, namespace = %self.namespace))]
     async fn pause(&self, id: &str) -> ApiResult<()> {
         check_id(id)?;
         self.client()
-            .pause_sandbox(self.req(self.reference(id)))
+            .pause_sandbox(self.reference(id))
             .await
-            .map_err(|s| map_status(id, s))?;
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?;
         Ok(())
     }
 
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "resume", sandbox_id = %id, namespace = %self.namespace))]
     async fn resume(&self, id: &str) -> ApiResult<()> {
         check_id(id)?;
         self.client()
-            .resume_sandbox(self.req(self.reference(id)))
+            .resume_sandbox(self.reference(id))
             .await
-            .map_err(|s| map_status(id, s))?;
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?;
         Ok(())
     }
 
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "set_expiry", sandbox_id = %id, namespace = %self.namespace))]
     async fn set_expiry(&self, id: &str, at: DateTime<Utc>) -> ApiResult<DateTime<Utc>> {
         check_id(id)?;
         let sandbox = self
             .client()
-            .update_sandbox(self.req(pb::UpdateSandboxRequest {
+            .update_sandbox(pb::UpdateSandboxRequest {
                 sandbox: Some(self.reference(id)),
                 expected_generation: 0,
                 expires_at_unix_seconds: Some(ceil_to_second(at)),
                 metadata_upsert: Default::default(),
                 metadata_delete_keys: Vec::new(),
-            }))
+            })
             .await
-            .map_err(|s| match s.code() {
-                // The API layer read the record first and saw an expiry; the
-                // controller disagreeing means it was made manual-cleanup in
-                // between. Same answer as when the read sees it.
-                tonic::Code::FailedPrecondition => ApiError::conflict(
-                    "SANDBOX_MANUAL_CLEANUP",
-                    format!("Sandbox {id} does not have automatic expiration enabled."),
-                ),
-                _ => map_status(id, s),
-            })?
+            .map_err(|s| map_status(Call::SetExpiry, id, s))?
             .into_inner();
         to_record(&sandbox)
             .expires_at
@@ -509,30 +513,26 @@ impl Backend for ControllerBackend {
     }
 
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {
-        // A frozen process accepts connections and never answers: refuse
-        // instead of letting the proxied request hang. Read from the
-        // controller every time; a cached answer would differ between
-        // replicas.
+        // Read from the controller every time; a cached answer would
+        // differ between replicas.
         let rec = self.get(id).await?;
         if rec.state == State::Paused {
-            return Err(ApiError::conflict(
-                "SANDBOX_PAUSED",
-                format!("Sandbox {id} is paused; resume it before proxying to it."),
-            ));
+            return Err(paused_sandbox("SANDBOX_PAUSED", id));
         }
         self.route(id, port).await
     }
 
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "route", sandbox_id = %id, namespace = %self.namespace, port = port))]
     async fn route(&self, id: &str, port: u16) -> ApiResult<Route> {
         check_id(id)?;
         let ep = self
             .client()
-            .resolve_endpoint(self.req(pb::ResolveEndpointRequest {
+            .resolve_endpoint(pb::ResolveEndpointRequest {
                 sandbox: Some(self.reference(id)),
                 port: u32::from(port),
-            }))
+            })
             .await
-            .map_err(|s| map_status(id, s))?
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?
             .into_inner();
         if ep.endpoint.is_empty() {
             return Err(ApiError::internal("controller resolved no endpoint"));
@@ -728,10 +728,15 @@ mod tests {
 
     #[test]
     fn statuses_map_to_http() {
-        let e = map_status("x", tonic::Status::unauthenticated("bad bearer token"));
+        let e = map_status(
+            Call::OnSandbox,
+            "x",
+            tonic::Status::unauthenticated("bad bearer token"),
+        );
         assert_eq!(e.status, StatusCode::BAD_GATEWAY);
         assert!(e.message.contains("controller token"), "{}", e.message);
         let e = map_status(
+            Call::OnSandbox,
             "x",
             tonic::Status::invalid_argument(
                 "spec.resources.limits.memory: 64Ti is above the pool maximum 8Gi",
@@ -768,7 +773,11 @@ mod tests {
                 StatusCode::INTERNAL_SERVER_ERROR,
             ),
         ] {
-            assert_eq!(map_status("x", status.clone()).status, want, "{status:?}");
+            assert_eq!(
+                map_status(Call::OnSandbox, "x", status.clone()).status,
+                want,
+                "{status:?}"
+            );
         }
     }
 

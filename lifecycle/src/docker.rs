@@ -26,9 +26,10 @@ use bollard::query_parameters::{
 };
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use sandbolt_proto::wire::{EXECD_PORT, EXECD_TOKEN_HEADER};
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, Route};
+use crate::backend::{Backend, Route, paused_sandbox};
 use crate::error::{ApiError, ApiResult, StartError};
 use crate::model::{SandboxRecord, State};
 use crate::validate::{CreatePlan, Extensions, FailurePolicy};
@@ -36,10 +37,6 @@ use crate::volumes::{VolumeMount, VolumeSource, unsupported};
 
 /// Where execd lands inside every sandbox.
 pub const EXECD_PATH: &str = "/opt/sandbolt/execd";
-/// execd's port inside the sandbox (the OpenSandbox execd port).
-pub const EXECD_PORT: u16 = 44772;
-/// Header execd checks for its per-sandbox access token.
-pub const EXECD_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
 
 pub const LABEL_ID: &str = "opensandbox.io/id";
 pub const LABEL_EXPIRES_AT: &str = "opensandbox.io/expires-at";
@@ -129,7 +126,58 @@ fn check_id(id: &str) -> ApiResult<()> {
     }
 }
 
-fn map_docker_err(id: &str, e: bollard::errors::Error) -> ApiError {
+/// What the backend asked the engine, where a failure means something
+/// particular to the call.
+#[derive(Debug, Clone, Copy)]
+enum DockerCall<'a> {
+    /// Creating the container of a sandbox from `image`.
+    Create {
+        image: &'a str,
+    },
+    /// Copying execd into the created container.
+    CopyExecd,
+    Start,
+    /// Every call on an existing sandbox, and the list.
+    OnSandbox,
+}
+
+/// Maps an engine error to the REST error: the one place where bollard's
+/// errors are translated.
+fn map_docker_err(call: DockerCall<'_>, id: &str, e: bollard::errors::Error) -> ApiError {
+    use bollard::errors::Error as E;
+    match (call, e) {
+        (
+            DockerCall::Create { image },
+            E::DockerResponseServerError {
+                status_code: 404,
+                message,
+            },
+        ) => ApiError::invalid_code(
+            "DOCKER::SANDBOX_IMAGE_NOT_FOUND",
+            format!("image {image} is not available: {message}"),
+        ),
+        (
+            DockerCall::Create { .. },
+            E::DockerResponseServerError {
+                status_code: 400,
+                message,
+            },
+        ) => ApiError::invalid(format!("docker rejected the sandbox: {message}")),
+        (DockerCall::CopyExecd, e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "DOCKER::SANDBOX_EXECD_DISTRIBUTION_FAILED",
+            format!("copying execd into the sandbox failed: {e}"),
+        ),
+        (DockerCall::Start, e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "DOCKER::SANDBOX_START_FAILED",
+            format!("starting the sandbox failed: {e}"),
+        ),
+        (_, e) => map_engine_answer(id, e),
+    }
+}
+
+fn map_engine_answer(id: &str, e: bollard::errors::Error) -> ApiError {
     use bollard::errors::Error as E;
     match e {
         E::DockerResponseServerError {
@@ -231,6 +279,52 @@ fn enum_str<T: Serialize>(v: &T) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
+}
+
+/// The labels that make a container a sandbox: the user's metadata, then
+/// id, expiry (or manual cleanup), execd's token and the create-time facts.
+fn container_labels(plan: &CreatePlan, token: &str) -> HashMap<String, String> {
+    let mut labels: HashMap<String, String> = plan
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.insert(LABEL_ID.into(), plan.id.clone());
+    match plan.expires_at {
+        Some(t) => labels.insert(LABEL_EXPIRES_AT.into(), t.to_rfc3339()),
+        None => labels.insert(LABEL_MANUAL_CLEANUP.into(), "true".into()),
+    };
+    labels.insert(LABEL_TOKEN.into(), token.to_string());
+    labels.insert(
+        LABEL_ENTRYPOINT.into(),
+        serde_json::to_string(&plan.entrypoint).expect("strings serialize"),
+    );
+    labels.insert(
+        LABEL_CREATED_AT.into(),
+        crate::model::rfc3339(plan.created_at),
+    );
+    labels
+}
+
+fn container_env(plan: &CreatePlan, token: &str) -> Vec<String> {
+    let mut env: Vec<String> = plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    env.push(format!("OPENSANDBOX_ID={}", plan.id));
+    env.push(format!("EXECD_ACCESS_TOKEN={token}"));
+    env
+}
+
+/// execd is PID 1: it reaps, forwards signals and runs the user's
+/// entrypoint as its child; no shell needed in the image.
+fn execd_entrypoint(plan: &CreatePlan) -> Vec<String> {
+    let mut entrypoint = vec![
+        EXECD_PATH.to_string(),
+        "--init".into(),
+        "--listen".into(),
+        format!("0.0.0.0:{EXECD_PORT}"),
+        "--".into(),
+    ];
+    entrypoint.extend(plan.entrypoint.iter().cloned());
+    entrypoint
 }
 
 /// Packs execd as `opt/sandbolt/execd` (0755, root) for the archive API.
@@ -397,7 +491,7 @@ impl DockerBackend {
             .docker
             .inspect_container(&container_name(id), None)
             .await
-            .map_err(|e| map_docker_err(id, e))?;
+            .map_err(|e| map_docker_err(DockerCall::OnSandbox, id, e))?;
         // A container merely named like ours is not ours.
         let ours = c
             .config
@@ -476,6 +570,29 @@ impl DockerBackend {
         })
     }
 
+    /// The sandbox's `HostConfig`: execd's port published on a port the
+    /// engine picks, hardening, the user's volumes and the resource limits.
+    fn host_config(&self, plan: &CreatePlan) -> ApiResult<HostConfig> {
+        Ok(HostConfig {
+            port_bindings: Some(HashMap::from([(
+                format!("{EXECD_PORT}/tcp"),
+                Some(vec![PortBinding {
+                    host_ip: Some(self.config.publish_host_ip.clone()),
+                    // Empty = the engine picks a free port (no races with us).
+                    host_port: Some(String::new()),
+                }]),
+            )])),
+            security_opt: Some(vec!["no-new-privileges:true".into()]),
+            // Docker's default capability set minus the ones a sandbox has no
+            // business with (raw sockets, device nodes, audit).
+            cap_drop: Some(vec!["NET_RAW".into(), "MKNOD".into(), "AUDIT_WRITE".into()]),
+            privileged: Some(false),
+            mounts: Some(self.mounts(&plan.volumes)?),
+            init: Some(false),
+            ..limits(plan, self.config.pids_limit)?
+        })
+    }
+
     fn mounts(&self, volumes: &[VolumeMount]) -> ApiResult<Vec<Mount>> {
         volumes
             .iter()
@@ -499,93 +616,29 @@ impl DockerBackend {
             .collect()
     }
 
-    async fn create_inner(&self, plan: &CreatePlan, token: &str) -> ApiResult<Reach> {
+    /// The container of a sandbox, created, given execd and started; how to
+    /// reach its execd.
+    async fn create_container(&self, plan: &CreatePlan, token: &str) -> ApiResult<Reach> {
         let name = container_name(&plan.id);
-        let mut labels: HashMap<String, String> = plan
-            .metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        labels.insert(LABEL_ID.into(), plan.id.clone());
-        match plan.expires_at {
-            Some(t) => labels.insert(LABEL_EXPIRES_AT.into(), t.to_rfc3339()),
-            None => labels.insert(LABEL_MANUAL_CLEANUP.into(), "true".into()),
-        };
-        labels.insert(LABEL_TOKEN.into(), token.to_string());
-        labels.insert(
-            LABEL_ENTRYPOINT.into(),
-            serde_json::to_string(&plan.entrypoint).expect("strings serialize"),
-        );
-        labels.insert(
-            LABEL_CREATED_AT.into(),
-            crate::model::rfc3339(plan.created_at),
-        );
-
-        let mut env: Vec<String> = plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        env.push(format!("OPENSANDBOX_ID={}", plan.id));
-        env.push(format!("EXECD_ACCESS_TOKEN={token}"));
-
-        // execd is PID 1: it reaps, forwards signals and runs the user's
-        // entrypoint as its child; no shell needed in the image.
-        let mut entrypoint = vec![
-            EXECD_PATH.to_string(),
-            "--init".into(),
-            "--listen".into(),
-            format!("0.0.0.0:{EXECD_PORT}"),
-            "--".into(),
-        ];
-        entrypoint.extend(plan.entrypoint.iter().cloned());
-
-        let port_key = format!("{EXECD_PORT}/tcp");
-        let host_config = HostConfig {
-            port_bindings: Some(HashMap::from([(
-                port_key.clone(),
-                Some(vec![PortBinding {
-                    host_ip: Some(self.config.publish_host_ip.clone()),
-                    // Empty = the engine picks a free port (no races with us).
-                    host_port: Some(String::new()),
-                }]),
-            )])),
-            security_opt: Some(vec!["no-new-privileges:true".into()]),
-            // Docker's default capability set minus the ones a sandbox has no
-            // business with (raw sockets, device nodes, audit).
-            cap_drop: Some(vec!["NET_RAW".into(), "MKNOD".into(), "AUDIT_WRITE".into()]),
-            privileged: Some(false),
-            mounts: Some(self.mounts(&plan.volumes)?),
-            init: Some(false),
-            ..limits(plan, self.config.pids_limit)?
-        };
         let body = ContainerCreateBody {
             image: Some(plan.image.clone()),
-            entrypoint: Some(entrypoint),
+            entrypoint: Some(execd_entrypoint(plan)),
             cmd: Some(Vec::new()),
-            env: Some(env),
-            labels: Some(labels),
-            exposed_ports: Some(vec![port_key]),
-            host_config: Some(host_config),
+            env: Some(container_env(plan, token)),
+            labels: Some(container_labels(plan, token)),
+            exposed_ports: Some(vec![format!("{EXECD_PORT}/tcp")]),
+            host_config: Some(self.host_config(plan)?),
             ..Default::default()
         };
         let opts = CreateContainerOptions {
             name: Some(name.clone()),
             ..Default::default()
         };
+        let create = DockerCall::Create { image: &plan.image };
         self.docker
             .create_container(Some(opts), body)
             .await
-            .map_err(|e| match e {
-                bollard::errors::Error::DockerResponseServerError {
-                    status_code: 404,
-                    message,
-                } => ApiError::invalid_code(
-                    "DOCKER::SANDBOX_IMAGE_NOT_FOUND",
-                    format!("image {} is not available: {message}", plan.image),
-                ),
-                bollard::errors::Error::DockerResponseServerError {
-                    status_code: 400,
-                    message,
-                } => ApiError::invalid(format!("docker rejected the sandbox: {message}")),
-                other => map_docker_err(&plan.id, other),
-            })?;
+            .map_err(|e| map_docker_err(create, &plan.id, e))?;
 
         // Copy execd in before start: no bind mount, so this works even when
         // the engine cannot see our filesystem.
@@ -600,23 +653,11 @@ impl DockerBackend {
                 bollard::body_full(self.execd_tar.clone()),
             )
             .await
-            .map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "DOCKER::SANDBOX_EXECD_DISTRIBUTION_FAILED",
-                    format!("copying execd into the sandbox failed: {e}"),
-                )
-            })?;
+            .map_err(|e| map_docker_err(DockerCall::CopyExecd, &plan.id, e))?;
         self.docker
             .start_container(&name, None)
             .await
-            .map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "DOCKER::SANDBOX_START_FAILED",
-                    format!("starting the sandbox failed: {e}"),
-                )
-            })?;
+            .map_err(|e| map_docker_err(DockerCall::Start, &plan.id, e))?;
         let c = self.inspect(&plan.id).await?;
         Self::reach_from_inspect(&c)
             .ok_or_else(|| ApiError::internal("the engine published no host port for execd"))
@@ -645,6 +686,28 @@ impl DockerBackend {
         if let Some(r) = self.reach.lock().expect("reach lock").get_mut(id) {
             r.paused = paused;
         }
+    }
+
+    /// Pause and resume check the state first: the engine would answer a
+    /// repeated one with a bare 500.
+    async fn require_state(
+        &self,
+        id: &str,
+        want: State,
+        code: &'static str,
+        verb: &str,
+    ) -> ApiResult<()> {
+        let rec = self.get(id).await?;
+        if rec.state != want {
+            return Err(ApiError::conflict(
+                code,
+                format!(
+                    "Sandbox {id} is {} and cannot be {verb}.",
+                    rec.state.as_str()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn forget(&self, id: &str) {
@@ -697,9 +760,10 @@ impl Backend for DockerBackend {
         Ok(())
     }
 
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "create", sandbox_id = %plan.id))]
     async fn create(&self, plan: CreatePlan) -> ApiResult<SandboxRecord> {
         let token = random_token();
-        match self.create_inner(&plan, &token).await {
+        match self.create_container(&plan, &token).await {
             Ok(reach) => {
                 self.reach
                     .lock()
@@ -737,11 +801,13 @@ impl Backend for DockerBackend {
         }
     }
 
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "get", sandbox_id = %id))]
     async fn get(&self, id: &str) -> ApiResult<SandboxRecord> {
         let c = self.inspect(id).await?;
         Ok(self.record_from_inspect(id, &c))
     }
 
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "list"))]
     async fn list(&self) -> ApiResult<Vec<SandboxRecord>> {
         let opts = ListContainersOptions {
             all: true,
@@ -755,13 +821,14 @@ impl Backend for DockerBackend {
             .docker
             .list_containers(Some(opts))
             .await
-            .map_err(|e| map_docker_err("*", e))?;
+            .map_err(|e| map_docker_err(DockerCall::OnSandbox, "*", e))?;
         Ok(all
             .iter()
             .filter_map(|s| self.record_from_summary(s))
             .collect())
     }
 
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "delete", sandbox_id = %id))]
     async fn delete(&self, id: &str) -> ApiResult<()> {
         self.inspect(id).await?;
         self.docker
@@ -775,12 +842,13 @@ impl Backend for DockerBackend {
                 }),
             )
             .await
-            .map_err(|e| map_docker_err(id, e))?;
+            .map_err(|e| map_docker_err(DockerCall::OnSandbox, id, e))?;
         self.forget(id);
         tracing::info!(%id, "sandbox deleted");
         Ok(())
     }
 
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "patch_metadata", sandbox_id = %id))]
     async fn patch_metadata(
         &self,
         id: &str,
@@ -798,44 +866,31 @@ impl Backend for DockerBackend {
         Ok(rec)
     }
 
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "pause", sandbox_id = %id))]
     async fn pause(&self, id: &str) -> ApiResult<()> {
-        let rec = self.get(id).await?;
-        if rec.state != State::Running {
-            return Err(ApiError::conflict(
-                "DOCKER::SANDBOX_NOT_RUNNING",
-                format!(
-                    "Sandbox {id} is {} and cannot be paused.",
-                    rec.state.as_str()
-                ),
-            ));
-        }
+        self.require_state(id, State::Running, "DOCKER::SANDBOX_NOT_RUNNING", "paused")
+            .await?;
         self.docker
             .pause_container(&container_name(id))
             .await
-            .map_err(|e| map_docker_err(id, e))?;
+            .map_err(|e| map_docker_err(DockerCall::OnSandbox, id, e))?;
         self.set_paused(id, true);
         Ok(())
     }
 
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "resume", sandbox_id = %id))]
     async fn resume(&self, id: &str) -> ApiResult<()> {
-        let rec = self.get(id).await?;
-        if rec.state != State::Paused {
-            return Err(ApiError::conflict(
-                "DOCKER::SANDBOX_NOT_PAUSED",
-                format!(
-                    "Sandbox {id} is {} and cannot be resumed.",
-                    rec.state.as_str()
-                ),
-            ));
-        }
+        self.require_state(id, State::Paused, "DOCKER::SANDBOX_NOT_PAUSED", "resumed")
+            .await?;
         self.docker
             .unpause_container(&container_name(id))
             .await
-            .map_err(|e| map_docker_err(id, e))?;
+            .map_err(|e| map_docker_err(DockerCall::OnSandbox, id, e))?;
         self.set_paused(id, false);
         Ok(())
     }
 
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "set_expiry", sandbox_id = %id))]
     async fn set_expiry(&self, id: &str, at: DateTime<Utc>) -> ApiResult<DateTime<Utc>> {
         write_json(
             &self.expiry_path(id),
@@ -849,14 +904,12 @@ impl Backend for DockerBackend {
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {
         check_id(id)?;
         if self.reach(id).await?.paused {
-            return Err(ApiError::conflict(
-                "DOCKER::SANDBOX_PAUSED",
-                format!("Sandbox {id} is paused; resume it before proxying to it."),
-            ));
+            return Err(paused_sandbox("DOCKER::SANDBOX_PAUSED", id));
         }
         self.route(id, port).await
     }
 
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "route", sandbox_id = %id, port = port))]
     async fn route(&self, id: &str, port: u16) -> ApiResult<Route> {
         check_id(id)?;
         let reach = self.reach(id).await?;

@@ -30,6 +30,7 @@ const HOP_BY_HOP: &[&str] = &[
     "proxy-connection",
 ];
 
+#[tracing::instrument(skip_all, fields(sandbox_id = %id, port = %port))]
 pub async fn proxy_root<B: Backend>(
     State(app): State<Arc<App<B>>>,
     Path((id, port)): Path<(String, String)>,
@@ -38,6 +39,7 @@ pub async fn proxy_root<B: Backend>(
     forward(app, id, port, String::new(), req).await
 }
 
+#[tracing::instrument(skip_all, fields(sandbox_id = %id, port = %port))]
 pub async fn proxy_path<B: Backend>(
     State(app): State<Arc<App<B>>>,
     Path((id, port, path)): Path<(String, String, String)>,

@@ -8,7 +8,7 @@ use sandbolt_proto::quantity;
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
-use crate::model::CreateSandboxRequest;
+use crate::model::{CreateSandboxRequest, ImageSpec, PlatformSpec};
 use crate::volumes::{HostPathCheck, VolumeMount, parse_volumes};
 
 /// Lower bound of `timeout` (OpenSandbox #442 keeps it when TTL is asked for).
@@ -204,12 +204,12 @@ pub fn parse_memory(q: &str) -> Result<u64, quantity::QuantityError> {
 /// Parses `resourceLimits` or `resourceRequests` (`field` names which, for
 /// the error messages). Unknown resource names are refused, not dropped.
 fn parse_resources(
-    raw: Option<BTreeMap<String, String>>,
+    raw: Option<&BTreeMap<String, String>>,
     field: &str,
     allow_pids: bool,
 ) -> ApiResult<ResourceSet> {
     let mut set = ResourceSet::default();
-    for (k, v) in raw.unwrap_or_default() {
+    for (k, v) in raw.into_iter().flatten() {
         let text = v.trim().to_string();
         match k.as_str() {
             "cpu" => {
@@ -359,37 +359,82 @@ pub fn plan_create(
     policy: &Policy,
     now: DateTime<Utc>,
 ) -> ApiResult<CreatePlan> {
-    // A request sandbolt cannot serve is the client's to change: 400, like
-    // every other unsupported field (and like OSEP-0003's unsupported
-    // volume backends), not a 5xx that reads as a server fault.
+    reject_other_sources(&req)?;
+    let image = check_image(req.image.as_ref())?;
+    let entrypoint = check_entrypoint(req.entrypoint.as_deref())?;
+    let timeout = parse_timeout(req.timeout.as_ref(), policy.max_timeout_secs)?;
+    let env = parse_env(req.env.as_ref())?;
+    let metadata = req.metadata.clone().unwrap_or_default();
+    for (k, v) in &metadata {
+        check_metadata_entry(k, v)?;
+    }
+    let limits = parse_resources(req.resource_limits.as_ref(), "resourceLimits", true)?;
+    let requests = parse_resources(req.resource_requests.as_ref(), "resourceRequests", false)?;
+    check_requests_within_limits(&limits, &requests)?;
+    let extensions = parse_extensions(req.extensions.as_ref())?;
+    reject_unsupported_options(&req)?;
+    if let Some(p) = &req.platform {
+        check_platform(p)?;
+    }
+    let volumes = parse_volumes(
+        req.volumes.as_deref(),
+        req.volume_bindings.as_deref(),
+        &policy.host_paths,
+    )?;
+    Ok(CreatePlan {
+        id: uuid::Uuid::new_v4().to_string(),
+        image,
+        entrypoint,
+        env,
+        metadata,
+        created_at: now,
+        expires_at: timeout.map(|s| now + Duration::seconds(s)),
+        limits,
+        requests,
+        volumes,
+        extensions,
+    })
+}
+
+fn unsupported_field(message: impl Into<String>) -> ApiError {
+    ApiError::invalid_code("UNSUPPORTED_FIELD", message)
+}
+
+/// A request sandbolt cannot serve is the client's to change: 400, like
+/// every other unsupported field (and like OSEP-0003's unsupported volume
+/// backends), not a 5xx that reads as a server fault.
+fn reject_other_sources(req: &CreateSandboxRequest) -> ApiResult<()> {
     if req.snapshot_id.is_some() {
-        return Err(ApiError::invalid_code(
-            "UNSUPPORTED_FIELD",
+        return Err(unsupported_field(
             "snapshotId is not supported by sandbolt: create from an image",
         ));
     }
     if req.template_id.is_some() {
-        return Err(ApiError::invalid_code(
-            "UNSUPPORTED_FIELD",
+        return Err(unsupported_field(
             "templateId is not supported by sandbolt: create from an image",
         ));
     }
-    let image = req
-        .image
-        .ok_or_else(|| ApiError::invalid("image is required"))?;
+    Ok(())
+}
+
+/// The image reference to run.
+fn check_image(image: Option<&ImageSpec>) -> ApiResult<String> {
+    let image = image.ok_or_else(|| ApiError::invalid("image is required"))?;
     if image.uri.trim().is_empty() || image.uri.chars().any(char::is_whitespace) {
         return Err(ApiError::invalid(
             "image.uri must be a non-empty image reference",
         ));
     }
     if image.auth.is_some() {
-        return Err(ApiError::invalid_code(
-            "UNSUPPORTED_FIELD",
+        return Err(unsupported_field(
             "image.auth is not supported: sandbolt uses images present on the node",
         ));
     }
-    let entrypoint = req
-        .entrypoint
+    Ok(image.uri.clone())
+}
+
+fn check_entrypoint(entrypoint: Option<&[String]>) -> ApiResult<Vec<String>> {
+    let entrypoint = entrypoint
         .ok_or_else(|| ApiError::invalid("entrypoint is required when image is provided"))?;
     if entrypoint.is_empty() || entrypoint[0].is_empty() {
         return Err(ApiError::invalid("entrypoint must name a program"));
@@ -397,10 +442,15 @@ pub fn plan_create(
     if entrypoint.iter().any(|a| a.contains('\0')) {
         return Err(ApiError::invalid("entrypoint must not contain NUL bytes"));
     }
-    let timeout = parse_timeout(req.timeout.as_ref(), policy.max_timeout_secs)?;
+    Ok(entrypoint.to_vec())
+}
 
+/// The environment; a `null` value leaves the variable out.
+fn parse_env(
+    raw: Option<&BTreeMap<String, Option<String>>>,
+) -> ApiResult<BTreeMap<String, String>> {
     let mut env = BTreeMap::new();
-    for (k, v) in req.env.unwrap_or_default() {
+    for (k, v) in raw.into_iter().flatten() {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(ApiError::invalid(format!(
                 "invalid environment variable name '{k}'"
@@ -412,66 +462,45 @@ pub fn plan_create(
                     "environment variable '{k}' contains NUL"
                 )));
             }
-            env.insert(k, v);
+            env.insert(k.clone(), v.clone());
         }
     }
-    let metadata = req.metadata.unwrap_or_default();
-    for (k, v) in &metadata {
-        check_metadata_entry(k, v)?;
-    }
+    Ok(env)
+}
 
-    let limits = parse_resources(req.resource_limits, "resourceLimits", true)?;
-    let requests = parse_resources(req.resource_requests, "resourceRequests", false)?;
-    check_requests_within_limits(&limits, &requests)?;
-    let extensions = parse_extensions(req.extensions.as_ref())?;
+/// Options sandbolt does not offer: refused, never accepted and ignored.
+fn reject_unsupported_options(req: &CreateSandboxRequest) -> ApiResult<()> {
     reject_if_set(&req.network_policy, "networkPolicy")?;
     reject_if_set(&req.lifecycle, "lifecycle")?;
     if let Some(cp) = &req.credential_proxy
         && cp.get("enabled").and_then(Value::as_bool) == Some(true)
     {
-        return Err(ApiError::invalid_code(
-            "UNSUPPORTED_FIELD",
+        return Err(unsupported_field(
             "credentialProxy is not supported by sandbolt",
         ));
     }
     if req.secure_access {
-        return Err(ApiError::invalid_code(
-            "UNSUPPORTED_FIELD",
+        return Err(unsupported_field(
             "secureAccess is not supported by sandbolt (endpoints already carry a per-sandbox token)",
         ));
     }
-    if let Some(p) = &req.platform {
-        let host_arch = match std::env::consts::ARCH {
-            "x86_64" => "amd64",
-            "aarch64" => "arm64",
-            other => other,
-        };
-        if p.os != "linux" || p.arch != host_arch {
-            return Err(ApiError::invalid(format!(
-                "platform {}/{} cannot be served here (linux/{host_arch})",
-                p.os, p.arch
-            )));
-        }
-    }
-    let volumes = parse_volumes(
-        req.volumes.as_deref(),
-        req.volume_bindings.as_deref(),
-        &policy.host_paths,
-    )?;
+    Ok(())
+}
 
-    Ok(CreatePlan {
-        id: uuid::Uuid::new_v4().to_string(),
-        image: image.uri,
-        entrypoint,
-        env,
-        metadata,
-        created_at: now,
-        expires_at: timeout.map(|s| now + Duration::seconds(s)),
-        limits,
-        requests,
-        volumes,
-        extensions,
-    })
+/// Sandboxes run on this machine's platform (the nodes' for the controller).
+fn check_platform(p: &PlatformSpec) -> ApiResult<()> {
+    let host_arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    if p.os != "linux" || p.arch != host_arch {
+        return Err(ApiError::invalid(format!(
+            "platform {}/{} cannot be served here (linux/{host_arch})",
+            p.os, p.arch
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

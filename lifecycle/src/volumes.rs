@@ -343,130 +343,19 @@ pub fn parse_volumes(
         || volumes
             .iter()
             .any(|v| v.get("backendType").is_some() || v.get("backendRef").is_some());
-
-    let mut names = BTreeSet::new();
-    let mut mounts = Vec::new();
-    if seed_shape {
-        let mut declared = Vec::new();
-        for v in volumes {
-            let sv: SeedVolume = parse_entry(v, "volume")?;
-            check_name(&sv.name)?;
-            if !names.insert(sv.name.clone()) {
-                return Err(bad(
-                    "VOLUME::DUPLICATE_NAME",
-                    format!("volume name '{}' is declared twice", sv.name),
-                ));
-            }
-            declared.push(sv);
-        }
-        for b in bindings {
-            let sb: SeedBinding = parse_entry(b, "volume binding")?;
-            let Some(vol) = declared.iter().find(|v| v.name == sb.volume_name) else {
-                return Err(bad(
-                    "VOLUME::INVALID_NAME",
-                    format!(
-                        "volume binding names undeclared volume '{}'",
-                        sb.volume_name
-                    ),
-                ));
-            };
-            check_mount_path(&sb.mount_path)?;
-            let read_only = match sb.access_mode.as_str() {
-                "RW" => false,
-                "RO" => true,
-                other => {
-                    return Err(bad(
-                        "VOLUME::INVALID_ACCESS_MODE",
-                        format!("accessMode '{other}' must be RW or RO"),
-                    ));
-                }
-            };
-            let sub = sb.sub_path.as_deref().map(check_sub_path).transpose()?;
-            let (source, sub_path) = match vol.backend_type.as_str() {
-                "local" => host_source(&vol.backend_ref, sub, host_paths)?,
-                "pvc" => {
-                    check_pvc(&vol.backend_ref)?;
-                    (
-                        VolumeSource::Pvc {
-                            claim_name: vol.backend_ref.clone(),
-                        },
-                        sub,
-                    )
-                }
-                "nfs" => (parse_nfs(&vol.backend_ref)?, sub),
-                other => {
-                    return Err(bad(
-                        "VOLUME::INVALID_BACKEND",
-                        format!("backendType '{other}' must be one of local, pvc, nfs"),
-                    ));
-                }
-            };
-            mounts.push(VolumeMount {
-                name: vol.name.clone(),
-                source,
-                mount_path: sb.mount_path,
-                read_only,
-                sub_path,
-            });
-        }
+    let mounts = if seed_shape {
+        parse_seed_volumes(volumes, bindings, host_paths)?
     } else {
-        for v in volumes {
-            let sv: SpecVolume = parse_entry(v, "volume")?;
-            check_name(&sv.name)?;
-            if !names.insert(sv.name.clone()) {
-                return Err(bad(
-                    "VOLUME::DUPLICATE_NAME",
-                    format!("volume name '{}' is declared twice", sv.name),
-                ));
-            }
-            check_mount_path(&sv.mount_path)?;
-            let sub = sv.sub_path.as_deref().map(check_sub_path).transpose()?;
-            let backends = [sv.host.is_some(), sv.pvc.is_some(), sv.ossfs.is_some()];
-            if backends.iter().filter(|b| **b).count() != 1 {
-                return Err(bad(
-                    "VOLUME::INVALID_BACKEND",
-                    format!(
-                        "volume '{}' must specify exactly one backend (host, pvc or ossfs)",
-                        sv.name
-                    ),
-                ));
-            }
-            let (source, sub_path) = if let Some(h) = sv.host {
-                host_source(&h.path, sub, host_paths)?
-            } else if let Some(p) = sv.pvc {
-                check_pvc(&p.claim_name)?;
-                (
-                    VolumeSource::Pvc {
-                        claim_name: p.claim_name,
-                    },
-                    sub,
-                )
-            } else if let Some(o) = sv.ossfs {
-                if !(3..=63).contains(&o.bucket.len()) || o.endpoint.is_empty() {
-                    return Err(bad(
-                        "VOLUME::INVALID_OSSFS_BUCKET",
-                        "ossfs needs a bucket of 3..63 characters and an endpoint",
-                    ));
-                }
-                (
-                    VolumeSource::Ossfs {
-                        bucket: o.bucket,
-                        endpoint: o.endpoint,
-                    },
-                    sub,
-                )
-            } else {
-                unreachable!("exactly one backend checked above")
-            };
-            mounts.push(VolumeMount {
-                name: sv.name,
-                source,
-                mount_path: sv.mount_path,
-                read_only: sv.read_only,
-                sub_path,
-            });
-        }
-    }
+        let specs = volumes
+            .iter()
+            .map(|v| parse_entry::<SpecVolume>(v, "volume"))
+            .collect::<ApiResult<Vec<_>>>()?;
+        check_unique_names(specs.iter().map(|v| v.name.as_str()))?;
+        specs
+            .into_iter()
+            .map(|sv| spec_mount(sv, host_paths))
+            .collect::<ApiResult<_>>()?
+    };
     let mut paths = BTreeSet::new();
     for m in &mounts {
         if !paths.insert(m.mount_path.clone()) {
@@ -477,6 +366,144 @@ pub fn parse_volumes(
         }
     }
     Ok(mounts)
+}
+
+/// Each name a valid DNS-1123 label, none twice.
+fn check_unique_names<'a>(names: impl Iterator<Item = &'a str>) -> ApiResult<()> {
+    let mut seen = BTreeSet::new();
+    for name in names {
+        check_name(name)?;
+        if !seen.insert(name) {
+            return Err(bad(
+                "VOLUME::DUPLICATE_NAME",
+                format!("volume name '{name}' is declared twice"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The seed shape: declared `volumes[]`, mounted by `volumeBindings[]`.
+fn parse_seed_volumes(
+    volumes: &[Value],
+    bindings: &[Value],
+    host_paths: &HostPathCheck,
+) -> ApiResult<Vec<VolumeMount>> {
+    let declared = volumes
+        .iter()
+        .map(|v| parse_entry::<SeedVolume>(v, "volume"))
+        .collect::<ApiResult<Vec<_>>>()?;
+    check_unique_names(declared.iter().map(|v| v.name.as_str()))?;
+    bindings
+        .iter()
+        .map(|b| {
+            let sb: SeedBinding = parse_entry(b, "volume binding")?;
+            let Some(vol) = declared.iter().find(|v| v.name == sb.volume_name) else {
+                return Err(bad(
+                    "VOLUME::INVALID_NAME",
+                    format!(
+                        "volume binding names undeclared volume '{}'",
+                        sb.volume_name
+                    ),
+                ));
+            };
+            seed_mount(vol, sb, host_paths)
+        })
+        .collect()
+}
+
+fn seed_mount(
+    vol: &SeedVolume,
+    sb: SeedBinding,
+    host_paths: &HostPathCheck,
+) -> ApiResult<VolumeMount> {
+    check_mount_path(&sb.mount_path)?;
+    let read_only = match sb.access_mode.as_str() {
+        "RW" => false,
+        "RO" => true,
+        other => {
+            return Err(bad(
+                "VOLUME::INVALID_ACCESS_MODE",
+                format!("accessMode '{other}' must be RW or RO"),
+            ));
+        }
+    };
+    let sub = sb.sub_path.as_deref().map(check_sub_path).transpose()?;
+    let (source, sub_path) = match vol.backend_type.as_str() {
+        "local" => host_source(&vol.backend_ref, sub, host_paths)?,
+        "pvc" => {
+            check_pvc(&vol.backend_ref)?;
+            (
+                VolumeSource::Pvc {
+                    claim_name: vol.backend_ref.clone(),
+                },
+                sub,
+            )
+        }
+        "nfs" => (parse_nfs(&vol.backend_ref)?, sub),
+        other => {
+            return Err(bad(
+                "VOLUME::INVALID_BACKEND",
+                format!("backendType '{other}' must be one of local, pvc, nfs"),
+            ));
+        }
+    };
+    Ok(VolumeMount {
+        name: vol.name.clone(),
+        source,
+        mount_path: sb.mount_path,
+        read_only,
+        sub_path,
+    })
+}
+
+/// The 1.1.1 shape: one entry per mount, exactly one backend each.
+fn spec_mount(sv: SpecVolume, host_paths: &HostPathCheck) -> ApiResult<VolumeMount> {
+    check_mount_path(&sv.mount_path)?;
+    let sub = sv.sub_path.as_deref().map(check_sub_path).transpose()?;
+    let (source, sub_path) = match (sv.host, sv.pvc, sv.ossfs) {
+        (Some(h), None, None) => host_source(&h.path, sub, host_paths)?,
+        (None, Some(p), None) => {
+            check_pvc(&p.claim_name)?;
+            (
+                VolumeSource::Pvc {
+                    claim_name: p.claim_name,
+                },
+                sub,
+            )
+        }
+        (None, None, Some(o)) => {
+            if !(3..=63).contains(&o.bucket.len()) || o.endpoint.is_empty() {
+                return Err(bad(
+                    "VOLUME::INVALID_OSSFS_BUCKET",
+                    "ossfs needs a bucket of 3..63 characters and an endpoint",
+                ));
+            }
+            (
+                VolumeSource::Ossfs {
+                    bucket: o.bucket,
+                    endpoint: o.endpoint,
+                },
+                sub,
+            )
+        }
+        _ => {
+            return Err(bad(
+                "VOLUME::INVALID_BACKEND",
+                format!(
+                    "volume '{}' must specify exactly one backend (host, pvc or ossfs)",
+                    sv.name
+                ),
+            ));
+        }
+    };
+    Ok(VolumeMount {
+        name: sv.name,
+        source,
+        mount_path: sv.mount_path,
+        read_only: sv.read_only,
+        sub_path,
+    })
 }
 
 /// The 400 for a backend a runtime cannot serve: names both, as OSEP-0003 asks.

@@ -5,20 +5,21 @@
 
 mod common;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sdk_suite_on_controller() {
+/// Runs one pytest file against a lifecycle over a fresh controller and
+/// agent; `host_root` passes the agent's allowed host-path root to the suite.
+async fn suite_on_controller(file: &'static str, host_root: bool) {
     let env = common::controller_env(16).await;
     let data = tempfile::tempdir().unwrap();
     let lifecycle = env.lifecycle(data.path()).await;
-    let addr = lifecycle.addr();
-    let image = env.image.clone();
-    tokio::task::spawn_blocking(move || {
-        common::run_pytest("lifecycle_sdk_test.py", addr, &image, "controller", None)
-    })
-    .await
-    .unwrap();
+    let root = host_root.then(|| env.host_root.path().to_path_buf());
+    common::pytest(file, lifecycle.addr(), &env.image, "controller", root).await;
     lifecycle.shutdown().await.unwrap();
     env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_suite_on_controller() {
+    suite_on_controller("lifecycle_sdk_test.py", false).await;
 }
 
 /// The volume suite: host volumes reach the agent, which checks them
@@ -26,23 +27,5 @@ async fn sdk_suite_on_controller() {
 /// allowlist's root).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_on_controller() {
-    let env = common::controller_env(16).await;
-    let data = tempfile::tempdir().unwrap();
-    let lifecycle = env.lifecycle(data.path()).await;
-    let addr = lifecycle.addr();
-    let image = env.image.clone();
-    let root = env.host_root.path().to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        common::run_pytest(
-            "lifecycle_volumes_test.py",
-            addr,
-            &image,
-            "controller",
-            Some(&root),
-        )
-    })
-    .await
-    .unwrap();
-    lifecycle.shutdown().await.unwrap();
-    env.stop().await;
+    suite_on_controller("lifecycle_volumes_test.py", true).await;
 }

@@ -9,12 +9,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::{call, sh};
 use reqwest::{Method, StatusCode};
 use sandbolt_lifecycle::{BackendConfig, ControllerConfig, Lifecycle, LifecycleConfig, StartError};
+use sandbolt_test_support::eventually_async;
 use serde_json::{Value, json};
 
 fn time(v: &Value) -> DateTime<Utc> {
@@ -456,14 +457,15 @@ async fn a_wrong_controller_token_is_named_not_a_bare_500() {
     let controller = sandbolt_controller::Controller::start(ccfg)
         .await
         .expect("controller starts on the freed port");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let (s, v) = loop {
-        let (s, v) = call(Method::GET, format!("{base}/v1/sandboxes"), None).await;
-        if s != StatusCode::SERVICE_UNAVAILABLE || Instant::now() > deadline {
-            break (s, v);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (s, v) = eventually_async(
+        "the lifecycle to reach the restarted controller",
+        Duration::from_secs(10),
+        || async {
+            let (s, v) = call(Method::GET, format!("{base}/v1/sandboxes"), None).await;
+            (s != StatusCode::SERVICE_UNAVAILABLE).then_some((s, v))
+        },
+    )
+    .await;
     assert_eq!(s, StatusCode::BAD_GATEWAY, "{v}");
     assert_eq!(v["code"], "CONTROLLER::UNAUTHENTICATED", "{v}");
     assert!(

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use sandbolt_lifecycle::{Lifecycle, StartError};
+use sandbolt_test_support::{eventually, eventually_async};
 use serde_json::{Value, json};
 
 fn client() -> reqwest::Client {
@@ -259,28 +260,19 @@ async fn http_contract_on_docker() {
     let (s, _, v) = call(M::GET, ping, key, None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     // execd itself came in through the archive API, not a bind mount.
-    let inspect = std::process::Command::new("docker")
-        .args([
-            "-H",
-            &format!("unix://{}", env.socket().display()),
-            "inspect",
-            &format!("sandbox-{id}"),
-        ])
-        .output()
-        .unwrap();
-    let inspect: Value = serde_json::from_slice(&inspect.stdout).unwrap();
-    assert_eq!(inspect[0]["Mounts"], json!([]), "no mounts at all");
+    let inspect = env.inspect(&id);
+    assert_eq!(inspect["Mounts"], json!([]), "no mounts at all");
     assert_eq!(
-        inspect[0]["HostConfig"]["SecurityOpt"],
+        inspect["HostConfig"]["SecurityOpt"],
         json!(["no-new-privileges:true"])
     );
-    assert!(inspect[0]["HostConfig"]["PidsLimit"].as_i64().unwrap() > 0);
+    assert!(inspect["HostConfig"]["PidsLimit"].as_i64().unwrap() > 0);
     assert_eq!(
-        inspect[0]["Config"]["Labels"]["opensandbox.io/manual-cleanup"],
+        inspect["Config"]["Labels"]["opensandbox.io/manual-cleanup"],
         "true"
     );
     assert_eq!(
-        inspect[0]["Config"]["Labels"]["opensandbox.io/id"],
+        inspect["Config"]["Labels"]["opensandbox.io/id"],
         id.as_str()
     );
     drop(token);
@@ -362,21 +354,25 @@ async fn expiry_is_persisted_swept_and_survives_restart() {
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     h.shutdown().await.unwrap();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    eventually(
+        "the renewed expiry to pass while no server runs",
+        Duration::from_secs(10),
+        || (chrono::Utc::now() > soon + chrono::Duration::seconds(1)).then_some(()),
+    )
+    .await;
 
     // A new server over the same engine and data dir finds and sweeps it.
     let h = env.start().await;
     let base = format!("http://{}", h.addr());
-    let mut gone = false;
-    for _ in 0..40 {
-        let (s, _, _) = call(M::GET, format!("{base}/v1/sandboxes/{a}"), key, None).await;
-        if s == StatusCode::NOT_FOUND {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    assert!(gone, "expired sandbox {a} was not swept after restart");
+    eventually_async(
+        &format!("expired sandbox {a} to be swept after restart"),
+        Duration::from_secs(10),
+        || async {
+            let (s, _, _) = call(M::GET, format!("{base}/v1/sandboxes/{a}"), key, None).await;
+            (s == StatusCode::NOT_FOUND).then_some(())
+        },
+    )
+    .await;
     for id in [&b, &manual] {
         let (s, _, v) = call(M::GET, format!("{base}/v1/sandboxes/{id}"), key, None).await;
         assert_eq!(s, StatusCode::OK, "{v}");

@@ -31,24 +31,21 @@ async fn cgroup_values(base: &str, id: &str) -> Vec<String> {
     out.stdout.lines().map(str::to_owned).collect()
 }
 
+/// Asks for a sleeping sandbox with `extensions`; status and answer.
+async fn create_with_extensions(base: &str, image: &str, extensions: Value) -> (StatusCode, Value) {
+    let body = json!({
+        "image": {"uri": image},
+        "entrypoint": ["sleep", "infinity"],
+        "resourceLimits": {},
+        "extensions": extensions,
+    });
+    call(Method::POST, format!("{base}/v1/sandboxes"), Some(body)).await
+}
+
 async fn create(base: &str, body: Value) -> String {
     let (s, v) = call(Method::POST, format!("{base}/v1/sandboxes"), Some(body)).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     v["id"].as_str().unwrap().to_string()
-}
-
-fn inspect(env: &common::DockerEnv, id: &str) -> Value {
-    let out = std::process::Command::new("docker")
-        .args([
-            "-H",
-            &format!("unix://{}", env.socket().display()),
-            "inspect",
-            &format!("sandbox-{id}"),
-        ])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v[0]["HostConfig"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,7 +67,7 @@ async fn limits_hold_inside_a_docker_sandbox() {
     .await;
 
     // The engine was told...
-    let hc = inspect(&env, &id);
+    let hc = env.inspect(&id)["HostConfig"].clone();
     assert_eq!(hc["Memory"], 64 << 20, "{hc}");
     assert_eq!(hc["MemorySwap"], 64 << 20, "{hc}");
     assert_eq!(hc["NanoCpus"], 500_000_000, "{hc}");
@@ -162,7 +159,7 @@ async fn limits_hold_inside_a_docker_sandbox() {
     .await;
     let out = sh(&base, &capped, "cat /sys/fs/cgroup/pids/pids.max").await;
     assert_eq!(out.stdout.trim(), "64", "{out:?}");
-    let hc = inspect(&env, &capped);
+    let hc = env.inspect(&capped)["HostConfig"].clone();
     // No memory asked: no memory cap, and no swap setting of its own.
     assert_eq!(hc["Memory"], 0, "{hc}");
     assert_eq!(hc["NanoCpus"], 0, "{hc}");
@@ -187,31 +184,16 @@ async fn docker_refuses_what_it_cannot_honour() {
         ),
         (json!({"storage.id": "x"}), "extensions.storage.id"),
     ] {
-        let (s, v) = call(
-            Method::POST,
-            format!("{base}/v1/sandboxes"),
-            Some(json!({
-                "image": {"uri": env.image},
-                "entrypoint": ["sleep", "infinity"],
-                "resourceLimits": {},
-                "extensions": ext,
-            })),
-        )
-        .await;
+        let (s, v) = create_with_extensions(&base, &env.image, ext.clone()).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{ext}: {v}");
         assert!(v["message"].as_str().unwrap().contains(words), "{ext}: {v}");
     }
     // What it can honour is accepted: manual failure policy, either
     // consistency (the container and its labels are one write).
-    let (s, v) = call(
-        Method::POST,
-        format!("{base}/v1/sandboxes"),
-        Some(json!({
-            "image": {"uri": env.image},
-            "entrypoint": ["sleep", "infinity"],
-            "resourceLimits": {},
-            "extensions": {"failurePolicy": "manual", "consistencyMode": "strong"},
-        })),
+    let (s, v) = create_with_extensions(
+        &base,
+        &env.image,
+        json!({"failurePolicy": "manual", "consistencyMode": "strong"}),
     )
     .await;
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");

@@ -3,18 +3,19 @@
 
 mod common;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sdk_suite_on_docker() {
+/// Runs one pytest file against a fresh lifecycle on the test bed's dockerd;
+/// `host_root` passes the allowed host-path root to the suite.
+async fn suite_on_docker(file: &'static str, host_root: bool) {
     let env = common::docker_env();
     let handle = env.start().await;
-    let addr = handle.addr();
-    let image = env.image.clone();
-    tokio::task::spawn_blocking(move || {
-        common::run_pytest("lifecycle_sdk_test.py", addr, &image, "docker", None)
-    })
-    .await
-    .unwrap();
+    let root = host_root.then(|| env.host_root.path().to_path_buf());
+    common::pytest(file, handle.addr(), &env.image, "docker", root).await;
     handle.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_suite_on_docker() {
+    suite_on_docker("lifecycle_sdk_test.py", false).await;
 }
 
 /// The same limits test the containerd fast path passes (`cli/tests/up_e2e.rs`),
@@ -22,35 +23,10 @@ async fn sdk_suite_on_docker() {
 /// OOM-killed inside the sandbox, a CPU burner gets about its quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_on_docker() {
-    let env = common::docker_env();
-    let handle = env.start().await;
-    let addr = handle.addr();
-    let image = env.image.clone();
-    tokio::task::spawn_blocking(move || {
-        common::run_pytest("limits_sdk_test.py", addr, &image, "docker", None)
-    })
-    .await
-    .unwrap();
-    handle.shutdown().await.unwrap();
+    suite_on_docker("limits_sdk_test.py", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_on_docker() {
-    let env = common::docker_env();
-    let handle = env.start().await;
-    let addr = handle.addr();
-    let image = env.image.clone();
-    let root = env.host_root.path().to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        common::run_pytest(
-            "lifecycle_volumes_test.py",
-            addr,
-            &image,
-            "docker",
-            Some(&root),
-        )
-    })
-    .await
-    .unwrap();
-    handle.shutdown().await.unwrap();
+    suite_on_docker("lifecycle_volumes_test.py", true).await;
 }

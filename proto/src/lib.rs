@@ -15,7 +15,7 @@ pub mod quantity;
 pub mod wire;
 
 // Generated code: its style is tonic-build's, not ours.
-#[allow(unused_qualifications, rust_2018_idioms)]
+#[allow(unused_qualifications, rust_2018_idioms, clippy::too_many_lines)]
 pub mod fastpath {
     pub mod v1 {
         tonic::include_proto!("fastpath.v1");
@@ -26,7 +26,7 @@ pub mod fastpath {
 }
 
 // Generated code: its style is tonic-build's, not ours.
-#[allow(unused_qualifications, rust_2018_idioms)]
+#[allow(unused_qualifications, rust_2018_idioms, clippy::too_many_lines)]
 pub mod agent {
     pub mod v1 {
         tonic::include_proto!("sandbolt.agent.v1");
@@ -34,7 +34,7 @@ pub mod agent {
 }
 
 // Generated code: its style is tonic-build's, not ours.
-#[allow(unused_qualifications, rust_2018_idioms)]
+#[allow(unused_qualifications, rust_2018_idioms, clippy::too_many_lines)]
 pub mod control {
     pub mod v1 {
         tonic::include_proto!("sandbolt.control.v1");

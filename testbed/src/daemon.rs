@@ -1,5 +1,6 @@
 //! The private containerd and dockerd of one test bed.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -117,6 +118,47 @@ impl Testbed {
         run(&mut cmd)?;
         let _ = fs::remove_file(&archive);
         Ok(())
+    }
+
+    /// Starts a private containerd with the test busybox image imported
+    /// into `namespace`: what most tests of a sandbox need first.
+    pub fn start_with_busybox(namespace: &str) -> Result<Testbed, TestbedError> {
+        let bed = Self::start()?;
+        bed.import_image(&crate::busybox_image()?, namespace)?;
+        Ok(bed)
+    }
+
+    /// Container ids in `namespace`, sorted (`ctr containers ls -q`).
+    pub fn containers(&self, namespace: &str) -> Result<Vec<String>, TestbedError> {
+        let listing = run(self.ctr(namespace).args(["containers", "ls", "-q"]))?;
+        let mut ids: Vec<String> = listing
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Every task in `namespace` as `ctr tasks ls` shows it:
+    /// container id → (pid, status such as `RUNNING`).
+    pub fn tasks(&self, namespace: &str) -> Result<BTreeMap<String, (u32, String)>, TestbedError> {
+        let listing = run(self.ctr(namespace).args(["tasks", "ls"]))?;
+        Ok(listing
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                let [id, pid, status, ..] = cols.as_slice() else {
+                    return None;
+                };
+                Some((
+                    id.to_string(),
+                    (pid.parse().unwrap_or(0), status.to_string()),
+                ))
+            })
+            .collect())
     }
 
     /// Imports a locally built image into this bed's dockerd.

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::{TestbedError, workspace_root};
+use crate::daemon::run;
+use crate::{TestbedError, file_named_by_env, made_once, workspace_root};
 
 /// Target triple of the static build (the only one installed here).
 pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -15,20 +16,11 @@ pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
 /// uses, so building here never waits on the outer cargo's lock.
 pub fn execd_binary() -> Result<PathBuf, TestbedError> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| locate_or_build().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(TestbedError::Setup)
+    made_once(&BIN, locate_or_build)
 }
 
 fn locate_or_build() -> Result<PathBuf, TestbedError> {
-    if let Some(path) = std::env::var_os("SANDBOLT_EXECD_BIN") {
-        let path = PathBuf::from(path);
-        if !path.is_file() {
-            return Err(TestbedError::Setup(format!(
-                "SANDBOLT_EXECD_BIN={} does not exist",
-                path.display()
-            )));
-        }
+    if let Some(path) = file_named_by_env("SANDBOLT_EXECD_BIN")? {
         return Ok(path);
     }
     let root = workspace_root();
@@ -50,17 +42,7 @@ fn locate_or_build() -> Result<PathBuf, TestbedError> {
         ])
         .env("CARGO_TARGET_DIR", &target_dir)
         .env("RUSTFLAGS", "-C target-feature=+crt-static");
-    let out = cmd.output().map_err(|e| TestbedError::Spawn {
-        what: "cargo build (static execd)".into(),
-        source: e,
-    })?;
-    if !out.status.success() {
-        return Err(TestbedError::Command {
-            command: format!("{cmd:?}"),
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
+    run(&mut cmd)?;
     let bin = target_dir.join(STATIC_TARGET).join("release-small/execd");
     if !bin.is_file() {
         return Err(TestbedError::Setup(format!(

@@ -374,10 +374,7 @@ impl OciImageBuilder {
 /// usual empty mount points, and root/nobody users. Built once per process.
 pub fn busybox_image() -> Result<OciImage, TestbedError> {
     static IMAGE: OnceLock<Result<OciImage, String>> = OnceLock::new();
-    IMAGE
-        .get_or_init(|| build_busybox().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(TestbedError::Setup)
+    crate::made_once(&IMAGE, build_busybox)
 }
 
 fn build_busybox() -> Result<OciImage, TestbedError> {

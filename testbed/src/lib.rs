@@ -36,6 +36,9 @@ pub use teardown::{TESTBED_DIR_PREFIX, leftovers};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+
+use daemon::run;
 
 /// Root of the sandbolt workspace (this crate lives one level below it).
 pub fn workspace_root() -> PathBuf {
@@ -51,21 +54,34 @@ pub fn workspace_root() -> PathBuf {
 /// Runs `scripts/python-env.sh`, which creates or refreshes the venv.
 pub fn python() -> Result<PathBuf, TestbedError> {
     let script = workspace_root().join("scripts/python-env.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .map_err(|e| TestbedError::Spawn {
-            what: script.display().to_string(),
-            source: e,
-        })?;
-    if !out.status.success() {
+    let stdout = run(Command::new("bash").arg(&script))?;
+    Ok(PathBuf::from(stdout.trim()))
+}
+
+/// What `make` returns, made once per process and kept in `cell`: the test
+/// binaries and images are expensive to build and every test asks for them.
+/// A failure is kept too (as its message), so it is not retried per test.
+pub(crate) fn made_once<T: Clone>(
+    cell: &'static OnceLock<Result<T, String>>,
+    make: impl FnOnce() -> Result<T, TestbedError>,
+) -> Result<T, TestbedError> {
+    cell.get_or_init(|| make().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(TestbedError::Setup)
+}
+
+/// The file environment variable `var` names, when it is set: a prebuilt
+/// binary that spares the build. Set to a missing file is an error, not a
+/// silent rebuild.
+pub(crate) fn file_named_by_env(var: &str) -> Result<Option<PathBuf>, TestbedError> {
+    let Some(path) = std::env::var_os(var).map(PathBuf::from) else {
+        return Ok(None);
+    };
+    if !path.is_file() {
         return Err(TestbedError::Setup(format!(
-            "{} failed ({}): {}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
+            "{var}={} does not exist",
+            path.display()
         )));
     }
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    Ok(PathBuf::from(path))
+    Ok(Some(path))
 }

@@ -246,6 +246,7 @@ fn route(path: &str) -> Option<Route<'_>> {
     None
 }
 
+#[tracing::instrument(skip_all, fields(%method, path = uri.path()))]
 async fn handle(State(state): State<Arc<RegistryState>>, method: Method, uri: Uri) -> Response {
     state.requests.fetch_add(1, Ordering::SeqCst);
     state

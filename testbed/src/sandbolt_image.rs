@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::{OciImage, TestbedError, workspace_root};
+use crate::daemon::run;
+use crate::{OciImage, TestbedError, file_named_by_env, made_once, workspace_root};
 
 /// The reference the image is imported under.
 pub const SANDBOLT_IMAGE_REF: &str = "localhost/sandbolt:dev";
@@ -22,37 +23,15 @@ pub const SANDBOLT_IMAGE_EXECD: &str = "/usr/local/bin/execd";
 /// for execd) skips the build.
 pub fn static_binaries() -> Result<(PathBuf, PathBuf), TestbedError> {
     static BINS: OnceLock<Result<(PathBuf, PathBuf), String>> = OnceLock::new();
-    BINS.get_or_init(|| locate_or_build().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(TestbedError::Setup)
+    made_once(&BINS, locate_or_build)
 }
 
 fn locate_or_build() -> Result<(PathBuf, PathBuf), TestbedError> {
-    if let Some(bin) = std::env::var_os("SANDBOLT_STATIC_BIN") {
-        let bin = PathBuf::from(bin);
-        if !bin.is_file() {
-            return Err(TestbedError::Setup(format!(
-                "SANDBOLT_STATIC_BIN={} does not exist",
-                bin.display()
-            )));
-        }
+    if let Some(bin) = file_named_by_env("SANDBOLT_STATIC_BIN")? {
         return Ok((bin, crate::execd_binary()?));
     }
     let script = workspace_root().join("scripts/build-static.sh");
-    let mut cmd = Command::new("bash");
-    cmd.arg(&script);
-    let out = cmd.output().map_err(|e| TestbedError::Spawn {
-        what: script.display().to_string(),
-        source: e,
-    })?;
-    if !out.status.success() {
-        return Err(TestbedError::Command {
-            command: format!("{cmd:?}"),
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = run(Command::new("bash").arg(&script))?;
     let paths: Vec<PathBuf> = text.lines().map(|l| PathBuf::from(l.trim())).collect();
     match paths.as_slice() {
         [bin, execd] if bin.is_file() && execd.is_file() => Ok((bin.clone(), execd.clone())),
@@ -67,10 +46,7 @@ fn locate_or_build() -> Result<(PathBuf, PathBuf), TestbedError> {
 /// `/tmp` and state dir. Built once per process.
 pub fn sandbolt_image() -> Result<OciImage, TestbedError> {
     static IMAGE: OnceLock<Result<OciImage, String>> = OnceLock::new();
-    IMAGE
-        .get_or_init(|| build().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(TestbedError::Setup)
+    made_once(&IMAGE, build)
 }
 
 fn build() -> Result<OciImage, TestbedError> {

@@ -15,22 +15,11 @@ import httpx
 from opensandbox.exceptions import SandboxException
 
 from opensandbox import SandboxSync
-from opensandbox.config.connection_sync import ConnectionConfigSync
+from lifecycle_env import API_KEY, DOMAIN, config
 from opensandbox.models.filesystem import WriteEntry
 
-DOMAIN = os.environ["LIFECYCLE_DOMAIN"]
-API_KEY = os.environ["LIFECYCLE_API_KEY"]
 IMAGE = os.environ["SANDBOLT_IMAGE"]
 ENDPOINT_HOST = os.environ["SANDBOLT_ENDPOINT_HOST"]
-
-
-def config() -> ConnectionConfigSync:
-    return ConnectionConfigSync(
-        domain=DOMAIN,
-        api_key=API_KEY,
-        protocol="http",
-        request_timeout=timedelta(seconds=60),
-    )
 
 
 def test_sdk_through_a_containerized_lifecycle():

@@ -19,25 +19,14 @@ import httpx
 import pytest
 
 from opensandbox import SandboxManagerSync, SandboxSync
-from opensandbox.config.connection_sync import ConnectionConfigSync
+from lifecycle_env import API_KEY, DOMAIN, config
 from opensandbox.exceptions import SandboxException
 from opensandbox.models.filesystem import WriteEntry
 from opensandbox.models.sandboxes import SandboxFilter
 
-DOMAIN = os.environ["LIFECYCLE_DOMAIN"]
-API_KEY = os.environ["LIFECYCLE_API_KEY"]
 IMAGE = os.environ["SANDBOLT_IMAGE"]
 BACKEND = os.environ["SANDBOLT_BACKEND"]
 ENTRY = ["sleep", "infinity"]
-
-
-def config() -> ConnectionConfigSync:
-    return ConnectionConfigSync(
-        domain=DOMAIN,
-        api_key=API_KEY,
-        protocol="http",
-        request_timeout=timedelta(seconds=60),
-    )
 
 
 def http() -> httpx.Client:

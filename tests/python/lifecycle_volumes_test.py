@@ -19,10 +19,8 @@ import httpx
 import pytest
 
 from opensandbox import SandboxSync
-from opensandbox.config.connection_sync import ConnectionConfigSync
+from lifecycle_env import API_KEY, DOMAIN, config
 
-DOMAIN = os.environ["LIFECYCLE_DOMAIN"]
-API_KEY = os.environ["LIFECYCLE_API_KEY"]
 IMAGE = os.environ["SANDBOLT_IMAGE"]
 BACKEND = os.environ["SANDBOLT_BACKEND"]
 ROOT = os.environ["SANDBOLT_HOST_ROOT"]
@@ -35,10 +33,6 @@ def http() -> httpx.Client:
         headers={"OPEN-SANDBOX-API-KEY": API_KEY},
         timeout=60,
     )
-
-
-def config() -> ConnectionConfigSync:
-    return ConnectionConfigSync(domain=DOMAIN, api_key=API_KEY, protocol="http")
 
 
 def body(**extra) -> dict:

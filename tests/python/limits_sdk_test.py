@@ -11,18 +11,11 @@ import os
 from datetime import timedelta
 
 from opensandbox import SandboxSync
-from opensandbox.config.connection_sync import ConnectionConfigSync
+from lifecycle_env import config
 
-DOMAIN = os.environ["LIFECYCLE_DOMAIN"]
-API_KEY = os.environ["LIFECYCLE_API_KEY"]
 IMAGE = os.environ.get("SANDBOLT_IMAGE", "busybox")
 
 MIB = 1024 * 1024
-
-
-def config():
-    return ConnectionConfigSync(domain=DOMAIN, api_key=API_KEY, protocol="http",
-                                request_timeout=timedelta(seconds=60))
 
 
 def create(**kw):

@@ -4,12 +4,18 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sandbolt_agent::server::BearerToken;
 use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
 use sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient;
-use sandbolt_proto::agent::v1::{CreateSandboxRequest, SandboxSpec};
+use sandbolt_proto::agent::v1::{
+    CreateSandboxRequest, DeleteSandboxRequest, SandboxPhase, SandboxRef, SandboxSpec,
+    SandboxStatus,
+};
+use sandbolt_proto::auth::BearerToken;
+// Each test file uses some of these.
+#[allow(unused_imports)]
+pub use sandbolt_test_support::{eventually, eventually_async, eventually_blocking};
 use sandbolt_testbed::{Testbed, busybox_image, execd_binary};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -19,14 +25,12 @@ pub const TOKEN: &str = "agent-test-token";
 
 pub type Client = AgentServiceClient<InterceptedService<Channel, BearerToken>>;
 
+/// Bounds on broken runs only; nothing here asserts a speed.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The agent's logs, shown for failed tests (`RUST_LOG` overrides).
 pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "sandbolt_agent=info".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    sandbolt_test_support::init_tracing("sandbolt_agent=info");
 }
 
 /// A test bed with busybox imported into [`NS`].
@@ -82,6 +86,14 @@ impl Env {
         self.state.path().join("logs").join(format!("{id}.log"))
     }
 
+    /// Deletes `id` and checks that nothing of it is left; returns whether
+    /// it existed.
+    pub async fn delete_leaving_nothing(&mut self, id: &str, grace_period_ms: u32) -> bool {
+        let existed = delete(&mut self.client, id, grace_period_ms).await;
+        assert_eq!(leftovers(self, id), Vec::<String>::new());
+        existed
+    }
+
     pub fn ctr(&self, args: &[&str]) -> String {
         let out = self.bed.ctr(NS).args(args).output().expect("ctr runs");
         assert!(
@@ -127,19 +139,41 @@ pub fn create_req(spec: SandboxSpec) -> CreateSandboxRequest {
     CreateSandboxRequest { spec: Some(spec) }
 }
 
-/// Polls `f` every 20 ms until it returns Some or `limit` passes (then panics
-/// with `what`). The limit only bounds a broken run; it asserts no speed.
-pub async fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        if start.elapsed() > limit {
-            panic!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Deletes sandbox `id` through the API; returns whether it existed.
+pub async fn delete(client: &mut Client, id: &str, grace_period_ms: u32) -> bool {
+    client
+        .delete_sandbox(DeleteSandboxRequest {
+            sandbox_id: id.into(),
+            grace_period_ms,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("delete {id}: {e:?}"))
+        .into_inner()
+        .existed
+}
+
+/// The agent's status of sandbox `id`.
+pub async fn get(client: &mut Client, id: &str) -> Result<SandboxStatus, tonic::Status> {
+    client
+        .get_sandbox(SandboxRef {
+            sandbox_id: id.into(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// Polls the agent until sandbox `id` is in `phase`; returns that status.
+pub async fn wait_for_phase(client: &Client, id: &str, phase: SandboxPhase) -> SandboxStatus {
+    eventually_async(&format!("{id} to reach {phase:?}"), WAIT, || {
+        let mut c = client.clone();
+        async move { get(&mut c, id).await.ok().filter(|s| s.phase() == phase) }
+    })
+    .await
+}
+
+/// Whether process `pid` is gone (exited and reaped).
+pub fn process_gone(pid: u32) -> bool {
+    !Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// What of sandbox `id` still exists: containers, tasks, snapshots, mounts,

@@ -14,9 +14,9 @@ use sandbolt_proto::fastpath::v1 as pb;
 use sandbolt_proto::fastpath::v1::fast_path_service_server::FastPathService;
 use tonic::{Request, Response, Status};
 
-use crate::placement::or_default;
-use crate::sandboxes::{Core, CreateSpec, UpdateOp, UpdateSpec};
-use crate::store::{Consistency, FailurePolicy, Phase, SandboxRecord};
+use crate::ids::SandboxKey;
+use crate::sandbox::{Core, CreateRequest, Precondition, UpdateOp, UpdateSpec, proxy_host};
+use crate::store::{Consistency, Phase, SandboxRecord};
 
 pub struct FastPathV1 {
     core: Arc<Core>,
@@ -31,12 +31,9 @@ impl FastPathV1 {
         let Some(a) = self.core.registry().agent(&r.agent_id) else {
             return vec![];
         };
-        let host = a
-            .proxy_endpoint
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_string();
-        r.exposed_ports
+        let host = proxy_host(&a.proxy_endpoint);
+        r.spec
+            .exposed_ports
             .iter()
             .map(|p| format!("{host}/{}/{p}", r.sandbox_id))
             .collect()
@@ -44,14 +41,14 @@ impl FastPathV1 {
 
     fn info(&self, r: &SandboxRecord) -> pb::SandboxInfo {
         pb::SandboxInfo {
-            sandbox_id: r.sandbox_id.clone(),
+            sandbox_id: r.sandbox_id.to_string(),
             sandbox_name: r.name.clone(),
             phase: phase(r.phase).into(),
-            agent_pod: r.agent_id.clone(),
+            agent_pod: r.agent_id.to_string(),
             endpoints: self.endpoints(r),
             created_at: r.created_at_unix_ms / 1000,
-            image: r.image.clone(),
-            pool_ref: r.pool.clone(),
+            image: r.spec.image.clone(),
+            pool_ref: r.spec.pool.clone(),
         }
     }
 }
@@ -66,16 +63,14 @@ fn phase(p: Phase) -> &'static str {
     }
 }
 
-fn name_of(s: &str) -> Result<&str, Status> {
-    if s.is_empty() {
-        Err(Status::invalid_argument("sandbox_name is required"))
-    } else {
-        Ok(s)
-    }
+/// The sandbox a v1 request names (v1 has no uid or generation to expect).
+fn key_of(namespace: &str, name: &str) -> Result<SandboxKey, Status> {
+    Ok(SandboxKey::named(namespace, name, "sandbox_name")?)
 }
 
 #[tonic::async_trait]
 impl FastPathService for FastPathV1 {
+    #[tracing::instrument(name = "fastpath.v1.CreateSandbox", skip_all, fields(namespace = %req.get_ref().namespace, sandbox = %req.get_ref().name, pool = %req.get_ref().pool_ref))]
     async fn create_sandbox(
         &self,
         req: Request<pb::CreateRequest>,
@@ -91,50 +86,56 @@ impl FastPathService for FastPathV1 {
                 )));
             }
         };
-        let mut ports = Vec::with_capacity(q.exposed_ports.len());
-        for p in q.exposed_ports {
-            if !(1..=65535).contains(&p) {
-                return Err(Status::invalid_argument(format!(
-                    "exposed port {p} is out of range"
-                )));
-            }
-            ports.push(p as u32);
-        }
-        let spec = CreateSpec {
+        // Negative ports are refused here; the core checks the range.
+        let ports = q
+            .exposed_ports
+            .iter()
+            .map(|&p| {
+                u32::try_from(p).map_err(|_| {
+                    Status::invalid_argument(format!("exposed port {p} is out of range"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let spec = CreateRequest {
             name: q.name,
             namespace: q.namespace,
-            pool: q.pool_ref,
-            image: q.image,
-            command: q.command,
-            args: q.args,
-            envs: q.envs.into_iter().collect(),
-            working_dir: q.working_dir,
-            exposed_ports: ports,
             consistency,
             // v1 answers once the sandbox is usable, like v2's READY.
             wait_for_execd: true,
+            spec: fastpath_spec!(q {
+                exposed_ports: ports,
+            }),
             ..Default::default()
         };
         let r = self.core.create(spec).await?;
         Ok(Response::new(pb::CreateResponse {
-            sandbox_id: r.sandbox_id.clone(),
+            sandbox_id: r.sandbox_id.to_string(),
             sandbox_name: r.name.clone(),
-            agent_pod: r.agent_id.clone(),
+            agent_pod: r.agent_id.to_string(),
             endpoints: self.endpoints(&r),
         }))
     }
 
+    #[tracing::instrument(
+        name = "fastpath.v1.DeleteSandbox",
+        skip_all,
+        fields(namespace, sandbox)
+    )]
     async fn delete_sandbox(
         &self,
         req: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let q = req.into_inner();
-        self.core
-            .delete(&q.namespace, name_of(&q.sandbox_name)?, "")
-            .await?;
+        let key = key_of(&q.namespace, &q.sandbox_name)?;
+        self.core.delete(&key, &Precondition::default()).await?;
         Ok(Response::new(pb::DeleteResponse { success: true }))
     }
 
+    #[tracing::instrument(
+        name = "fastpath.v1.UpdateSandbox",
+        skip_all,
+        fields(namespace, sandbox)
+    )]
     async fn update_sandbox(
         &self,
         req: Request<pb::UpdateRequest>,
@@ -145,32 +146,15 @@ impl FastPathService for FastPathV1 {
             None => UpdateOp::None,
             Some(Update::ExpireTimeSeconds(t)) => UpdateOp::ExpiryV1(t),
             Some(Update::ResetRevision(s)) => UpdateOp::ResetRevision(s),
-            Some(Update::FailurePolicy(p)) => {
-                UpdateOp::FailurePolicy(match pb::FailurePolicy::try_from(p) {
-                    Ok(pb::FailurePolicy::AutoRecreate) => FailurePolicy::AutoRecreate,
-                    Ok(pb::FailurePolicy::Manual) => FailurePolicy::Manual,
-                    Err(_) => {
-                        return Err(Status::invalid_argument(format!(
-                            "unknown failure policy {p}"
-                        )));
-                    }
-                })
-            }
+            Some(Update::FailurePolicy(p)) => UpdateOp::FailurePolicy(super::failure_policy(p)?),
             Some(Update::RecoveryTimeoutSeconds(t)) => UpdateOp::RecoveryTimeout(t),
         };
         let spec = UpdateSpec {
             metadata_upsert: q.labels.into_iter().collect(),
             ..Default::default()
         };
-        let r = self
-            .core
-            .update(
-                or_default(&q.namespace),
-                name_of(&q.sandbox_name)?,
-                op,
-                spec,
-            )
-            .await?;
+        let key = key_of(&q.namespace, &q.sandbox_name)?;
+        let r = self.core.update(&key, op, spec).await?;
         Ok(Response::new(pb::UpdateResponse {
             success: true,
             message: format!("generation {}", r.generation),
@@ -178,6 +162,7 @@ impl FastPathService for FastPathV1 {
         }))
     }
 
+    #[tracing::instrument(name = "fastpath.v1.ListSandboxes", skip_all, fields(namespace = %req.get_ref().namespace))]
     async fn list_sandboxes(
         &self,
         req: Request<pb::ListRequest>,
@@ -196,12 +181,14 @@ impl FastPathService for FastPathV1 {
         Ok(Response::new(pb::ListResponse { items }))
     }
 
+    #[tracing::instrument(name = "fastpath.v1.GetSandbox", skip_all, fields(namespace, sandbox))]
     async fn get_sandbox(
         &self,
         req: Request<pb::GetRequest>,
     ) -> Result<Response<pb::SandboxInfo>, Status> {
         let q = req.into_inner();
-        let r = self.core.get(&q.namespace, name_of(&q.sandbox_name)?, "")?;
+        let key = key_of(&q.namespace, &q.sandbox_name)?;
+        let r = self.core.get(&key, &Precondition::default())?;
         Ok(Response::new(self.info(&r)))
     }
 }

@@ -1,18 +1,20 @@
 //! `fastpath.v2.FastPathService`, as the OpenSandbox server 1.1.x calls it.
-//! Translation only; the work is in [`crate::sandboxes::Core`].
+//! Translation only; the work is in [`crate::sandbox::Core`].
 
 use std::sync::Arc;
 
-use sandbolt_proto::agent::v1::SandboxPhase as AgentPhase;
 use sandbolt_proto::fastpath::v2 as pb;
 use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathService;
 use tonic::{Request, Response, Status};
 
+use super::failure_policy;
 use crate::error::Error;
-use crate::placement::or_default;
+use crate::ids::SandboxKey;
 use crate::registry::PoolSummary;
-use crate::sandboxes::{Core, CreateSpec, UpdateOp, UpdateSpec};
-use crate::store::{FailurePolicy, Phase, SandboxRecord};
+use crate::sandbox::{
+    Core, CreateRequest, EndpointTarget, Observed, Precondition, UpdateOp, UpdateSpec, page_size,
+};
+use crate::store::{Phase, SandboxRecord};
 
 pub struct FastPathV2 {
     core: Arc<Core>,
@@ -24,30 +26,23 @@ impl FastPathV2 {
     }
 }
 
-fn reference(r: Option<&pb::SandboxReference>) -> Result<(String, String, String), Status> {
+/// The sandbox a reference names, and what the caller expects of it
+/// (`generation`: the request's `expected_generation`, 0 = any).
+fn reference(
+    r: Option<&pb::SandboxReference>,
+    generation: i64,
+) -> Result<(SandboxKey, Precondition), Status> {
     let r = r.ok_or_else(|| Status::invalid_argument("sandbox reference is required"))?;
     let nn = r
         .namespaced_name
         .as_ref()
         .ok_or_else(|| Status::invalid_argument("sandbox.namespaced_name is required"))?;
-    if nn.name.is_empty() {
-        return Err(Status::invalid_argument("sandbox name is required"));
-    }
-    Ok((
-        or_default(&nn.namespace).to_string(),
-        nn.name.clone(),
-        r.expected_uid.clone(),
-    ))
-}
-
-fn policy(p: i32) -> Result<FailurePolicy, Status> {
-    match pb::FailurePolicy::try_from(p) {
-        Ok(pb::FailurePolicy::Manual) => Ok(FailurePolicy::Manual),
-        Ok(pb::FailurePolicy::AutoRecreate) => Ok(FailurePolicy::AutoRecreate),
-        Err(_) => Err(Status::invalid_argument(format!(
-            "unknown failure policy {p}"
-        ))),
-    }
+    let key = SandboxKey::named(&nn.namespace, &nn.name, "sandbox name")?;
+    let expect = Precondition {
+        uid: r.expected_uid.clone(),
+        generation,
+    };
+    Ok((key, expect))
 }
 
 pub(crate) fn identity(r: &SandboxRecord) -> pb::SandboxIdentity {
@@ -61,21 +56,18 @@ pub(crate) fn identity(r: &SandboxRecord) -> pb::SandboxIdentity {
 /// The record plus what its agent last reported, in v2's vocabulary.
 pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
     use pb::{DataPlaneState as D, InfraComponentState as I, RuntimeState as R};
-    let observed = core.registry().observed(&r.agent_id, &r.sandbox_id);
-    let agent_live = core.registry().is_live(&r.agent_id);
-    let (runtime, data_plane, execd) = match r.phase {
-        Phase::Pending => (R::Creating, D::Pending, I::Starting),
-        Phase::Recovering => (R::Creating, D::Pending, I::Starting),
-        Phase::Failed => (R::Failed, D::Unavailable, I::Failed),
+    let (runtime, data_plane, execd) = match core.observe(r).0 {
+        Observed::Recorded(Phase::Pending | Phase::Recovering) => {
+            (R::Creating, D::Pending, I::Starting)
+        }
+        Observed::Recorded(Phase::Failed) => (R::Failed, D::Unavailable, I::Failed),
         // A silent agent says nothing about its sandboxes: Unknown, not
         // failed (they are Ready again when it reports them).
-        Phase::Running | Phase::Paused if !agent_live => (R::Unknown, D::Unknown, I::Starting),
-        Phase::Paused => (R::Paused, D::Unavailable, I::Ready),
-        Phase::Running => match observed.as_ref().map(|s| s.phase()) {
-            Some(AgentPhase::Failed) => (R::Failed, D::Unavailable, I::Failed),
-            Some(AgentPhase::Stopped) => (R::Stopped, D::Unavailable, I::Failed),
-            _ => (R::Ready, D::Ready, I::Ready),
-        },
+        Observed::AgentSilent { .. } => (R::Unknown, D::Unknown, I::Starting),
+        Observed::Recorded(Phase::Paused) => (R::Paused, D::Unavailable, I::Ready),
+        Observed::Recorded(Phase::Running) => (R::Ready, D::Ready, I::Ready),
+        Observed::Exited { failed: true, .. } => (R::Failed, D::Unavailable, I::Failed),
+        Observed::Exited { failed: false, .. } => (R::Stopped, D::Unavailable, I::Failed),
     };
     let ready = runtime == R::Ready && data_plane == D::Ready;
     pb::SandboxInfo {
@@ -122,7 +114,7 @@ fn pool_info(p: &PoolSummary) -> pb::PoolInfo {
         components: vec![pb::ComponentCapability {
             name: "execd".into(),
             protocol: "http".into(),
-            port: crate::sandboxes::EXECD_PORT,
+            port: sandbolt_proto::wire::EXECD_PORT.into(),
             health_kind: "http".into(),
         }],
         warm_images: p
@@ -147,6 +139,7 @@ fn unimplemented(what: &str) -> Status {
 
 #[tonic::async_trait]
 impl FastPathService for FastPathV2 {
+    #[tracing::instrument(name = "fastpath.v2.CreateSandbox", skip_all, fields(namespace = %req.get_ref().namespace, request_id = %req.get_ref().request_id, pool = %req.get_ref().pool_ref))]
     async fn create_sandbox(
         &self,
         req: Request<pb::CreateSandboxRequest>,
@@ -168,25 +161,19 @@ impl FastPathService for FastPathV2 {
                 )));
             }
         };
-        let spec = CreateSpec {
+        let spec = CreateRequest {
             request_id: q.request_id,
-            name: String::new(),
             namespace: q.namespace,
-            pool: q.pool_ref,
-            image: q.image,
-            command: q.command,
-            args: q.args,
-            envs: q.envs.into_iter().collect(),
-            working_dir: q.working_dir,
-            exposed_ports: vec![],
-            metadata: q.metadata.into_iter().collect(),
-            expires_at: q.expires_at_unix_seconds,
-            failure_policy: policy(q.failure_policy)?,
-            recovery_timeout_seconds: q.recovery_timeout_seconds,
-            consistency: None,
             wait_for_execd: completion == pb::CreateCompletion::Ready,
-            // v2 cannot say limits, volumes or a runtime: the pool's
-            // defaults and runtime apply (see `limits`).
+            // v2 cannot say a name (the request id is), a consistency,
+            // limits, volumes or a runtime: the server's and the pool's
+            // defaults apply (see `limits`).
+            spec: fastpath_spec!(q {
+                metadata: q.metadata.into_iter().collect(),
+                expires_at: q.expires_at_unix_seconds,
+                failure_policy: failure_policy(q.failure_policy)?,
+                recovery_timeout_seconds: q.recovery_timeout_seconds,
+            }),
             ..Default::default()
         };
         let r = self.core.create(spec).await?;
@@ -197,27 +184,37 @@ impl FastPathService for FastPathV2 {
         }))
     }
 
+    #[tracing::instrument(
+        name = "fastpath.v2.DeleteSandbox",
+        skip_all,
+        fields(namespace, sandbox)
+    )]
     async fn delete_sandbox(
         &self,
         req: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
-        let (ns, name, uid) = reference(req.get_ref().sandbox.as_ref())?;
-        self.core.delete(&ns, &name, &uid).await?;
+        let (key, expect) = reference(req.get_ref().sandbox.as_ref(), 0)?;
+        self.core.delete(&key, &expect).await?;
         Ok(Response::new(pb::DeleteResponse {}))
     }
 
+    #[tracing::instrument(
+        name = "fastpath.v2.UpdateSandbox",
+        skip_all,
+        fields(namespace, sandbox)
+    )]
     async fn update_sandbox(
         &self,
         req: Request<pb::UpdateSandboxRequest>,
     ) -> Result<Response<pb::UpdateSandboxResponse>, Status> {
         let q = req.into_inner();
-        let (ns, name, uid) = reference(q.sandbox.as_ref())?;
+        let (key, expect) = reference(q.sandbox.as_ref(), q.expected_generation)?;
         use pb::update_sandbox_request::Update;
         let op = match q.update {
             None => UpdateOp::None,
             Some(Update::ExpiresAtUnixSeconds(t)) => UpdateOp::Expiry(t),
             Some(Update::ResetRevision(s)) => UpdateOp::ResetRevision(s),
-            Some(Update::FailurePolicy(p)) => UpdateOp::FailurePolicy(policy(p)?),
+            Some(Update::FailurePolicy(p)) => UpdateOp::FailurePolicy(failure_policy(p)?),
             Some(Update::RecoveryTimeoutSeconds(t)) => UpdateOp::RecoveryTimeout(t),
             Some(Update::ActionBindings(_)) => {
                 return Err(
@@ -226,30 +223,28 @@ impl FastPathService for FastPathV2 {
             }
         };
         let spec = UpdateSpec {
-            expected_uid: uid,
-            expected_generation: q.expected_generation,
+            expect,
             metadata_upsert: q.metadata_upsert.into_iter().collect(),
             metadata_delete: q.metadata_delete_keys,
         };
-        let r = self.core.update(&ns, &name, op, spec).await?;
+        let r = self.core.update(&key, op, spec).await?;
         Ok(Response::new(pb::UpdateSandboxResponse {
             sandbox: Some(identity(&r)),
             committed_generation: r.generation,
         }))
     }
 
+    #[tracing::instrument(name = "fastpath.v2.ListSandboxes", skip_all, fields(namespace = %req.get_ref().namespace))]
     async fn list_sandboxes(
         &self,
         req: Request<pb::ListSandboxesRequest>,
     ) -> Result<Response<pb::ListSandboxesResponse>, Status> {
         let q = req.into_inner();
-        if q.page_size < 0 {
-            return Err(Status::invalid_argument("page_size must not be negative"));
-        }
         let filter = q.metadata.into_iter().collect();
-        let (items, next) =
-            self.core
-                .list(&q.namespace, &filter, q.page_size as usize, &q.page_token)?;
+        let page_size = page_size(q.page_size)?;
+        let (items, next) = self
+            .core
+            .list(&q.namespace, &filter, page_size, &q.page_token)?;
         Ok(Response::new(pb::ListSandboxesResponse {
             items: items
                 .iter()
@@ -262,30 +257,32 @@ impl FastPathService for FastPathV2 {
         }))
     }
 
+    #[tracing::instrument(name = "fastpath.v2.GetSandbox", skip_all, fields(namespace, sandbox))]
     async fn get_sandbox(
         &self,
         req: Request<pb::GetSandboxRequest>,
     ) -> Result<Response<pb::GetSandboxResponse>, Status> {
         let q = req.into_inner();
-        let (ns, name, uid) = reference(q.sandbox.as_ref())?;
-        let r = self
-            .core
-            .get_checked(&ns, &name, &uid, q.expected_generation)?;
+        let (key, expect) = reference(q.sandbox.as_ref(), q.expected_generation)?;
+        let r = self.core.get(&key, &expect)?;
         Ok(Response::new(pb::GetSandboxResponse {
             sandbox: Some(info(&self.core, &r)),
             generation: r.generation,
         }))
     }
 
+    #[tracing::instrument(
+        name = "fastpath.v2.GetSandboxDiagnostics",
+        skip_all,
+        fields(namespace, sandbox)
+    )]
     async fn get_sandbox_diagnostics(
         &self,
         req: Request<pb::SandboxDiagnosticsRequest>,
     ) -> Result<Response<pb::SandboxDiagnosticsResponse>, Status> {
         let q = req.into_inner();
-        if q.sandbox_name.is_empty() {
-            return Err(Status::invalid_argument("sandbox_name is required"));
-        }
-        let d = self.core.diagnostics(&q.namespace, &q.sandbox_name).await?;
+        let key = SandboxKey::named(&q.namespace, &q.sandbox_name, "sandbox_name")?;
+        let d = self.core.diagnostics(&key).await?;
         let r = &d.record;
         let limit = if q.limit <= 0 {
             usize::MAX
@@ -309,7 +306,7 @@ impl FastPathService for FastPathV2 {
                 Phase::Failed => "Failed",
             }
             .into(),
-            runtime_instance_id: r.sandbox_id.clone(),
+            runtime_instance_id: r.sandbox_id.to_string(),
             assignment_attempt: r.assignment_attempt,
             fastlet_reachable: d.reachable,
             fastlet_error: agent_error,
@@ -326,21 +323,24 @@ impl FastPathService for FastPathV2 {
         }))
     }
 
+    #[tracing::instrument(
+        name = "fastpath.v2.ResolveEndpoint",
+        skip_all,
+        fields(namespace, sandbox)
+    )]
     async fn resolve_endpoint(
         &self,
         req: Request<pb::ResolveEndpointRequest>,
     ) -> Result<Response<pb::ResolveEndpointResponse>, Status> {
         let q = req.into_inner();
-        let (ns, name, uid) = reference(q.sandbox.as_ref())?;
+        let (key, expect) = reference(q.sandbox.as_ref(), q.expected_generation)?;
         use pb::endpoint_target::Target;
-        let (port, component) = match q.target.and_then(|t| t.target) {
-            Some(Target::Port(p)) => (Some(p), String::new()),
-            Some(Target::ComponentName(c)) => (None, c),
-            None => (None, String::new()),
+        let target = match q.target.and_then(|t| t.target) {
+            Some(Target::Port(p)) => Some(EndpointTarget::Port(p)),
+            Some(Target::ComponentName(c)) => Some(EndpointTarget::Component(c)),
+            None => None,
         };
-        let route = self
-            .core
-            .resolve(&ns, &name, &uid, q.expected_generation, port, &component)?;
+        let route = self.core.resolve(&key, &expect, target)?;
         Ok(Response::new(pb::ResolveEndpointResponse {
             sandbox_uid: route.record.uid.clone(),
             endpoint: Some(pb::ResolvedEndpoint {
@@ -351,10 +351,11 @@ impl FastPathService for FastPathV2 {
             proxy_endpoint: route.proxy_endpoint,
             required_headers: route.headers.into_iter().collect(),
             route_generation: route.record.generation,
-            expires_at_unix_seconds: route.record.expires_at,
+            expires_at_unix_seconds: route.record.spec.expires_at,
         }))
     }
 
+    #[tracing::instrument(name = "fastpath.v2.GetPool", skip_all, fields(namespace = %req.get_ref().namespace, pool = %req.get_ref().pool_name))]
     async fn get_pool(
         &self,
         req: Request<pb::GetPoolRequest>,
@@ -373,6 +374,7 @@ impl FastPathService for FastPathV2 {
             })
     }
 
+    #[tracing::instrument(name = "fastpath.v2.ListPools", skip_all, fields(namespace = %req.get_ref().namespace))]
     async fn list_pools(
         &self,
         req: Request<pb::ListPoolsRequest>,
@@ -393,6 +395,7 @@ impl FastPathService for FastPathV2 {
         Ok(Response::new(pb::ListPoolsResponse { items }))
     }
 
+    #[tracing::instrument(name = "fastpath.v2.CreateSandboxSnapshot", skip_all)]
     async fn create_sandbox_snapshot(
         &self,
         _: Request<pb::CreateSandboxSnapshotRequest>,
@@ -400,6 +403,7 @@ impl FastPathService for FastPathV2 {
         Err(unimplemented("CreateSandboxSnapshot"))
     }
 
+    #[tracing::instrument(name = "fastpath.v2.GetSandboxSnapshot", skip_all)]
     async fn get_sandbox_snapshot(
         &self,
         _: Request<pb::GetSandboxSnapshotRequest>,
@@ -407,6 +411,7 @@ impl FastPathService for FastPathV2 {
         Err(unimplemented("GetSandboxSnapshot"))
     }
 
+    #[tracing::instrument(name = "fastpath.v2.DeleteSandboxSnapshot", skip_all)]
     async fn delete_sandbox_snapshot(
         &self,
         _: Request<pb::DeleteSandboxSnapshotRequest>,
@@ -414,38 +419,42 @@ impl FastPathService for FastPathV2 {
         Err(unimplemented("DeleteSandboxSnapshot"))
     }
 
+    #[tracing::instrument(
+        name = "fastpath.v2.PauseSandbox",
+        skip_all,
+        fields(namespace, sandbox)
+    )]
     async fn pause_sandbox(
         &self,
         req: Request<pb::PauseSandboxRequest>,
     ) -> Result<Response<pb::PauseSandboxResponse>, Status> {
         let q = req.into_inner();
-        let (ns, name, uid) = reference(q.sandbox.as_ref())?;
-        let r = self
-            .core
-            .pause(&ns, &name, &uid, q.expected_generation, true)
-            .await?;
+        let (key, expect) = reference(q.sandbox.as_ref(), q.expected_generation)?;
+        let r = self.core.pause(&key, &expect).await?;
         Ok(Response::new(pb::PauseSandboxResponse {
             sandbox: Some(info(&self.core, &r)),
             generation: r.generation,
         }))
     }
 
+    #[tracing::instrument(
+        name = "fastpath.v2.ResumeSandbox",
+        skip_all,
+        fields(namespace, sandbox)
+    )]
     async fn resume_sandbox(
         &self,
         req: Request<pb::ResumeSandboxRequest>,
     ) -> Result<Response<pb::ResumeSandboxResponse>, Status> {
         let q = req.into_inner();
-        let (ns, name, uid) = reference(q.sandbox.as_ref())?;
+        let (key, expect) = reference(q.sandbox.as_ref(), q.expected_generation)?;
         if !q.expected_checkpoint_id.is_empty() {
             return Err(Error::Unimplemented(
                 "resume from a checkpoint is not supported yet (pause freezes in place)".into(),
             )
             .into());
         }
-        let r = self
-            .core
-            .pause(&ns, &name, &uid, q.expected_generation, false)
-            .await?;
+        let r = self.core.resume(&key, &expect).await?;
         Ok(Response::new(pb::ResumeSandboxResponse {
             sandbox: Some(info(&self.core, &r)),
             generation: r.generation,

@@ -10,7 +10,8 @@ use std::path::Path;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::{AgentRecord, SandboxRecord, Store, StoreError, StoreResult};
+use super::{AgentRecord, ListRange, SandboxRecord, Store, StoreError, StoreResult};
+use crate::ids::SandboxKey;
 
 /// `namespace \0 name` → record JSON.
 const SANDBOXES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("sandboxes");
@@ -27,8 +28,13 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
-fn key(namespace: &str, name: &str) -> String {
+/// The table key of a record: sorts by namespace, then name.
+fn table_key(namespace: &str, name: &str) -> String {
     format!("{namespace}\0{name}")
+}
+
+fn key(k: &SandboxKey) -> String {
+    table_key(&k.namespace, &k.name)
 }
 
 fn decode(bytes: &[u8]) -> StoreResult<SandboxRecord> {
@@ -79,7 +85,7 @@ impl Store for RedbStore {
                     )?)));
                 }
             }
-            let k = key(&record.namespace, &record.name);
+            let k = key(&record.key());
             if let Some(existing) = sandboxes.get(k.as_str()).map_err(backend)? {
                 return Err(StoreError::AlreadyExists(Box::new(decode(
                     existing.value(),
@@ -98,10 +104,10 @@ impl Store for RedbStore {
         Ok(out)
     }
 
-    fn get(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>> {
+    fn get(&self, k: &SandboxKey) -> StoreResult<Option<SandboxRecord>> {
         let tx = self.db.begin_read().map_err(backend)?;
         let t = tx.open_table(SANDBOXES).map_err(backend)?;
-        t.get(key(namespace, name).as_str())
+        t.get(key(k).as_str())
             .map_err(backend)?
             .map(|g| decode(g.value()))
             .transpose()
@@ -129,21 +135,13 @@ impl Store for RedbStore {
         let mut out = record.clone();
         {
             let mut t = tx.open_table(SANDBOXES).map_err(backend)?;
-            let k = key(&record.namespace, &record.name);
+            let k = key(&record.key());
             let current = match t.get(k.as_str()).map_err(backend)? {
                 Some(g) => decode(g.value())?,
-                None => {
-                    return Err(StoreError::NotFound(
-                        record.namespace.clone(),
-                        record.name.clone(),
-                    ));
-                }
+                None => return Err(StoreError::NotFound(record.key())),
             };
             if current.revision != record.revision || current.uid != record.uid {
-                return Err(StoreError::Conflict(
-                    record.namespace.clone(),
-                    record.name.clone(),
-                ));
+                return Err(StoreError::Conflict(record.key()));
             }
             out.revision = (parse_revision(&current.revision)? + 1).to_string();
             t.insert(k.as_str(), encode(&out)?.as_slice())
@@ -153,12 +151,12 @@ impl Store for RedbStore {
         Ok(out)
     }
 
-    fn delete(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>> {
+    fn delete(&self, k: &SandboxKey) -> StoreResult<Option<SandboxRecord>> {
         let tx = self.db.begin_write().map_err(backend)?;
         let removed = {
             let mut t = tx.open_table(SANDBOXES).map_err(backend)?;
             let removed = t
-                .remove(key(namespace, name).as_str())
+                .remove(key(k).as_str())
                 .map_err(backend)?
                 .map(|g| decode(g.value()));
             let removed = removed.transpose()?;
@@ -174,39 +172,27 @@ impl Store for RedbStore {
         Ok(removed)
     }
 
-    fn list(
-        &self,
-        namespace: Option<&str>,
-        after: Option<&str>,
-        limit: usize,
-    ) -> StoreResult<Vec<SandboxRecord>> {
+    fn list(&self, range: &ListRange<'_>) -> StoreResult<Vec<SandboxRecord>> {
         let tx = self.db.begin_read().map_err(backend)?;
         let t = tx.open_table(SANDBOXES).map_err(backend)?;
-        let mut out = Vec::new();
-        let (lo, hi): (Bound<String>, Bound<String>) = match namespace {
+        // Keys sort by namespace, then name: a namespace is one key range.
+        let (lo, hi): (Bound<String>, Bound<String>) = match range.namespace {
             Some(ns) => (
-                match after {
-                    Some(a) => Bound::Excluded(key(ns, a)),
+                match range.after {
+                    Some(a) => Bound::Excluded(table_key(ns, a)),
                     None => Bound::Included(format!("{ns}\0")),
                 },
                 Bound::Excluded(format!("{ns}\u{1}")),
             ),
             None => (Bound::Unbounded, Bound::Unbounded),
         };
-        let range = t
+        let rows = t
             .range::<&str>((
                 lo.as_ref().map(|s| s.as_str()),
                 hi.as_ref().map(|s| s.as_str()),
             ))
             .map_err(backend)?;
-        for item in range {
-            let (_, v) = item.map_err(backend)?;
-            out.push(decode(v.value())?);
-            if limit != 0 && out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+        range.take(rows.map(|row| decode(row.map_err(backend)?.1.value())))
     }
 
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()> {
@@ -280,18 +266,20 @@ mod tests {
         }
         // Reopen: everything is still there.
         let s = RedbStore::open(dir.path()).unwrap();
-        let a = s.get("default", "a").unwrap().unwrap();
+        let at = |ns: &str, name: &str| SandboxKey::new(ns, name);
+        let a = s.get(&at("default", "a")).unwrap().unwrap();
         assert_eq!((a.phase, a.revision.as_str()), (Phase::Running, "2"));
         let names = |v: Vec<SandboxRecord>| v.into_iter().map(|r| r.name).collect::<Vec<_>>();
-        assert_eq!(names(s.list(Some("default"), None, 0).unwrap()), ["a", "b"]);
-        assert_eq!(names(s.list(Some("default"), Some("a"), 0).unwrap()), ["b"]);
-        assert_eq!(names(s.list(Some("default"), None, 1).unwrap()), ["a"]);
-        assert_eq!(names(s.list(Some("team"), None, 0).unwrap()), ["c"]);
-        assert_eq!(s.list(None, None, 0).unwrap().len(), 3);
+        let default = ListRange::namespace("default");
+        assert_eq!(names(s.list(&default).unwrap()), ["a", "b"]);
+        assert_eq!(names(s.list(&default.after(Some("a"))).unwrap()), ["b"]);
+        assert_eq!(names(s.list(&default.limit(1)).unwrap()), ["a"]);
+        assert_eq!(names(s.list(&ListRange::namespace("team")).unwrap()), ["c"]);
+        assert_eq!(s.list(&ListRange::all()).unwrap().len(), 3);
         assert_eq!(s.list_agents().unwrap().len(), 1);
         // Delete frees the name and the request id.
-        assert_eq!(s.delete("default", "a").unwrap().unwrap().name, "a");
-        assert!(s.delete("default", "a").unwrap().is_none());
+        assert_eq!(s.delete(&at("default", "a")).unwrap().unwrap().name, "a");
+        assert!(s.delete(&at("default", "a")).unwrap().is_none());
         assert!(s.get_by_request_id("req-a").unwrap().is_none());
         s.create(&record("default", "a", "req-a")).unwrap();
     }

@@ -60,9 +60,11 @@ use sandbolt_deploy::sandbox::{
 use sandbolt_deploy::{Sandbox, SandboxSpec, SandboxStatus};
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{AgentId, SandboxId, SandboxKey};
+
 use super::{
-    AgentRecord, Consistency, Event, FailurePolicy, HostVolume, Phase, Resources, SandboxRecord,
-    Store, StoreError, StoreResult,
+    AgentRecord, Consistency, Event, FailurePolicy, HostVolume, ListRange, Phase, Resources,
+    SandboxRecord, SandboxSpec as RecordSpec, Store, StoreError, StoreResult,
 };
 
 /// Annotation holding the controller's part of the record (JSON).
@@ -99,8 +101,8 @@ impl KubeStoreConfig {
 #[serde(rename_all = "camelCase")]
 struct ControllerState {
     uid: String,
-    sandbox_id: String,
-    agent_id: String,
+    sandbox_id: SandboxId,
+    agent_id: AgentId,
     phase: Phase,
     #[serde(default)]
     message: String,
@@ -127,11 +129,11 @@ enum Pending {
 }
 
 struct Overlay {
-    entries: HashMap<(String, String), (Pending, Instant)>,
+    entries: HashMap<SandboxKey, (Pending, Instant)>,
 }
 
 impl Overlay {
-    fn fresh(&self, key: &(String, String)) -> Option<&Pending> {
+    fn fresh(&self, key: &SandboxKey) -> Option<&Pending> {
         self.entries
             .get(key)
             .filter(|(_, at)| at.elapsed() < OVERLAY_TTL)
@@ -171,8 +173,16 @@ pub struct KubeStore {
     write_timeout: Duration,
 }
 
-fn key_of(obj: &Sandbox) -> (String, String) {
-    (obj.namespace().unwrap_or_default(), obj.name_any())
+fn key_of(obj: &Sandbox) -> SandboxKey {
+    SandboxKey {
+        namespace: obj.namespace().unwrap_or_default(),
+        name: obj.name_any(),
+    }
+}
+
+/// The cache's reference to the object at `key`.
+fn object_ref(key: &SandboxKey) -> ObjectRef<Sandbox> {
+    ObjectRef::new(&key.name).within(&key.namespace)
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -258,18 +268,17 @@ impl KubeStore {
         }))
     }
 
-    fn lookup(&self, namespace: &str, name: &str) -> Option<Arc<Sandbox>> {
-        let key = (namespace.to_string(), name.to_string());
-        match self.overlay.lock().fresh(&key) {
+    fn lookup(&self, key: &SandboxKey) -> Option<Arc<Sandbox>> {
+        match self.overlay.lock().fresh(key) {
             Some(Pending::Present(o)) => return Some(o.clone()),
             Some(Pending::Deleted { .. }) => return None,
             None => {}
         }
-        self.cache.get(&ObjectRef::new(name).within(namespace))
+        self.cache.get(&object_ref(key))
     }
 
     /// Every Sandbox as this store sees it, keyed by namespace and name.
-    fn snapshot(&self) -> BTreeMap<(String, String), Arc<Sandbox>> {
+    fn snapshot(&self) -> BTreeMap<SandboxKey, Arc<Sandbox>> {
         let mut all: BTreeMap<_, _> = self
             .cache
             .state()
@@ -303,7 +312,7 @@ impl KubeStore {
         let obj = Arc::new(obj);
         let key = key_of(&obj);
         let mut overlay = self.overlay.lock();
-        let cached = self.cache.get(&ObjectRef::new(&key.1).within(&key.0));
+        let cached = self.cache.get(&object_ref(&key));
         let delivered = cached.is_some_and(|c| {
             c.metadata.uid == obj.metadata.uid
                 && c.metadata.resource_version == obj.metadata.resource_version
@@ -322,7 +331,7 @@ impl KubeStore {
     fn forget(&self, obj: &Sandbox) {
         let key = key_of(obj);
         let mut overlay = self.overlay.lock();
-        let cached = self.cache.get(&ObjectRef::new(&key.1).within(&key.0));
+        let cached = self.cache.get(&object_ref(&key));
         if cached.is_some_and(|c| c.metadata.uid == obj.metadata.uid) {
             let uid = obj.metadata.uid.clone().unwrap_or_default();
             overlay
@@ -388,18 +397,33 @@ fn wait<T: Send + 'static>(task: tokio::task::JoinHandle<StoreResult<T>>) -> Sto
     joined.map_err(|e| StoreError::Backend(format!("kube store task: {e}")))?
 }
 
-/// Maps an API error of a request about `namespace/name`.
-fn api_error(e: kube::Error, namespace: &str, name: &str) -> StoreError {
+/// Maps an API error of a request about the record at `key`.
+fn api_error(e: kube::Error, key: &SandboxKey) -> StoreError {
     match &e {
-        kube::Error::Api(s) if s.code == 404 => StoreError::NotFound(namespace.into(), name.into()),
+        kube::Error::Api(s) if s.code == 404 => StoreError::NotFound(key.clone()),
         kube::Error::Api(s) if s.code == 409 && s.reason == "Conflict" => {
-            StoreError::Conflict(namespace.into(), name.into())
+            StoreError::Conflict(key.clone())
         }
         kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
             StoreError::Invalid(s.message.clone())
         }
         _ => StoreError::Backend(format!("kubernetes API: {e}")),
     }
+}
+
+/// A host volume in the other shape: the record's [`HostVolume`] and the
+/// resource's [`SandboxVolume`] have the same fields (only their JSON names
+/// differ), so one list maps both ways.
+macro_rules! volume {
+    ($v:expr => $shape:ident) => {
+        $shape {
+            name: $v.name.clone(),
+            host_path: $v.host_path.clone(),
+            sub_path: $v.sub_path.clone(),
+            mount_path: $v.mount_path.clone(),
+            read_only: $v.read_only,
+        }
+    };
 }
 
 fn to_time(unix_seconds: i64) -> Option<Time> {
@@ -415,41 +439,36 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
         o.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
         o
     });
+    let spec = &record.spec;
     obj.spec = SandboxSpec {
-        image: record.image.clone(),
-        command: record.command.clone(),
-        args: record.args.clone(),
-        pool_ref: record.pool.clone(),
-        expire_time: (record.expires_at > 0)
-            .then(|| to_time(record.expires_at))
+        image: spec.image.clone(),
+        command: spec.command.clone(),
+        args: spec.args.clone(),
+        pool_ref: spec.pool.clone(),
+        expire_time: (spec.expires_at > 0)
+            .then(|| to_time(spec.expires_at))
             .flatten(),
-        env: record.envs.clone(),
-        working_dir: (!record.working_dir.is_empty()).then(|| record.working_dir.clone()),
-        exposed_ports: record.exposed_ports.clone(),
-        failure_policy: Some(match record.failure_policy {
+        env: spec.envs.clone(),
+        working_dir: (!spec.working_dir.is_empty()).then(|| spec.working_dir.clone()),
+        exposed_ports: spec.exposed_ports.clone(),
+        failure_policy: Some(match spec.failure_policy {
             FailurePolicy::Manual => CrFailurePolicy::Manual,
             FailurePolicy::AutoRecreate => CrFailurePolicy::AutoRecreate,
         }),
-        recovery_timeout_seconds: (record.recovery_timeout_seconds > 0)
-            .then_some(record.recovery_timeout_seconds),
+        recovery_timeout_seconds: (spec.recovery_timeout_seconds > 0)
+            .then_some(spec.recovery_timeout_seconds),
         reset_revision: (!record.reset_revision.is_empty()).then(|| record.reset_revision.clone()),
-        resources: resources_to_spec(&record.resources),
-        volumes: record
+        resources: resources_to_spec(&spec.resources),
+        volumes: spec
             .volumes
             .iter()
-            .map(|v| SandboxVolume {
-                name: v.name.clone(),
-                host_path: v.host_path.clone(),
-                sub_path: v.sub_path.clone(),
-                mount_path: v.mount_path.clone(),
-                read_only: v.read_only,
-            })
+            .map(|v| volume!(v => SandboxVolume))
             .collect(),
-        runtime: (!record.runtime.is_empty()).then(|| record.runtime.clone()),
+        runtime: (!spec.runtime.is_empty()).then(|| spec.runtime.clone()),
     };
     let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
     labels.retain(|k, _| !k.starts_with(sandbolt_deploy::sandbox::METADATA_LABEL_PREFIX));
-    labels.extend(metadata_to_labels(&record.metadata));
+    labels.extend(metadata_to_labels(&record.spec.metadata));
     let state = ControllerState {
         uid: record.uid.clone(),
         sandbox_id: record.sandbox_id.clone(),
@@ -499,24 +518,33 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
         namespace: obj.namespace().unwrap_or_default(),
         sandbox_id: state.sandbox_id,
         agent_id: state.agent_id,
-        pool: spec.pool_ref.clone(),
-        image: spec.image.clone(),
-        command: spec.command.clone(),
-        args: spec.args.clone(),
-        envs: spec.env.clone(),
-        working_dir: spec.working_dir.clone().unwrap_or_default(),
-        exposed_ports: spec.exposed_ports.clone(),
-        metadata: labels_to_metadata(obj.labels()),
-        expires_at: spec
-            .expire_time
-            .as_ref()
-            .map(|t| t.0.as_second())
-            .unwrap_or(0),
-        failure_policy: match spec.failure_policy {
-            Some(CrFailurePolicy::AutoRecreate) => FailurePolicy::AutoRecreate,
-            Some(CrFailurePolicy::Manual) | None => FailurePolicy::Manual,
+        spec: RecordSpec {
+            pool: spec.pool_ref.clone(),
+            image: spec.image.clone(),
+            command: spec.command.clone(),
+            args: spec.args.clone(),
+            envs: spec.env.clone(),
+            working_dir: spec.working_dir.clone().unwrap_or_default(),
+            exposed_ports: spec.exposed_ports.clone(),
+            metadata: labels_to_metadata(obj.labels()),
+            expires_at: spec
+                .expire_time
+                .as_ref()
+                .map(|t| t.0.as_second())
+                .unwrap_or(0),
+            failure_policy: match spec.failure_policy {
+                Some(CrFailurePolicy::AutoRecreate) => FailurePolicy::AutoRecreate,
+                Some(CrFailurePolicy::Manual) | None => FailurePolicy::Manual,
+            },
+            recovery_timeout_seconds: spec.recovery_timeout_seconds.unwrap_or(0),
+            resources: resources_from_spec(spec.resources.as_ref())?,
+            volumes: spec
+                .volumes
+                .iter()
+                .map(|v| volume!(v => HostVolume))
+                .collect(),
+            runtime: spec.runtime.clone().unwrap_or_default(),
         },
-        recovery_timeout_seconds: spec.recovery_timeout_seconds.unwrap_or(0),
         reset_revision: spec.reset_revision.clone().unwrap_or_default(),
         generation: state.generation,
         phase: state.phase,
@@ -529,19 +557,6 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
         recovery_deadline_unix_ms: state.recovery_deadline_unix_ms,
         events: state.events,
         revision: obj.resource_version().unwrap_or_default(),
-        resources: resources_from_spec(spec.resources.as_ref())?,
-        volumes: spec
-            .volumes
-            .iter()
-            .map(|v| HostVolume {
-                name: v.name.clone(),
-                host_path: v.host_path.clone(),
-                sub_path: v.sub_path.clone(),
-                mount_path: v.mount_path.clone(),
-                read_only: v.read_only,
-            })
-            .collect(),
-        runtime: spec.runtime.clone().unwrap_or_default(),
         last_transition_unix_ms: state.last_transition_unix_ms,
     }))
 }
@@ -622,7 +637,7 @@ fn derive_status(record: &SandboxRecord, generation: i64) -> SandboxStatus {
             ),
         }],
         observed_generation: Some(generation),
-        agent_id: (!record.agent_id.is_empty()).then(|| record.agent_id.clone()),
+        agent_id: (!record.agent_id.is_empty()).then(|| record.agent_id.to_string()),
         node_name: None,
     }
 }
@@ -663,9 +678,9 @@ impl Store for KubeStore {
         {
             return Err(StoreError::AlreadyExists(Box::new(holder)));
         }
+        let key = record.key();
         let obj = to_object(record, None)?;
         let api = self.sandboxes_in(&record.namespace);
-        let name = record.name.clone();
         let created = match self.call("create", async move {
             api.create(&PostParams::default(), &obj).await
         })? {
@@ -676,24 +691,23 @@ impl Store for KubeStore {
                 let name = record.name.clone();
                 let holder = self
                     .call("get", async move { api.get(&name).await })?
-                    .map_err(|e| api_error(e, &record.namespace, &record.name))?;
+                    .map_err(|e| api_error(e, &key))?;
                 let holder = from_object(&holder)?.ok_or_else(|| {
                     StoreError::Invalid(format!(
-                        "sandbox {}/{} exists and was not made by sandbolt",
-                        record.namespace, record.name
+                        "sandbox {key} exists and was not made by sandbolt"
                     ))
                 })?;
                 return Err(StoreError::AlreadyExists(Box::new(holder)));
             }
-            Err(e) => return Err(api_error(e, &record.namespace, &name)),
+            Err(e) => return Err(api_error(e, &key)),
         };
         let newest = self.sync_status(record, created);
         let obj = self.remember(newest);
         from_object(&obj)?.ok_or_else(|| StoreError::Corrupt("written without state".into()))
     }
 
-    fn get(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>> {
-        match self.lookup(namespace, name) {
+    fn get(&self, key: &SandboxKey) -> StoreResult<Option<SandboxRecord>> {
+        match self.lookup(key) {
             Some(o) => from_object(&o),
             None => Ok(None),
         }
@@ -715,19 +729,14 @@ impl Store for KubeStore {
     }
 
     fn replace(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
-        let Some(current) = self.lookup(&record.namespace, &record.name) else {
-            return Err(StoreError::NotFound(
-                record.namespace.clone(),
-                record.name.clone(),
-            ));
+        let key = record.key();
+        let Some(current) = self.lookup(&key) else {
+            return Err(StoreError::NotFound(key));
         };
         if let Some(stored) = from_object(&current)?
             && stored.uid != record.uid
         {
-            return Err(StoreError::Conflict(
-                record.namespace.clone(),
-                record.name.clone(),
-            ));
+            return Err(StoreError::Conflict(key));
         }
         let obj = to_object(record, Some(&current))?;
         let api = self.sandboxes_in(&record.namespace);
@@ -736,26 +745,26 @@ impl Store for KubeStore {
             .call("replace", async move {
                 api.replace(&name, &PostParams::default(), &obj).await
             })?
-            .map_err(|e| api_error(e, &record.namespace, &record.name))?;
+            .map_err(|e| api_error(e, &key))?;
         let newest = self.sync_status(record, written);
         let obj = self.remember(newest);
         from_object(&obj)?.ok_or_else(|| StoreError::Corrupt("written without state".into()))
     }
 
-    fn delete(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>> {
-        let api = self.sandboxes_in(namespace);
-        let n = name.to_string();
-        let current = match self.lookup(namespace, name) {
+    fn delete(&self, key: &SandboxKey) -> StoreResult<Option<SandboxRecord>> {
+        let api = self.sandboxes_in(&key.namespace);
+        let n = key.name.clone();
+        let current = match self.lookup(key) {
             Some(o) => o,
             None => match self.call("get", async move { api.get_opt(&n).await })? {
                 Ok(Some(o)) => Arc::new(o),
                 Ok(None) => return Ok(None),
-                Err(e) => return Err(api_error(e, namespace, name)),
+                Err(e) => return Err(api_error(e, key)),
             },
         };
         let record = from_object(&current)?;
-        let api = self.sandboxes_in(namespace);
-        let n = name.to_string();
+        let api = self.sandboxes_in(&key.namespace);
+        let n = key.name.clone();
         let terminating = current.metadata.deletion_timestamp.is_some();
         let has_finalizer = current.finalizers().iter().any(|f| f == FINALIZER);
         let uid = current.metadata.uid.clone();
@@ -806,37 +815,25 @@ impl Store for KubeStore {
             }
             Ok(())
         })?;
-        outcome.map_err(|e| api_error(e, namespace, name))?;
+        outcome.map_err(|e| api_error(e, key))?;
         self.forget(&current);
         Ok(record)
     }
 
-    fn list(
-        &self,
-        namespace: Option<&str>,
-        after: Option<&str>,
-        limit: usize,
-    ) -> StoreResult<Vec<SandboxRecord>> {
-        let mut out = Vec::new();
-        for ((ns, name), obj) in self.snapshot() {
-            if namespace.is_some_and(|want| want != ns) {
-                continue;
-            }
-            if namespace.is_some() && after.is_some_and(|a| name.as_str() <= a) {
-                continue;
-            }
-            match from_object(&obj) {
-                Ok(Some(r)) => out.push(r),
+    fn list(&self, range: &ListRange<'_>) -> StoreResult<Vec<SandboxRecord>> {
+        let records = self
+            .snapshot()
+            .into_iter()
+            .filter(|(key, _)| range.contains(key))
+            .filter_map(|(key, obj)| match from_object(&obj) {
+                Ok(Some(r)) => Some(Ok(r)),
                 Ok(None) => {
-                    tracing::debug!(sandbox = %name, namespace = %ns, "skipping a Sandbox sandbolt did not write")
+                    tracing::debug!(sandbox = %key.name, namespace = %key.namespace, "skipping a Sandbox sandbolt did not write");
+                    None
                 }
-                Err(e) => return Err(e),
-            }
-            if limit > 0 && out.len() == limit {
-                break;
-            }
-        }
-        Ok(out)
+                Err(e) => Some(Err(e)),
+            });
+        range.take(records)
     }
 
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()> {
@@ -856,7 +853,7 @@ impl Store for KubeStore {
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
-                holder_identity: Some(agent.agent_id.clone()),
+                holder_identity: Some(agent.agent_id.to_string()),
                 renew_time: Some(now),
                 ..Default::default()
             }),
@@ -904,7 +901,7 @@ impl Store for KubeStore {
             .collect()
     }
 
-    fn deletions_requested(&self) -> Vec<(String, String)> {
+    fn deletions_requested(&self) -> Vec<SandboxKey> {
         self.snapshot()
             .into_iter()
             .filter(|(_, o)| {
@@ -952,12 +949,12 @@ mod tests {
     #[test]
     fn record_survives_the_object_round_trip() {
         let mut r = crate::store::tests_support::record("default", "fsb-2", "");
-        r.metadata.insert("team".into(), "a".into());
-        r.envs.insert("K".into(), "V".into());
-        r.expires_at = 1_900_000_000;
-        r.failure_policy = FailurePolicy::AutoRecreate;
-        r.recovery_timeout_seconds = 30;
-        r.exposed_ports = vec![8080];
+        r.spec.metadata.insert("team".into(), "a".into());
+        r.spec.envs.insert("K".into(), "V".into());
+        r.spec.expires_at = 1_900_000_000;
+        r.spec.failure_policy = FailurePolicy::AutoRecreate;
+        r.spec.recovery_timeout_seconds = 30;
+        r.spec.exposed_ports = vec![8080];
         r.request_id = "req-1".into();
         let mut obj = to_object(&r, None).unwrap();
         obj.metadata.resource_version = Some("7".into());

@@ -20,16 +20,18 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{AgentId, SandboxId, SandboxKey};
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("sandbox {0}/{1} not found")]
-    NotFound(String, String),
+    #[error("sandbox {0} not found")]
+    NotFound(SandboxKey),
     /// The name (or the request id) is taken; carries the record holding it.
     #[error("sandbox {}/{} already exists", .0.namespace, .0.name)]
     AlreadyExists(Box<SandboxRecord>),
     /// Someone else wrote the record since it was read.
-    #[error("sandbox {0}/{1} was modified concurrently")]
-    Conflict(String, String),
+    #[error("sandbox {0} was modified concurrently")]
+    Conflict(SandboxKey),
     #[error("store backend: {0}")]
     Backend(String),
     /// The backend refused the record as malformed (e.g. a name Kubernetes
@@ -118,14 +120,11 @@ pub struct HostVolume {
 /// How many events a record keeps (oldest dropped first).
 pub const MAX_EVENTS: usize = 64;
 
+/// What the client asked for: the create request's spec, changed later only
+/// by updates (metadata, expiry, failure policy). Limits and runtime are
+/// stored after the pool's defaults were applied.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SandboxRecord {
-    pub uid: String,
-    pub name: String,
-    pub namespace: String,
-    /// Container id on the agent; changes when the sandbox is recreated.
-    pub sandbox_id: String,
-    pub agent_id: String,
+pub struct SandboxSpec {
     pub pool: String,
     pub image: String,
     pub command: Vec<String>,
@@ -138,6 +137,29 @@ pub struct SandboxRecord {
     pub expires_at: i64,
     pub failure_policy: FailurePolicy,
     pub recovery_timeout_seconds: i32,
+    /// Limits and requests after the pool's defaults (records written
+    /// before limits existed read back as unlimited).
+    #[serde(default)]
+    pub resources: Resources,
+    #[serde(default)]
+    pub volumes: Vec<HostVolume>,
+    /// OCI runtime; empty = the agent's default (records from before).
+    #[serde(default)]
+    pub runtime: String,
+}
+
+/// One sandbox as stored. The spec is flattened, so the stored JSON keeps
+/// the field names records had when the spec's fields sat here directly.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    /// Container id on the agent; changes when the sandbox is recreated.
+    pub sandbox_id: SandboxId,
+    pub agent_id: AgentId,
+    #[serde(flatten)]
+    pub spec: SandboxSpec,
     pub reset_revision: String,
     /// Bumped by every change of the desired state (spec, metadata, expiry).
     pub generation: i64,
@@ -157,21 +179,19 @@ pub struct SandboxRecord {
     /// Store-managed optimistic-concurrency token, opaque to the controller
     /// (empty until the record is stored).
     pub revision: String,
-    /// Limits and requests after the pool's defaults (records written
-    /// before limits existed read back as unlimited).
-    #[serde(default)]
-    pub resources: Resources,
-    #[serde(default)]
-    pub volumes: Vec<HostVolume>,
-    /// OCI runtime; empty = the agent's default (records from before).
-    #[serde(default)]
-    pub runtime: String,
     /// When `phase` last changed (unix ms).
     #[serde(default)]
     pub last_transition_unix_ms: i64,
 }
 
 impl SandboxRecord {
+    pub fn key(&self) -> SandboxKey {
+        SandboxKey {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
     /// Sets the phase, stamping the transition time when it changes.
     pub fn set_phase(&mut self, phase: Phase) {
         if self.phase != phase {
@@ -207,7 +227,7 @@ impl SandboxRecord {
 /// wait for and where to reach them before they heartbeat again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentRecord {
-    pub agent_id: String,
+    pub agent_id: AgentId,
     pub namespace: String,
     pub pool: String,
     pub api_endpoint: String,
@@ -228,25 +248,79 @@ pub struct AgentPod {
     pub uid: String,
 }
 
+/// Which records [`Store::list`] returns: those of one namespace (all when
+/// `namespace` is `None`), in name order, after the name `after` (within a
+/// namespace only), at most `limit` (0 = all).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListRange<'a> {
+    pub namespace: Option<&'a str>,
+    pub after: Option<&'a str>,
+    pub limit: usize,
+}
+
+impl<'a> ListRange<'a> {
+    /// Every record of every namespace.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Every record of `namespace`.
+    pub fn namespace(namespace: &'a str) -> Self {
+        Self {
+            namespace: Some(namespace),
+            ..Self::default()
+        }
+    }
+
+    /// Starting after the name `name` (the last one of the previous page).
+    pub fn after(self, name: Option<&'a str>) -> Self {
+        Self {
+            after: name,
+            ..self
+        }
+    }
+
+    /// At most `limit` records (0 = all).
+    pub fn limit(self, limit: usize) -> Self {
+        Self { limit, ..self }
+    }
+
+    /// Whether the record at `key` lies in the range (ignoring `limit`).
+    pub fn contains(&self, key: &SandboxKey) -> bool {
+        match self.namespace {
+            None => true,
+            Some(ns) => ns == key.namespace && self.after.is_none_or(|a| key.name.as_str() > a),
+        }
+    }
+
+    /// The first `limit` records of `records` (already in order and in the
+    /// range); the first error ends the list.
+    pub fn take(
+        &self,
+        records: impl IntoIterator<Item = StoreResult<SandboxRecord>>,
+    ) -> StoreResult<Vec<SandboxRecord>> {
+        let limit = if self.limit == 0 {
+            usize::MAX
+        } else {
+            self.limit
+        };
+        records.into_iter().take(limit).collect()
+    }
+}
+
 pub trait Store: Send + Sync + 'static {
     /// Inserts a new record. Fails with `AlreadyExists` (carrying the holder)
     /// when the name or the non-empty request id is taken.
     fn create(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord>;
-    fn get(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>>;
+    fn get(&self, key: &SandboxKey) -> StoreResult<Option<SandboxRecord>>;
     fn get_by_request_id(&self, request_id: &str) -> StoreResult<Option<SandboxRecord>>;
     /// Replaces a record if its stored revision still equals `record.revision`
     /// (else `Conflict`); returns it with the new revision.
     fn replace(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord>;
     /// Deletes a record (and its request id); `None` if it did not exist.
-    fn delete(&self, namespace: &str, name: &str) -> StoreResult<Option<SandboxRecord>>;
-    /// Records of one namespace (all when `None`), in name order, starting
-    /// after `after`, at most `limit` (0 = all).
-    fn list(
-        &self,
-        namespace: Option<&str>,
-        after: Option<&str>,
-        limit: usize,
-    ) -> StoreResult<Vec<SandboxRecord>>;
+    fn delete(&self, key: &SandboxKey) -> StoreResult<Option<SandboxRecord>>;
+    /// The records `range` selects, in namespace and name order.
+    fn list(&self, range: &ListRange<'_>) -> StoreResult<Vec<SandboxRecord>>;
 
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()>;
     fn list_agents(&self) -> StoreResult<Vec<AgentRecord>>;
@@ -254,7 +328,7 @@ pub trait Store: Send + Sync + 'static {
     /// Records someone outside the controller asked to delete (a Kubernetes
     /// `kubectl delete` leaves the object terminating behind its finalizer
     /// until the controller removed the container and calls `delete`).
-    fn deletions_requested(&self) -> Vec<(String, String)> {
+    fn deletions_requested(&self) -> Vec<SandboxKey> {
         Vec::new()
     }
 }
@@ -268,32 +342,46 @@ pub(crate) mod tests_support {
             uid: format!("uid-{name}"),
             name: name.into(),
             namespace: ns.into(),
-            sandbox_id: format!("sb-{name}"),
+            sandbox_id: format!("sb-{name}").into(),
             agent_id: "agent-1".into(),
-            pool: "default".into(),
-            image: "busybox".into(),
-            command: vec!["sleep".into()],
-            args: vec!["1000".into()],
-            envs: [("A".to_string(), "1".to_string())].into(),
-            working_dir: "/".into(),
-            exposed_ports: vec![],
-            metadata: [("team".to_string(), "x".to_string())].into(),
-            expires_at: 0,
-            failure_policy: FailurePolicy::Manual,
-            recovery_timeout_seconds: 0,
-            reset_revision: String::new(),
+            spec: SandboxSpec {
+                pool: "default".into(),
+                image: "busybox".into(),
+                command: vec!["sleep".into()],
+                args: vec!["1000".into()],
+                envs: [("A".to_string(), "1".to_string())].into(),
+                working_dir: "/".into(),
+                metadata: [("team".to_string(), "x".to_string())].into(),
+                ..Default::default()
+            },
             generation: 1,
             phase: Phase::Pending,
-            message: String::new(),
             request_id: rid.into(),
             access_token: "tok".into(),
             consistency: Consistency::Strong,
             created_at_unix_ms: 1,
             assignment_attempt: 1,
-            recovery_deadline_unix_ms: 0,
-            events: vec![],
-            revision: String::new(),
             ..Default::default()
         }
+    }
+
+    /// A record as the version before typed specs wrote it (flat fields,
+    /// before limits, volumes and runtimes existed).
+    pub(crate) const OLD_FORMAT_RECORD: &str = r#"{"uid":"u1","name":"old","namespace":"default","sandbox_id":"sb-old","agent_id":"agent-1","pool":"default","image":"busybox","command":["sleep"],"args":["1000"],"envs":{"A":"1"},"working_dir":"/","exposed_ports":[8080],"metadata":{"team":"x"},"expires_at":0,"failure_policy":"AutoRecreate","recovery_timeout_seconds":5,"reset_revision":"","generation":2,"phase":"Running","message":"","request_id":"r1","access_token":"tok","consistency":"Fast","created_at_unix_ms":1,"assignment_attempt":1,"recovery_deadline_unix_ms":0,"events":[],"revision":""}"#;
+
+    #[test]
+    fn records_written_by_the_previous_version_still_load() {
+        let r: SandboxRecord = serde_json::from_str(OLD_FORMAT_RECORD).expect("old record loads");
+        assert_eq!(r.sandbox_id, "sb-old");
+        assert_eq!(r.agent_id, "agent-1");
+        assert_eq!(r.spec.image, "busybox");
+        assert_eq!(r.spec.exposed_ports, vec![8080]);
+        assert_eq!(r.spec.failure_policy, FailurePolicy::AutoRecreate);
+        assert!(r.spec.resources.is_empty() && r.spec.runtime.is_empty());
+        // And the same flat names are written back.
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["image"], "busybox");
+        assert_eq!(v["sandbox_id"], "sb-old");
+        assert!(v.get("spec").is_none());
     }
 }

@@ -1,3 +1,1 @@
-pub mod bed;
-pub mod child;
 pub mod standin;

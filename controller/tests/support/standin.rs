@@ -17,9 +17,22 @@ use parking_lot::Mutex;
 use sandbolt_proto::agent::v1 as pb;
 use sandbolt_proto::agent::v1::agent_service_server::{AgentService, AgentServiceServer};
 use sandbolt_proto::agent::v1::registry_service_client::RegistryServiceClient;
+use sandbolt_proto::fastpath::v2;
 use tonic::{Request, Response, Status};
 
 pub const AGENT_TOKEN: &str = "test-agent-token";
+
+/// A v2 create named by its request id. The stand-in runs nothing, so the
+/// image only has to be one the agents may advertise.
+pub fn create_request(request_id: &str, expires_at: i64) -> v2::CreateSandboxRequest {
+    v2::CreateSandboxRequest {
+        request_id: request_id.into(),
+        image: "busybox".into(),
+        expires_at_unix_seconds: expires_at,
+        completion: v2::CreateCompletion::Ready as i32,
+        ..Default::default()
+    }
+}
 
 #[derive(Default)]
 pub struct StandInState {

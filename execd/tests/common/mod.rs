@@ -92,3 +92,31 @@ pub fn frames(body: &str) -> Vec<serde_json::Value> {
         .map(|f| serde_json::from_str(f).unwrap_or_else(|e| panic!("bad frame {f:?}: {e}")))
         .collect()
 }
+
+/// Zombie children of `ppid`.
+pub fn zombies_of(ppid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let rest: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        if rest.len() > 2 && rest[0] == "Z" && rest[1].parse::<i32>().ok() == Some(ppid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// True once `pid` has exited and been reaped: a zombie keeps its `/proc` entry.
+pub fn gone_from_proc(pid: i32) -> bool {
+    !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}

@@ -90,3 +90,17 @@ pub fn rv_of(meta: &ObjectMeta) -> u64 {
         .parse()
         .expect("numeric resourceVersion")
 }
+
+/// Creates `obj` through `api` (default parameters), which must succeed:
+/// what most tests do before the step they check.
+pub async fn create<K>(api: &Api<K>, obj: &K) -> K
+where
+    K: Clone
+        + std::fmt::Debug
+        + k8s_openapi::serde::de::DeserializeOwned
+        + k8s_openapi::serde::Serialize,
+{
+    api.create(&kube::api::PostParams::default(), obj)
+        .await
+        .unwrap_or_else(|e| panic!("creating {obj:?}: {e}"))
+}

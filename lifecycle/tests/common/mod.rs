@@ -8,16 +8,19 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
 use sandbolt_controller::{Controller, ControllerHandle};
 use sandbolt_lifecycle::{
     BackendConfig, ControllerConfig, DockerConfig, Lifecycle, LifecycleConfig, LifecycleHandle,
 };
+use sandbolt_proto::auth::BearerToken;
 use sandbolt_proto::control::v1 as control;
+use sandbolt_test_support::eventually_async;
 use sandbolt_testbed::{Testbed, busybox_image, execd_binary};
 use serde_json::Value;
+use tonic::service::interceptor::InterceptedService;
 
 pub const API_KEY: &str = "sandbolt-test-key-0123456789";
 pub const AGENT_TOKEN: &str = "agent-token-for-tests";
@@ -30,13 +33,7 @@ pub const POOL_NAMESPACE: &str = "default";
 pub const CONTAINERD_NS: &str = "k8s.io";
 
 pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,sandbolt_lifecycle=info".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    sandbolt_test_support::init_tracing("warn,sandbolt_lifecycle=info");
 }
 
 /// A real controller (embedded store) and a real agent on the test bed's
@@ -121,17 +118,19 @@ impl ControllerEnv {
     /// Waits until the agent's heartbeat has made it a ready member of the
     /// default pool (asked over the native API, as a client would).
     async fn wait_for_agent(&self) {
-        let mut client = self.native().await;
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            match client.get_pool("default").await {
-                Ok(pool) if pool.ready_agents > 0 => return,
-                other => last = format!("{other:?}"),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the agent never joined the default pool: {last}");
+        let client = self.native().await;
+        eventually_async(
+            "the agent to join the default pool",
+            Duration::from_secs(15),
+            || {
+                let mut client = client.clone();
+                async move {
+                    let pool = client.get_pool("default").await.ok()?;
+                    (pool.ready_agents > 0).then_some(())
+                }
+            },
+        )
+        .await;
     }
 
     /// A lifecycle configuration on the controller backend, keeping
@@ -166,45 +165,41 @@ impl ControllerEnv {
 }
 
 /// `sandbolt.control.v1.SandboxService` with the controller's token.
+#[derive(Clone)]
 pub struct NativeClient {
-    client: control::sandbox_service_client::SandboxServiceClient<tonic::transport::Channel>,
-    token: String,
+    client: control::sandbox_service_client::SandboxServiceClient<
+        InterceptedService<tonic::transport::Channel, BearerToken>,
+    >,
 }
 
 impl NativeClient {
     pub async fn connect(addr: SocketAddr, token: &str) -> NativeClient {
-        NativeClient {
-            client: control::sandbox_service_client::SandboxServiceClient::connect(format!(
-                "http://{addr}"
-            ))
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
             .await
-            .expect("controller answers gRPC"),
-            token: token.into(),
+            .expect("controller answers gRPC");
+        NativeClient {
+            client: control::sandbox_service_client::SandboxServiceClient::with_interceptor(
+                channel,
+                BearerToken::new(token).unwrap(),
+            ),
         }
     }
 
-    fn req<T>(&self, msg: T) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(msg);
-        r.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {}", self.token).parse().unwrap(),
-        );
-        r
-    }
-
     pub async fn get_pool(&mut self, name: &str) -> Result<control::Pool, tonic::Status> {
-        let r = self.req(control::GetPoolRequest { name: name.into() });
+        let r = control::GetPoolRequest { name: name.into() };
         self.client.get_pool(r).await.map(|r| r.into_inner())
     }
 
     pub async fn get(&mut self, name: &str) -> Result<control::Sandbox, tonic::Status> {
-        let r = self.req(control::GetSandboxRequest {
+        let r = control::GetSandboxRequest {
             sandbox: Some(control::SandboxRef {
                 namespace: POOL_NAMESPACE.into(),
                 name: name.into(),
                 expected_uid: String::new(),
             }),
-        });
+        };
         self.client.get_sandbox(r).await.map(|r| r.into_inner())
     }
 }
@@ -332,6 +327,22 @@ impl DockerEnv {
             .await
             .expect("lifecycle starts on the docker backend")
     }
+
+    /// `docker inspect` of the container of sandbox `id`, as the engine
+    /// reports it.
+    pub fn inspect(&self, id: &str) -> Value {
+        let out = Command::new("docker")
+            .args([
+                "-H",
+                &format!("unix://{}", self.socket().display()),
+                "inspect",
+                &format!("sandbox-{id}"),
+            ])
+            .output()
+            .expect("docker CLI runs");
+        let v: Value = serde_json::from_slice(&out.stdout).expect("docker inspect answers JSON");
+        v[0].clone()
+    }
 }
 
 /// Runs one pytest file of tests/python against a lifecycle server and
@@ -344,6 +355,22 @@ pub fn run_pytest(
     host_root: Option<&Path>,
 ) {
     run_pytest_env(file, addr, image, backend, host_root, &[]);
+}
+
+/// [`run_pytest`] off the async workers (pytest blocks for minutes).
+pub async fn pytest(
+    file: &'static str,
+    addr: SocketAddr,
+    image: &str,
+    backend: &'static str,
+    host_root: Option<PathBuf>,
+) {
+    let image = image.to_string();
+    tokio::task::spawn_blocking(move || {
+        run_pytest(file, addr, &image, backend, host_root.as_deref())
+    })
+    .await
+    .unwrap();
 }
 
 /// [`run_pytest`] with extra environment variables for the test file.

@@ -1,0 +1,401 @@
+//! The controller's one entry point: its flags (each with a `SANDBOLT_…`
+//! environment name) and [`run`]. `sandbolt controller` and the
+//! `sandbolt-controller` binary (what tests start as a child to `kill -9`)
+//! both parse [`ControllerArgs`] and call [`run`], so flags, environment
+//! names and wiring are the same in both.
+//!
+//! Once serving (with `--store kubernetes`: once leading) it prints
+//! `SANDBOLT_CONTROLLER_LISTENING <addr>` on stdout.
+
+use std::future::Future;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{ControllerConfig, FAILPOINT_ENV, FailpointSpec};
+use crate::ha::{ElectedExit, run_on_kubernetes};
+use crate::leader::LeaseConfig;
+use crate::registry::KubeAgentPresence;
+use crate::store::Consistency;
+use crate::{Controller, ControllerHandle};
+
+/// What stdout says once the controller serves (the address follows).
+pub const LISTENING_LINE: &str = "SANDBOLT_CONTROLLER_LISTENING";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreArg {
+    /// One redb file under --data-dir; one replica only.
+    Embedded,
+    /// Sandbox custom resources and Leases through the Kubernetes API
+    /// (in-cluster service account, or KUBECONFIG); replicas elect a leader
+    /// through the Lease --lease-name, and only the leader serves.
+    Kubernetes,
+}
+
+/// How the controller tells a silent agent from a gone one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AgentPresenceArg {
+    /// `kubernetes` with --store kubernetes or inside a pod
+    /// (KUBERNETES_SERVICE_HOST is set), `none` otherwise.
+    Auto,
+    /// Ask the Kubernetes API whether the agent's pod still exists.
+    Kubernetes,
+    /// Never: a silent agent's sandboxes wait for it however long it is away.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConsistencyArg {
+    /// Container first, record after (lowest latency).
+    Fast,
+    /// Record first, container after.
+    Strong,
+}
+
+impl From<ConsistencyArg> for Consistency {
+    fn from(c: ConsistencyArg) -> Self {
+        match c {
+            ConsistencyArg::Fast => Consistency::Fast,
+            ConsistencyArg::Strong => Consistency::Strong,
+        }
+    }
+}
+
+fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// gRPC address for FastPath v1 + v2, the native API and the agents'
+    /// RegistryService (port 0: any free port, printed once serving).
+    #[arg(
+        long,
+        env = "SANDBOLT_FASTPATH_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub listen: SocketAddr,
+    /// Directory of the embedded record store (controller.redb).
+    #[arg(
+        long,
+        env = "SANDBOLT_DATA_DIR",
+        default_value = "/var/lib/sandbolt/controller"
+    )]
+    pub data_dir: PathBuf,
+    /// Token agents and janitors present (and the controller presents to agents).
+    #[arg(long, env = "SANDBOLT_AGENT_TOKEN", hide_env_values = true)]
+    pub agent_token: String,
+    /// Require `authorization: Bearer <token>` on FastPath calls. Without it
+    /// the FastPath port is open: bind it to a private address.
+    #[arg(long, env = "SANDBOLT_FASTPATH_TOKEN", hide_env_values = true)]
+    pub fastpath_token: Option<String>,
+    /// Consistency of creates that do not ask for one.
+    #[arg(
+        long,
+        env = "SANDBOLT_CONSISTENCY",
+        value_enum,
+        default_value = "strong"
+    )]
+    pub consistency: ConsistencyArg,
+    /// Where the records live.
+    #[arg(long, env = "SANDBOLT_STORE", value_enum, default_value = "embedded")]
+    pub store: StoreArg,
+    /// Kubernetes store: namespace of the controller's Lease and of the agent
+    /// records (the chart passes the pod's namespace).
+    #[arg(
+        long,
+        env = "SANDBOLT_POD_NAMESPACE",
+        required_if_eq("store", "kubernetes")
+    )]
+    pub namespace: Option<String>,
+    /// Kubernetes store: this replica's identity in the Lease; must be unique
+    /// per replica (the chart passes the pod name).
+    #[arg(long, env = "SANDBOLT_POD_NAME", required_if_eq("store", "kubernetes"))]
+    pub identity: Option<String>,
+    /// Kubernetes store: name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "SANDBOLT_LEASE_NAME",
+        default_value = "sandbolt-controller"
+    )]
+    pub lease_name: String,
+    /// Kubernetes store: how long a leader's Lease is valid without renewal;
+    /// a standby takes over at most this long after the leader died.
+    #[arg(long, env = "SANDBOLT_LEASE_DURATION", default_value = "15s", value_parser = duration)]
+    pub lease_duration: Duration,
+    /// Kubernetes store: a leader that could not renew for this long stops
+    /// serving (must be below --lease-duration).
+    #[arg(long, env = "SANDBOLT_RENEW_DEADLINE", default_value = "10s", value_parser = duration)]
+    pub renew_deadline: Duration,
+    /// Kubernetes store: time between election rounds.
+    #[arg(long, env = "SANDBOLT_LEASE_RETRY", default_value = "2s", value_parser = duration)]
+    pub lease_retry: Duration,
+    /// What agents are told to use between heartbeats.
+    #[arg(long, env = "SANDBOLT_HEARTBEAT_INTERVAL", default_value = "2s", value_parser = duration)]
+    pub heartbeat_interval: Duration,
+    /// An agent silent this long is shown as unknown (its sandboxes' state)
+    /// and gets no new sandboxes. Nothing is failed or reaped for silence.
+    #[arg(long, env = "SANDBOLT_AGENT_LOST_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub agent_lost_timeout: Duration,
+    /// A silent agent whose pod is gone (see --agent-presence) is given up
+    /// after this much silence: its AUTO_RECREATE sandboxes are recreated
+    /// elsewhere, its MANUAL ones marked failed. Leave room for a rollout or
+    /// an image pull: a successor pod adopts the sandboxes.
+    #[arg(long, env = "SANDBOLT_AGENT_GONE_TIMEOUT", default_value = "5m", value_parser = duration)]
+    pub agent_gone_timeout: Duration,
+    /// How a silent agent is told from a gone one.
+    #[arg(
+        long,
+        env = "SANDBOLT_AGENT_PRESENCE",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub agent_presence: AgentPresenceArg,
+    /// After a restart, writes wait this long at most for the agents known
+    /// from the store to heartbeat.
+    #[arg(long, env = "SANDBOLT_STARTUP_GRACE", default_value = "10s", value_parser = duration)]
+    pub startup_grace: Duration,
+    /// How often expired sandboxes are looked for.
+    #[arg(long, env = "SANDBOLT_EXPIRY_SWEEP_INTERVAL", default_value = "1s", value_parser = duration)]
+    pub expiry_sweep_interval: Duration,
+    /// Test hook: freeze at a named point (`strong-after-record[:name]`,
+    /// `fast-after-create[:name]`) so a test can `kill -9` there.
+    #[arg(long, env = FAILPOINT_ENV, hide = true)]
+    pub failpoint: Option<FailpointSpec>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{what}: {source}")]
+    Kubernetes {
+        what: &'static str,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("controller on {listen}: {source}")]
+    Controller {
+        listen: SocketAddr,
+        source: crate::Error,
+    },
+    /// Exit non-zero: the pod restarts and comes back as a standby.
+    #[error("lost the controller lease to another replica")]
+    LostLeadership,
+}
+
+impl ControllerArgs {
+    /// The library configuration these flags describe (no presence source:
+    /// [`run`] adds it).
+    pub fn config(&self) -> Result<ControllerConfig, RunError> {
+        let mut c = ControllerConfig::new(self.listen, &self.data_dir, self.agent_token.clone());
+        c.fastpath_token = self.fastpath_token.clone().filter(|t| !t.is_empty());
+        c.default_consistency = self.consistency.into();
+        c.heartbeat_interval = self.heartbeat_interval;
+        c.lost_agent_timeout = self.agent_lost_timeout;
+        c.agent_gone_timeout = self.agent_gone_timeout;
+        c.startup_grace = self.startup_grace;
+        c.expiry_sweep_interval = self.expiry_sweep_interval;
+        c.failpoint = self.failpoint.clone();
+        check_timeouts(&c)?;
+        Ok(c)
+    }
+
+    fn wants_kube_presence(&self, in_cluster: bool) -> bool {
+        match self.agent_presence {
+            AgentPresenceArg::Kubernetes => true,
+            AgentPresenceArg::None => false,
+            AgentPresenceArg::Auto => self.store == StoreArg::Kubernetes || in_cluster,
+        }
+    }
+}
+
+/// Where the timeouts contradict each other or the heartbeat.
+fn check_timeouts(config: &ControllerConfig) -> Result<(), RunError> {
+    if config.lost_agent_timeout <= config.heartbeat_interval {
+        return Err(RunError::Config(format!(
+            "--agent-lost-timeout ({:?}) must be longer than the heartbeat interval ({:?})",
+            config.lost_agent_timeout, config.heartbeat_interval
+        )));
+    }
+    if config.agent_gone_timeout <= config.lost_agent_timeout {
+        return Err(RunError::Config(format!(
+            "--agent-gone-timeout ({:?}) must be longer than --agent-lost-timeout ({:?})",
+            config.agent_gone_timeout, config.lost_agent_timeout
+        )));
+    }
+    Ok(())
+}
+
+async fn kube_config(what: &'static str) -> Result<kube::Config, RunError> {
+    kube::Config::infer()
+        .await
+        .map_err(|e| RunError::Kubernetes {
+            what,
+            source: Box::new(e),
+        })
+}
+
+/// Adds the Kubernetes presence source when `--agent-presence` asks for it.
+async fn add_presence(
+    config: &mut ControllerConfig,
+    args: &ControllerArgs,
+) -> Result<(), RunError> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    if !args.wants_kube_presence(in_cluster) {
+        tracing::info!(
+            "no agent presence source: a silent agent's sandboxes wait for it, never recreated"
+        );
+        return Ok(());
+    }
+    const WHAT: &str = "--agent-presence kubernetes needs a Kubernetes API (in-cluster service account or KUBECONFIG)";
+    let client =
+        kube::Client::try_from(kube_config(WHAT).await?).map_err(|e| RunError::Kubernetes {
+            what: WHAT,
+            source: Box::new(e),
+        })?;
+    config.agent_presence = Some(Arc::new(KubeAgentPresence::new(client)));
+    tracing::info!(gone_after = ?config.agent_gone_timeout, "silent agents are given up only when their pod is gone (Kubernetes API)");
+    Ok(())
+}
+
+fn announce(h: &ControllerHandle) {
+    tracing::info!(fastpath = %h.local_addr(), "serving FastPath v1 + v2, the native API and RegistryService");
+    println!("{LISTENING_LINE} {}", h.local_addr());
+    let _ = std::io::stdout().flush();
+}
+
+/// Runs the controller these flags describe until `shutdown` resolves (or,
+/// with the Kubernetes store, until this replica loses the lease).
+pub async fn run(args: ControllerArgs, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let mut config = args.config()?;
+    add_presence(&mut config, &args).await?;
+    let listen = args.listen;
+    if args.store == StoreArg::Kubernetes {
+        return run_kubernetes(config, args, shutdown).await;
+    }
+    let handle = Controller::start(config)
+        .await
+        .map_err(|source| RunError::Controller { listen, source })?;
+    announce(&handle);
+    shutdown.await;
+    handle.shutdown().await;
+    Ok(())
+}
+
+async fn run_kubernetes(
+    config: ControllerConfig,
+    args: ControllerArgs,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    // clap requires both with --store kubernetes; a caller building the
+    // args by hand gets the same message.
+    let required = |v: Option<String>, flag: &str| {
+        v.filter(|s| !s.is_empty())
+            .ok_or_else(|| RunError::Config(format!("--store kubernetes needs {flag}")))
+    };
+    let namespace = required(args.namespace, "--namespace")?;
+    let identity = required(args.identity, "--identity")?;
+    let kube =
+        kube_config("no Kubernetes API configuration (in-cluster service account or KUBECONFIG)")
+            .await?;
+    let lease = LeaseConfig::new(namespace, &args.lease_name, identity).with_timings(
+        args.lease_duration,
+        args.renew_deadline,
+        args.lease_retry,
+    );
+    let listen = args.listen;
+    let exit = run_on_kubernetes(config, kube, lease, announce, shutdown)
+        .await
+        .map_err(|source| RunError::Controller { listen, source })?;
+    match exit {
+        ElectedExit::Shutdown => Ok(()),
+        ElectedExit::LostLeadership => Err(RunError::LostLeadership),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::DEFAULT_AGENT_GONE_TIMEOUT;
+
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+
+    fn parse(extra: &[&str]) -> ControllerArgs {
+        let mut argv = vec!["controller", "--agent-token", "t"];
+        argv.extend_from_slice(extra);
+        Cmd::try_parse_from(argv).expect("parses").args
+    }
+
+    #[test]
+    fn silence_and_gone_timeouts_have_flags_and_sane_defaults() {
+        let d = parse(&[]);
+        assert_eq!(d.agent_lost_timeout, Duration::from_secs(10));
+        assert_eq!(d.agent_gone_timeout, Duration::from_secs(300));
+        assert_eq!(d.agent_gone_timeout, DEFAULT_AGENT_GONE_TIMEOUT);
+        d.config().expect("defaults are consistent");
+        let set = parse(&["--agent-lost-timeout", "3s", "--agent-gone-timeout", "2m"]);
+        assert_eq!(set.agent_lost_timeout, Duration::from_secs(3));
+        assert_eq!(set.agent_gone_timeout, Duration::from_secs(120));
+        set.config().unwrap();
+        let inverted = parse(&["--agent-lost-timeout", "30s", "--agent-gone-timeout", "20s"]);
+        let e = inverted.config().unwrap_err().to_string();
+        assert!(e.contains("--agent-gone-timeout"), "{e}");
+        let too_short = parse(&["--agent-lost-timeout", "1s"]);
+        assert!(too_short.config().is_err());
+    }
+
+    #[test]
+    fn presence_is_kubernetes_where_the_controller_runs_on_kubernetes() {
+        let auto = parse(&[]);
+        assert!(!auto.wants_kube_presence(false), "one machine: never");
+        assert!(auto.wants_kube_presence(true), "inside a pod");
+        let kube_store = parse(&[
+            "--store",
+            "kubernetes",
+            "--namespace",
+            "n",
+            "--identity",
+            "i",
+        ]);
+        assert!(kube_store.wants_kube_presence(false));
+        let off = parse(&["--agent-presence", "none"]);
+        assert!(!off.wants_kube_presence(true));
+        let on = parse(&["--agent-presence", "kubernetes"]);
+        assert!(on.wants_kube_presence(false));
+    }
+
+    #[test]
+    fn every_setting_reaches_the_config() {
+        let a = parse(&[
+            "--heartbeat-interval",
+            "100ms",
+            "--agent-lost-timeout",
+            "3s",
+            "--startup-grace",
+            "3s",
+            "--expiry-sweep-interval",
+            "100ms",
+            "--consistency",
+            "fast",
+            "--failpoint",
+            "strong-after-record:victim",
+        ]);
+        let c = a.config().unwrap();
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(100));
+        assert_eq!(c.startup_grace, Duration::from_secs(3));
+        assert_eq!(c.expiry_sweep_interval, Duration::from_millis(100));
+        assert_eq!(c.default_consistency, Consistency::Fast);
+        let fp = c.failpoint.expect("failpoint");
+        assert_eq!(fp.only_for.as_deref(), Some("victim"));
+        let bad = Cmd::try_parse_from(["controller", "--agent-token", "t", "--failpoint", "nope"]);
+        assert!(bad.is_err(), "an unknown failpoint is refused, not ignored");
+    }
+}

@@ -1,0 +1,450 @@
+//! Create: validate → place → (record) → agent create → (record).
+//!
+//! *Strong*: reserve a slot, commit the record (phase Pending), then ask the
+//! agent; a crash after the commit leaves a record that a restarted
+//! controller re-drives (the agent create is idempotent by sandbox id), so an
+//! acknowledged sandbox is always backed by its record.
+//!
+//! *Fast*: reserve, ask the agent, then commit the record with retries; if the
+//! record can never be written the container is deleted, so a sandbox the
+//! client never heard about does not live on. A crash between the two leaves
+//! a container without a record: its slot stays counted (the agent reports
+//! it) and the controller's orphan check removes it.
+//!
+//! Both are idempotent by request id.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+
+use crate::clock;
+use crate::config::{ControllerConfig, Failpoint, failpoint};
+use crate::error::{Error, Result};
+use crate::ids::{AgentId, SandboxId, SandboxKey};
+use crate::limits;
+use crate::placement::PlacementRequest;
+use crate::sandbox::Core;
+use crate::sandbox::shared::agent_spec;
+use crate::store::{Consistency, Phase, SandboxRecord, SandboxSpec, StoreError};
+
+/// A create request, from any API. [`Core::create`] validates it and
+/// applies the pool's defaults and maxima to its spec.
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    /// Idempotency key; empty = none.
+    pub request_id: String,
+    /// Empty: the request id, or generated.
+    pub name: String,
+    pub namespace: String,
+    /// `None`: the server default.
+    pub consistency: Option<Consistency>,
+    /// Answer only when execd inside answers (v2 completion READY).
+    pub wait_for_execd: bool,
+    /// Moved into the record as it is: the only copy is the agent's.
+    pub spec: SandboxSpec,
+}
+
+impl CreateRequest {
+    fn key(&self) -> SandboxKey {
+        SandboxKey::new(&self.namespace, self.name.clone())
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+        && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+}
+
+pub(crate) fn new_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// The waits between the fast mode's record commit attempts.
+pub(crate) fn record_commit_backoff(config: &ControllerConfig) -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(20))
+        .with_factor(2.0)
+        .with_max_delay(Duration::from_millis(1280))
+        .with_max_times(config.record_commit_attempts.max(1) as usize - 1)
+}
+
+/// The sum of [`record_commit_backoff`]'s waits.
+pub(crate) fn record_commit_waits(config: &ControllerConfig) -> Duration {
+    record_commit_backoff(config).build().sum()
+}
+
+impl Core {
+    pub async fn create(&self, req: CreateRequest) -> Result<SandboxRecord> {
+        self.require_ready()?;
+        let req = self.validate(req)?;
+        if !req.request_id.is_empty()
+            && let Some(existing) = self.store.get_by_request_id(&req.request_id)?
+        {
+            return self.finish_existing(existing, &req).await;
+        }
+        // A name already taken is answered from the store before any
+        // container exists. Strong mode would learn it from its record
+        // commit anyway; fast mode would otherwise start a container just to
+        // remove it again, and report that container's failure (e.g. an
+        // image whose entrypoint exits) instead of ALREADY_EXISTS. The commit
+        // still checks, for creates racing on one name.
+        if let Some(holder) = self.store.get(&req.key())? {
+            return self.on_name_taken(holder, &req).await;
+        }
+        match req.consistency.unwrap_or(self.config.default_consistency) {
+            Consistency::Strong => self.create_strong(req).await,
+            Consistency::Fast => self.create_fast(req).await,
+        }
+    }
+
+    /// Checks a create request and completes it: namespace, name, the
+    /// pool's limits and runtime.
+    #[tracing::instrument(skip_all, fields(namespace = %req.namespace, sandbox = %req.name, pool = %req.spec.pool))]
+    pub fn validate(&self, mut req: CreateRequest) -> Result<CreateRequest> {
+        let key = req.key();
+        req.namespace = key.namespace;
+        let spec = &mut req.spec;
+        spec.pool = crate::placement::or_default(spec.pool.trim()).to_string();
+        if !valid_name(&req.namespace) {
+            return Err(Error::InvalidArgument(format!(
+                "invalid namespace {:?}",
+                req.namespace
+            )));
+        }
+        sandbolt_image_ref::ImageRef::parse(&spec.image)
+            .map_err(|e| Error::InvalidArgument(format!("image: {e}")))?;
+        if req.name.is_empty() {
+            req.name = if req.request_id.is_empty() {
+                format!("sbx-{}", new_token())
+            } else {
+                req.request_id.clone()
+            };
+        }
+        if !valid_name(&req.name) {
+            return Err(Error::InvalidArgument(format!(
+                "invalid sandbox name {:?}: use letters, digits, '-', '.', '_' (at most 253)",
+                req.name
+            )));
+        }
+        check_times_and_ports(spec)?;
+        let policy = self
+            .registry
+            .pool_policy(&self.registry.pool_key(&req.namespace, &spec.pool));
+        spec.resources = limits::resolve(&spec.resources, &spec.pool, policy.as_ref())?;
+        spec.runtime = limits::runtime(&spec.runtime, policy.as_ref())?;
+        limits::check_volumes(&spec.volumes)?;
+        Ok(req)
+    }
+
+    #[tracing::instrument(skip_all, fields(namespace = %req.namespace, sandbox = %req.name, sandbox_id))]
+    async fn create_strong(&self, req: CreateRequest) -> Result<SandboxRecord> {
+        let wait_for_execd = req.wait_for_execd;
+        let (mut r, req) = new_record(req, Consistency::Strong);
+        tracing::Span::current().record("sandbox_id", r.sandbox_id.as_str());
+        let _inflight = self.inflight(&r.sandbox_id);
+        self.place(&mut r, None)?;
+        r.push_event(
+            "info",
+            "controller",
+            "record committed before create (strong)",
+        );
+        let r = match self.commit_record(&r) {
+            Ok(r) => r,
+            Err(e) => {
+                self.registry.release(&r.agent_id, &r.sandbox_id);
+                return match e {
+                    StoreError::AlreadyExists(holder) => self.on_name_taken(*holder, &req).await,
+                    e => Err(e.into()),
+                };
+            }
+        };
+        failpoint(&self.config, Failpoint::StrongAfterRecord, &r.name).await;
+        match self.agent_create(&r, wait_for_execd).await {
+            Ok(msg) => self.mark_running(&r, msg).await,
+            Err(e) => {
+                tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "strong create failed");
+                self.discard_container(&r).await;
+                let _ = self.store.delete(&r.key());
+                self.untrack_expiry(&r);
+                self.registry.release(&r.agent_id, &r.sandbox_id);
+                Err(e)
+            }
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(namespace = %req.namespace, sandbox = %req.name, sandbox_id))]
+    async fn create_fast(&self, req: CreateRequest) -> Result<SandboxRecord> {
+        let wait_for_execd = req.wait_for_execd;
+        let (mut r, req) = new_record(req, Consistency::Fast);
+        tracing::Span::current().record("sandbox_id", r.sandbox_id.as_str());
+        let _inflight = self.inflight(&r.sandbox_id);
+        self.place(&mut r, None)?;
+        match self.agent_create(&r, wait_for_execd).await {
+            Ok(msg) => {
+                r.set_phase(Phase::Running);
+                r.push_event("info", "agent", msg);
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "fast create failed");
+                self.discard_container(&r).await;
+                self.registry.release(&r.agent_id, &r.sandbox_id);
+                return Err(e);
+            }
+        }
+        failpoint(&self.config, Failpoint::FastAfterCreate, &r.name).await;
+        r.push_event("info", "controller", "record committed after create (fast)");
+        let committed = (|| async { self.commit_record(&r) })
+            .retry(record_commit_backoff(&self.config))
+            .when(|e| !matches!(e, StoreError::AlreadyExists(_)))
+            .notify(|e, wait| tracing::warn!(sandbox = %r.name, error = %e, ?wait, "fast mode: record commit failed; retrying"))
+            .await;
+        // From here on the client hears "failed" or another sandbox's name:
+        // the container must not stay behind.
+        let failed = match committed {
+            Ok(r) => return Ok(r),
+            Err(e) => e,
+        };
+        self.discard_container(&r).await;
+        self.registry.release(&r.agent_id, &r.sandbox_id);
+        match failed {
+            StoreError::AlreadyExists(holder) => self.on_name_taken(*holder, &req).await,
+            e => Err(Error::Unavailable(format!(
+                "sandbox {}: the record could not be written after {} attempts ({e}); the container was removed",
+                r.name,
+                self.config.record_commit_attempts.max(1)
+            ))),
+        }
+    }
+
+    /// Reserves a slot for `r` and fills in its agent; `exclude` is an agent
+    /// that must not get it (a gone agent, when recreating).
+    #[tracing::instrument(skip_all, fields(sandbox = %r.name, sandbox_id = %r.sandbox_id, agent))]
+    pub(crate) fn place(&self, r: &mut SandboxRecord, exclude: Option<&AgentId>) -> Result<()> {
+        let pool = self.registry.pool_key(&r.namespace, &r.spec.pool);
+        let key = sandbolt_image_ref::match_key(&r.spec.image);
+        let exclude: Vec<&str> = exclude.map(|a| a.as_str()).into_iter().collect();
+        let req = PlacementRequest {
+            pool: &pool,
+            image_key: &key,
+            ports: &r.spec.exposed_ports,
+            exclude: &exclude,
+            runtime: (!r.spec.runtime.is_empty()).then_some(r.spec.runtime.as_str()),
+        };
+        let p = self.registry.allocate(&req, &r.sandbox_id)?;
+        tracing::Span::current().record("agent", p.agent.as_str());
+        r.agent_id = p.agent;
+        r.push_event(
+            "info",
+            "controller",
+            format!(
+                "placed on agent {} (score {}, image {})",
+                r.agent_id,
+                p.score,
+                if p.image_cached {
+                    "cached"
+                } else {
+                    "not cached"
+                }
+            ),
+        );
+        Ok(())
+    }
+
+    /// Asks the agent to create `r`'s container; returns the event text.
+    #[tracing::instrument(skip_all, fields(sandbox = %r.name, sandbox_id = %r.sandbox_id, agent = %r.agent_id))]
+    pub(crate) async fn agent_create(
+        &self,
+        r: &SandboxRecord,
+        wait_for_execd: bool,
+    ) -> Result<String> {
+        let agent = self
+            .registry
+            .agent(&r.agent_id)
+            .ok_or_else(|| Error::Unavailable(format!("agent {} vanished", r.agent_id)))?;
+        let resp = self
+            .agents
+            .create(
+                &r.agent_id,
+                &agent.api_endpoint,
+                agent_spec(r, wait_for_execd),
+                self.config.create_deadline,
+            )
+            .await?;
+        let t = resp.timings.unwrap_or_default();
+        Ok(format!(
+            "container created on {} (image {} µs, container {} µs, task {} µs, execd {} µs)",
+            r.agent_id,
+            t.image_resolved_us,
+            t.container_created_us,
+            t.task_started_us,
+            t.execd_ready_us
+        ))
+    }
+
+    /// Writes a new record and indexes its expiry.
+    #[tracing::instrument(skip_all, fields(sandbox = %r.name, sandbox_id = %r.sandbox_id, agent = %r.agent_id, phase = ?r.phase))]
+    fn commit_record(&self, r: &SandboxRecord) -> Result<SandboxRecord, StoreError> {
+        let r = self.store.create(r)?;
+        self.track_expiry(&r, None);
+        Ok(r)
+    }
+
+    /// Pending → Running once the agent confirmed the container.
+    async fn mark_running(&self, r: &SandboxRecord, msg: String) -> Result<SandboxRecord> {
+        let sid = r.sandbox_id.clone();
+        match self.modify(&r.key(), |x| {
+            if x.sandbox_id != sid {
+                return Err(Error::Aborted(format!(
+                    "sandbox {} was reassigned meanwhile",
+                    x.name
+                )));
+            }
+            x.phase = Phase::Running;
+            x.push_event("info", "agent", msg.clone());
+            Ok(())
+        }) {
+            Ok(r) => Ok(r),
+            Err(e @ (Error::NotFound(..) | Error::Aborted(_))) => {
+                // Deleted (or replaced) while we were creating: ours is an orphan.
+                self.discard_container(r).await;
+                self.registry.release(&r.agent_id, &r.sandbox_id);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The name or request id is taken by `holder`.
+    async fn on_name_taken(
+        &self,
+        holder: SandboxRecord,
+        req: &CreateRequest,
+    ) -> Result<SandboxRecord> {
+        if !req.request_id.is_empty() && holder.request_id == req.request_id {
+            return self.finish_existing(holder, req).await;
+        }
+        Err(Error::AlreadyExists(holder.key()))
+    }
+
+    /// A retry of a create that already has a record: answer with it, after
+    /// finishing it if the process that started it is gone.
+    async fn finish_existing(
+        &self,
+        existing: SandboxRecord,
+        req: &CreateRequest,
+    ) -> Result<SandboxRecord> {
+        if existing.namespace != req.namespace || existing.name != req.name {
+            return Err(Error::AlreadyExists(existing.key()));
+        }
+        if existing.phase != Phase::Pending {
+            return Ok(existing);
+        }
+        let deadline = tokio::time::Instant::now() + self.config.create_deadline;
+        let mut r = existing;
+        // Polls the creator in this process until it is done (not a retry).
+        while self.is_inflight(&r.sandbox_id) {
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::Unavailable(format!(
+                    "sandbox {} is still being created",
+                    r.name
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            match self.store.get(&r.key())? {
+                Some(x) if x.phase != Phase::Pending => return Ok(x),
+                Some(x) => r = x,
+                None => {
+                    return Err(Error::Unavailable(format!(
+                        "sandbox {}: the create failed; retry",
+                        r.name
+                    )));
+                }
+            }
+        }
+        self.redrive(r, req.wait_for_execd).await
+    }
+
+    /// Completes a Pending record whose creator died (restart recovery, or a
+    /// client retry). The agent create is idempotent by sandbox id.
+    #[tracing::instrument(skip_all, fields(namespace = %r.namespace, sandbox = %r.name, sandbox_id = %r.sandbox_id, agent = %r.agent_id))]
+    pub(crate) async fn redrive(
+        &self,
+        r: SandboxRecord,
+        wait_for_execd: bool,
+    ) -> Result<SandboxRecord> {
+        let _inflight = self.inflight(&r.sandbox_id);
+        // Someone else may have finished it between the check and the guard.
+        let r = match self.store.get(&r.key())? {
+            Some(x) if x.phase == Phase::Pending && x.sandbox_id == r.sandbox_id => x,
+            Some(x) => return Ok(x),
+            None => return Err(Error::NotFound(r.key())),
+        };
+        if !self.registry.is_live(&r.agent_id) {
+            return Err(Error::Unavailable(format!(
+                "agent {} of pending sandbox {} is not live yet",
+                r.agent_id, r.name
+            )));
+        }
+        tracing::info!("re-driving pending create");
+        let msg = self.agent_create(&r, wait_for_execd).await?;
+        self.recovering.lock().remove(&r.key());
+        self.mark_running(&r, format!("{msg} (re-driven after controller restart)"))
+            .await
+    }
+}
+
+fn check_times_and_ports(spec: &SandboxSpec) -> Result<()> {
+    if spec.expires_at < 0 {
+        return Err(Error::InvalidArgument(
+            "expires_at_unix_seconds must not be negative".into(),
+        ));
+    }
+    if spec.expires_at != 0 && spec.expires_at <= clock::now_unix_secs() {
+        return Err(Error::InvalidArgument(format!(
+            "expires_at_unix_seconds {} is not in the future",
+            spec.expires_at
+        )));
+    }
+    if spec.recovery_timeout_seconds < 0 {
+        return Err(Error::InvalidArgument(
+            "recovery_timeout_seconds must not be negative".into(),
+        ));
+    }
+    if let Some(p) = spec.exposed_ports.iter().find(|p| **p == 0 || **p > 65535) {
+        return Err(Error::InvalidArgument(format!(
+            "exposed port {p} is out of range"
+        )));
+    }
+    Ok(())
+}
+
+/// A Pending record for a validated request: its spec moves in as it is.
+/// The request comes back without its spec, for the name-taken answer.
+fn new_record(mut req: CreateRequest, consistency: Consistency) -> (SandboxRecord, CreateRequest) {
+    let now_ms = clock::now_unix_ms();
+    let r = SandboxRecord {
+        uid: uuid::Uuid::new_v4().to_string(),
+        name: req.name.clone(),
+        namespace: req.namespace.clone(),
+        sandbox_id: SandboxId::generate(),
+        agent_id: AgentId::default(),
+        spec: std::mem::take(&mut req.spec),
+        reset_revision: String::new(),
+        generation: 1,
+        phase: Phase::Pending,
+        message: String::new(),
+        request_id: req.request_id.clone(),
+        access_token: new_token(),
+        consistency,
+        created_at_unix_ms: now_ms,
+        assignment_attempt: 1,
+        recovery_deadline_unix_ms: 0,
+        events: Vec::new(),
+        revision: String::new(),
+        last_transition_unix_ms: now_ms,
+    };
+    (r, req)
+}

@@ -1,0 +1,264 @@
+//! The [`Core`] and what every verb shares: record read-modify-write,
+//! preconditions, the in-flight set, the expiry index, the live agent of a
+//! record, and the one conversion of a record into the agent's spec.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use sandbolt_proto::agent::v1 as pb;
+
+use crate::agent_client::AgentClients;
+use crate::clock;
+use crate::config::ControllerConfig;
+use crate::error::{Error, Result};
+use crate::ids::{SandboxId, SandboxKey};
+use crate::registry::{AgentInfo, Registry};
+use crate::store::{SandboxRecord, Store, StoreError};
+
+pub struct Core {
+    pub(crate) config: ControllerConfig,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) agents: AgentClients,
+    /// Sandboxes that expire, by expiry (unix seconds).
+    pub(crate) expiry: Mutex<BTreeSet<(i64, SandboxKey)>>,
+    /// Containers whose create (or recreate) is running in this process:
+    /// never orphans, never re-driven.
+    pub(crate) inflight: Mutex<HashSet<SandboxId>>,
+    /// Records to re-drive after a restart (Pending) or to recreate
+    /// elsewhere (Recovering).
+    pub(crate) recovering: Mutex<BTreeSet<SandboxKey>>,
+    pub(crate) ready: AtomicBool,
+}
+
+/// What the caller believes about the record it names; a mismatch refuses
+/// the call. Empty uid or generation 0: no expectation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Precondition {
+    pub uid: String,
+    pub generation: i64,
+}
+
+impl Precondition {
+    pub fn uid(uid: impl Into<String>) -> Self {
+        Self {
+            uid: uid.into(),
+            generation: 0,
+        }
+    }
+
+    pub(crate) fn check(&self, r: &SandboxRecord) -> Result<()> {
+        if !self.uid.is_empty() && r.uid != self.uid {
+            // The sandbox the caller means is gone; a namesake is not it.
+            return Err(Error::UidMismatch(r.key(), self.uid.clone()));
+        }
+        if self.generation != 0 && self.generation != r.generation {
+            return Err(Error::Aborted(format!(
+                "sandbox {}/{} is at generation {}, not {}",
+                r.namespace, r.name, r.generation, self.generation
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Removes a container id from the in-flight set when dropped.
+pub(crate) struct InflightGuard<'a>(&'a Core, SandboxId);
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.lock().remove(&self.1);
+    }
+}
+
+impl Core {
+    pub fn new(config: ControllerConfig, store: Arc<dyn Store>) -> Result<Self> {
+        Ok(Self {
+            agents: AgentClients::new(&config.agent_token)?,
+            registry: Arc::new(Registry::with_namespaced_pools(config.namespaced_pools)),
+            config,
+            store,
+            expiry: Mutex::new(BTreeSet::new()),
+            inflight: Mutex::new(HashSet::new()),
+            recovering: Mutex::new(BTreeSet::new()),
+            ready: AtomicBool::new(true),
+        })
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn store(&self) -> &dyn Store {
+        self.store.as_ref()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn require_ready(&self) -> Result<()> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err(Error::Unavailable(
+                "controller is rebuilding its registry after a restart; retry shortly".into(),
+            ))
+        }
+    }
+
+    pub(crate) fn inflight(&self, sandbox_id: &SandboxId) -> InflightGuard<'_> {
+        self.inflight.lock().insert(sandbox_id.clone());
+        InflightGuard(self, sandbox_id.clone())
+    }
+
+    pub(crate) fn is_inflight(&self, sandbox_id: &str) -> bool {
+        self.inflight.lock().contains(sandbox_id)
+    }
+
+    /// The stored record, or `NotFound`.
+    pub(crate) fn load(&self, key: &SandboxKey) -> Result<SandboxRecord> {
+        self.store
+            .get(key)?
+            .ok_or_else(|| Error::NotFound(key.clone()))
+    }
+
+    pub(crate) fn track_expiry(&self, r: &SandboxRecord, old: Option<i64>) {
+        let mut g = self.expiry.lock();
+        if let Some(o) = old.filter(|o| *o != 0) {
+            g.remove(&(o, r.key()));
+        }
+        if r.spec.expires_at != 0 {
+            g.insert((r.spec.expires_at, r.key()));
+        }
+    }
+
+    pub(crate) fn untrack_expiry(&self, r: &SandboxRecord) {
+        if r.spec.expires_at != 0 {
+            self.expiry.lock().remove(&(r.spec.expires_at, r.key()));
+        }
+    }
+
+    /// Read-modify-write with optimistic concurrency; `f` may refuse. Not a
+    /// backoff: a conflict means a newer record to apply `f` to, at once.
+    pub(crate) fn modify(
+        &self,
+        key: &SandboxKey,
+        mut f: impl FnMut(&mut SandboxRecord) -> Result<()>,
+    ) -> Result<SandboxRecord> {
+        for _ in 0..16 {
+            let mut r = self.load(key)?;
+            let before = r.phase;
+            f(&mut r)?;
+            if r.phase != before {
+                // One place stamps every transition, whoever changed it.
+                r.last_transition_unix_ms = clock::now_unix_ms();
+            }
+            match self.store.replace(&r) {
+                Ok(r) => return Ok(r),
+                Err(StoreError::Conflict(..)) => continue,
+                Err(StoreError::NotFound(..)) => return Err(Error::NotFound(key.clone())),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::Aborted(format!(
+            "sandbox {key} keeps changing; retry"
+        )))
+    }
+
+    /// The agent of `r`, if it is registered and heartbeating.
+    pub(crate) fn live_agent(&self, r: &SandboxRecord) -> Result<AgentInfo> {
+        match self.registry.agent(&r.agent_id) {
+            Some(a) if !a.lost => Ok(a),
+            Some(_) => Err(Error::Unavailable(format!(
+                "agent {} of sandbox {} is lost",
+                r.agent_id, r.name
+            ))),
+            None => Err(Error::Unavailable(format!(
+                "agent {} of sandbox {} is not registered",
+                r.agent_id, r.name
+            ))),
+        }
+    }
+
+    /// Removes `r`'s container on its (live) agent, within the create deadline.
+    pub(crate) async fn delete_container(
+        &self,
+        r: &SandboxRecord,
+        agent: &AgentInfo,
+    ) -> Result<()> {
+        self.agents
+            .delete(
+                &r.agent_id,
+                &agent.api_endpoint,
+                &r.sandbox_id,
+                self.config.create_deadline,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Best effort: removes `r`'s container so that it does not outlive a
+    /// create that failed or lost its record.
+    pub(crate) async fn discard_container(&self, r: &SandboxRecord) {
+        let Some(a) = self.registry.agent(&r.agent_id) else {
+            return;
+        };
+        if let Err(e) = self
+            .agents
+            .delete(
+                &r.agent_id,
+                &a.api_endpoint,
+                &r.sandbox_id,
+                DISCARD_DEADLINE,
+            )
+            .await
+        {
+            tracing::warn!(sandbox = %r.name, agent = %r.agent_id, sandbox_id = %r.sandbox_id, error = %e, "could not remove a container without a record");
+        }
+    }
+}
+
+/// How long removing a container nobody waits for may take.
+pub(crate) const DISCARD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The spec the agent gets for a record: the only place it is built.
+pub(crate) fn agent_spec(r: &SandboxRecord, wait_for_execd: bool) -> pb::SandboxSpec {
+    let s = &r.spec;
+    pb::SandboxSpec {
+        sandbox_id: r.sandbox_id.to_string(),
+        name: r.name.clone(),
+        namespace: r.namespace.clone(),
+        record_uid: r.uid.clone(),
+        image: s.image.clone(),
+        command: s.command.clone(),
+        args: s.args.clone(),
+        envs: s.envs.clone().into_iter().collect(),
+        working_dir: s.working_dir.clone(),
+        runtime: s.runtime.clone(),
+        resources: Some(pb::Resources {
+            cpu: s.resources.cpu_limit.clone(),
+            memory: s.resources.memory_limit.clone(),
+            pids_limit: s.resources.pids_limit,
+            cpu_request: s.resources.cpu_request.clone(),
+            memory_request: s.resources.memory_request.clone(),
+        }),
+        host_mounts: s
+            .volumes
+            .iter()
+            .map(|v| pb::HostPathMount {
+                host_path: v.host_path.clone(),
+                sub_path: v.sub_path.clone(),
+                mount_path: v.mount_path.clone(),
+                read_only: v.read_only,
+            })
+            .collect(),
+        exposed_ports: s.exposed_ports.clone(),
+        labels: s.metadata.clone().into_iter().collect(),
+        access_token: r.access_token.clone(),
+        pool: s.pool.clone(),
+        wait_for_execd,
+    }
+}
