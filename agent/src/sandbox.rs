@@ -794,14 +794,16 @@ impl Sandboxes {
     }
 
     pub async fn pause(&self, id: &str) -> Result<SandboxStatus> {
-        self.set_frozen(id, true).await
+        self.transition(id, Freeze::Pause).await
     }
 
     pub async fn resume(&self, id: &str) -> Result<SandboxStatus> {
-        self.set_frozen(id, false).await
+        self.transition(id, Freeze::Resume).await
     }
 
-    async fn set_frozen(&self, id: &str, freeze: bool) -> Result<SandboxStatus> {
+    /// Pauses or resumes under the sandbox's lock; asking for the state it
+    /// is already in answers its status (retries are harmless).
+    async fn transition(&self, id: &str, to: Freeze) -> Result<SandboxStatus> {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let phase = self
@@ -810,47 +812,33 @@ impl Sandboxes {
             .get(id)
             .map(|e| e.phase)
             .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))?;
-        let (from, to, action) = if freeze {
-            (SandboxPhase::Running, SandboxPhase::Paused, "pause")
-        } else {
-            (SandboxPhase::Paused, SandboxPhase::Running, "resume")
-        };
-        if phase == to {
+        if phase == to.target() {
             return self.get(id);
         }
-        if phase != from {
+        if phase != to.source() {
             return Err(AgentError::WrongPhase {
                 id: id.to_string(),
                 phase: phase.as_str_name(),
-                action,
+                action: to.action(),
             });
         }
-        let res = if freeze {
-            self.ctrd
-                .tasks()
-                .pause(self.ctrd.req(PauseTaskRequest {
-                    container_id: id.to_string(),
-                }))
+        let container_id = id.to_string();
+        let mut tasks = self.ctrd.tasks();
+        let res = match to {
+            Freeze::Pause => tasks
+                .pause(self.ctrd.req(PauseTaskRequest { container_id }))
                 .await
-                .map(|_| ())
-        } else {
-            self.ctrd
-                .tasks()
-                .resume(self.ctrd.req(ResumeTaskRequest {
-                    container_id: id.to_string(),
-                }))
+                .map(|_| ()),
+            Freeze::Resume => tasks
+                .resume(self.ctrd.req(ResumeTaskRequest { container_id }))
                 .await
-                .map(|_| ())
+                .map(|_| ()),
         };
-        res.map_err(AgentError::containerd(if freeze {
-            "tasks.Pause"
-        } else {
-            "tasks.Resume"
-        }))?;
+        res.map_err(AgentError::containerd(to.rpc()))?;
         if let Some(e) = self.table.write().get_mut(id)
-            && e.phase == from
+            && e.phase == to.source()
         {
-            e.phase = to;
+            e.phase = to.target();
         }
         self.get(id)
     }
@@ -1022,6 +1010,43 @@ impl proxy::SandboxLookup for Sandboxes {
             pid: e.pid,
             token_sha256: e.token_sha256,
         })
+    }
+}
+
+/// The two freezer transitions: one of these, never a `bool`.
+#[derive(Debug, Clone, Copy)]
+enum Freeze {
+    Pause,
+    Resume,
+}
+
+impl Freeze {
+    fn source(self) -> SandboxPhase {
+        match self {
+            Freeze::Pause => SandboxPhase::Running,
+            Freeze::Resume => SandboxPhase::Paused,
+        }
+    }
+
+    fn target(self) -> SandboxPhase {
+        match self {
+            Freeze::Pause => SandboxPhase::Paused,
+            Freeze::Resume => SandboxPhase::Running,
+        }
+    }
+
+    fn action(self) -> &'static str {
+        match self {
+            Freeze::Pause => "pause",
+            Freeze::Resume => "resume",
+        }
+    }
+
+    fn rpc(self) -> &'static str {
+        match self {
+            Freeze::Pause => "tasks.Pause",
+            Freeze::Resume => "tasks.Resume",
+        }
     }
 }
 

@@ -34,21 +34,12 @@ fn http_get(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) ->
 #[tokio::test(flavor = "multi_thread")]
 async fn real_execd_is_pid1_and_answers_ping_directly_and_through_the_proxy() {
     let mut env = Env::start().await;
-    let mut s = spec(
+    let mut s = sh_spec(
         "sb-execd",
-        &[
-            "sh",
-            "-c",
-            "echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline); exec sleep 1000",
-        ],
+        "echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline); exec sleep 1000",
     );
     s.wait_for_execd = true;
-    let resp = env
-        .client
-        .create_sandbox(create_req(s))
-        .await
-        .expect("create with wait_for_execd")
-        .into_inner();
+    let resp = env.create(s).await.expect("create with wait_for_execd");
     let t = resp.timings.unwrap();
     assert!(
         t.execd_ready_us >= t.task_started_us && t.execd_ready_us > 0,

@@ -18,23 +18,14 @@ fn log_contains(env: &Env, id: &str, needle: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn entrypoint_output_labels_and_delete_leaves_nothing() {
     let mut env = Env::start().await;
-    let mut s = spec(
+    let mut s = sh_spec(
         "sb-output",
-        &[
-            "sh",
-            "-c",
-            "echo hello-$GREETING; echo to-stderr >&2; exec sleep 1000",
-        ],
+        "echo hello-$GREETING; echo to-stderr >&2; exec sleep 1000",
     );
     s.envs.insert("GREETING".into(), "world".into());
     s.record_uid = "uid-123".into();
     s.labels.insert("user.example/team".into(), "blue".into());
-    let resp = env
-        .client
-        .create_sandbox(create_req(s))
-        .await
-        .expect("create")
-        .into_inner();
+    let resp = env.create(s).await.expect("create");
     let status = resp.status.unwrap();
     assert_eq!(status.phase(), SandboxPhase::Running, "{status:?}");
     assert!(status.pid > 0);
@@ -131,12 +122,9 @@ fn spec_for_again() -> sandbolt_proto::agent::v1::SandboxSpec {
 #[tokio::test(flavor = "multi_thread")]
 async fn limits_are_visible_from_inside() {
     let mut env = Env::start().await;
-    let mut s = spec(
+    let mut s = sh_spec(
         "sb-limits",
-        &[
-            "sh",
-            "-c",
-            "echo mem=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes); \
+        "echo mem=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes); \
              echo memsw=$(cat /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes); \
              echo soft=$(cat /sys/fs/cgroup/memory/memory.soft_limit_in_bytes); \
              echo shares=$(cat /sys/fs/cgroup/cpu/cpu.shares); \
@@ -147,7 +135,6 @@ async fn limits_are_visible_from_inside() {
              echo seccomp=$(grep '^Seccomp:' /proc/self/status | tr -d '\\t '); \
              echo capeff=$(grep CapEff /proc/self/status | tr -d '\\t '); \
              echo done; exec sleep 1000",
-        ],
     );
     s.resources = Some(Resources {
         cpu: "500m".into(),

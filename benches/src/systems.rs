@@ -12,14 +12,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use containerd_client::services::v1::container::Runtime;
-use containerd_client::services::v1::snapshots::{PrepareSnapshotRequest, RemoveSnapshotRequest};
-use containerd_client::services::v1::{
-    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteTaskRequest, GetImageRequest, KillRequest, StartRequest, WaitRequest,
-};
-use containerd_client::tonic::Request;
-use containerd_client::with_namespace;
 use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
 use sandbolt_controller::{Consistency, Controller, ControllerConfig, ControllerHandle};
 use sandbolt_proto::agent::v1 as agentpb;
@@ -30,7 +22,7 @@ use sandbolt_proto::control::v1::sandbox_service_client::SandboxServiceClient;
 use sandbolt_proto::fastpath::v2;
 use sandbolt_proto::fastpath::v2::fast_path_service_client::FastPathServiceClient;
 use sandbolt_proto::wire::EXECD_PORT;
-use sandbolt_testbed::{BUSYBOX_REF, Testbed, busybox_image, execd_binary};
+use sandbolt_testbed::{BUSYBOX_REF, BareContainerd, Testbed, busybox_image, execd_binary};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -140,7 +132,7 @@ pub struct Bench {
     /// The native API on the fast-mode controller's port (its own
     /// connection, as the FastPath client has its own).
     native: SandboxServiceClient<Channel>,
-    containerd: containerd_client::Client,
+    containerd: BareContainerd,
     docker: bollard::Docker,
     chain_id: String,
     http: reqwest::Client,
@@ -177,9 +169,7 @@ impl Bench {
             SandboxServiceClient::connect(format!("http://{}", fast.controller.local_addr()))
                 .await
                 .map_err(|e| BenchError::system(System::NativeFast.name(), e))?;
-        let containerd = containerd_client::Client::from_path(bed.containerd_socket())
-            .await
-            .map_err(|e| BenchError::system("containerd", e))?;
+        let containerd = BareContainerd::connect(&bed, NAMESPACE).await?;
         let docker = connect_docker(&bed)?;
         // The test image has one layer, so its chain id is that layer's diff
         // id; a real client caches this per image the same way.
@@ -526,146 +516,27 @@ impl Bench {
     async fn raw_create(&mut self, id: &str) -> std::result::Result<Vec<(String, u64)>, String> {
         let started = Instant::now();
         let e = |e: tonic::Status| e.to_string();
-        self.containerd
-            .images()
-            .get(with_namespace!(
-                GetImageRequest {
-                    name: BUSYBOX_REF.into()
-                },
-                NAMESPACE
-            ))
-            .await
-            .map_err(e)?;
-        let container = Container {
-            id: id.into(),
-            image: BUSYBOX_REF.into(),
-            runtime: Some(Runtime {
-                name: "io.containerd.runc.v2".into(),
-                options: None,
-            }),
-            spec: Some(prost_types::Any {
-                type_url: "types.containerd.io/opencontainers/runtime-spec/1/Spec".into(),
-                value: serde_json::to_vec(&minimal_spec()).expect("static JSON"),
-            }),
-            snapshotter: "overlayfs".into(),
-            snapshot_key: id.into(),
-            ..Default::default()
-        };
-        self.containerd
-            .containers()
-            .create(with_namespace!(
-                CreateContainerRequest {
-                    container: Some(container)
-                },
-                NAMESPACE
-            ))
-            .await
-            .map_err(e)?;
-        // After the container: its reference keeps containerd's GC off the
-        // fresh active snapshot (the agent orders its calls the same way).
+        self.containerd.image_name(BUSYBOX_REF).await.map_err(e)?;
         let mounts = self
             .containerd
-            .snapshots()
-            .prepare(with_namespace!(
-                PrepareSnapshotRequest {
-                    snapshotter: "overlayfs".into(),
-                    key: id.into(),
-                    parent: self.chain_id.clone(),
-                    labels: Default::default(),
-                },
-                NAMESPACE
-            ))
+            .create_container(id, &minimal_spec(), &self.chain_id)
             .await
-            .map_err(e)?
-            .into_inner()
-            .mounts;
+            .map_err(e)?;
         let container_created = micros(started);
         self.containerd
-            .tasks()
-            .create(with_namespace!(
-                CreateTaskRequest {
-                    container_id: id.into(),
-                    rootfs: mounts,
-                    ..Default::default()
-                },
-                NAMESPACE
-            ))
+            .create_task(id, mounts, None)
             .await
             .map_err(e)?;
-        self.containerd
-            .tasks()
-            .start(with_namespace!(
-                StartRequest {
-                    container_id: id.into(),
-                    exec_id: String::new()
-                },
-                NAMESPACE
-            ))
-            .await
-            .map_err(e)?;
+        self.containerd.start_task(id).await.map_err(e)?;
         Ok(vec![("container_created".into(), container_created)])
     }
 
     async fn raw_remove(&mut self, id: &str) -> std::result::Result<(), String> {
         let e = |e: tonic::Status| e.to_string();
-        let mut tasks = self.containerd.tasks();
-        let waiter = {
-            let mut tasks = tasks.clone();
-            let id = id.to_string();
-            tokio::spawn(async move {
-                tasks
-                    .wait(with_namespace!(
-                        WaitRequest {
-                            container_id: id,
-                            exec_id: String::new()
-                        },
-                        NAMESPACE
-                    ))
-                    .await
-            })
-        };
-        tasks
-            .kill(with_namespace!(
-                KillRequest {
-                    container_id: id.into(),
-                    exec_id: String::new(),
-                    signal: 9,
-                    all: true
-                },
-                NAMESPACE
-            ))
-            .await
-            .map_err(e)?;
+        let waiter = self.containerd.wait_task(id);
+        self.containerd.kill_task(id).await.map_err(e)?;
         let _ = tokio::time::timeout(Duration::from_secs(10), waiter).await;
-        tasks
-            .delete(with_namespace!(
-                DeleteTaskRequest {
-                    container_id: id.into()
-                },
-                NAMESPACE
-            ))
-            .await
-            .map_err(e)?;
-        self.containerd
-            .containers()
-            .delete(with_namespace!(
-                DeleteContainerRequest { id: id.into() },
-                NAMESPACE
-            ))
-            .await
-            .map_err(e)?;
-        self.containerd
-            .snapshots()
-            .remove(with_namespace!(
-                RemoveSnapshotRequest {
-                    snapshotter: "overlayfs".into(),
-                    key: id.into()
-                },
-                NAMESPACE
-            ))
-            .await
-            .map_err(e)?;
-        Ok(())
+        self.containerd.delete(id).await.map_err(e)
     }
 
     pub async fn shutdown(self) {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{AgentFlags, JanitorFlags, execd_via_proxy};
+use common::{AgentFlags, JanitorFlags, NodeFlags, execd_via_proxy};
 use sandbolt_janitor::{ControllerOwnership, KeepReason, OwnershipSource};
 use sandbolt_proto::fastpath::v2 as fp;
 use sandbolt_proto::fastpath::v2::fast_path_service_client::FastPathServiceClient;
@@ -83,10 +83,7 @@ impl Env {
         let proxy = format!("127.0.0.1:{}", free_port());
         AgentFlags {
             id: AGENT,
-            node: NODE,
-            containerd_namespace: NS,
-            token: TOKEN,
-            controller: &self.endpoint(),
+            on_node: NodeFlags::new(NODE, NS, self.endpoint(), TOKEN),
             proxy_listen: &proxy,
             state_dir: &self.dir.path().join("agent"),
             pool: None,
@@ -185,10 +182,7 @@ async fn a_60s_agent_outage_kills_no_sandbox_and_loses_no_file() {
 
     let mut cmd = sandbolt();
     JanitorFlags {
-        node: NODE,
-        containerd_namespace: NS,
-        controller: &env.endpoint(),
-        token: TOKEN,
+        on_node: NodeFlags::new(NODE, NS, env.endpoint(), TOKEN),
         agent_state_dir: &env.dir.path().join("agent"),
         state_dir: &env.dir.path().join("janitor"),
     }

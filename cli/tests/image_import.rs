@@ -134,10 +134,20 @@ fn fails_in_one_line(bed: &Testbed, ns: &str, archive: &Path, extra: &[&str], wa
     assert_eq!(listed.trim(), "", "{ns}: nothing is imported");
 }
 
-/// A bed for archives this test writes itself with `tar`.
-fn bed_with_tar() -> Testbed {
+/// `tar -C dir <mode> archive`, ready for the member arguments.
+fn tar_in(dir: &Path, mode: &str, archive: &Path) -> Command {
+    let mut tar = Command::new("tar");
+    tar.arg("-C").arg(dir).arg(mode).arg(archive);
+    tar
+}
+
+/// A bed for archives this test writes itself with `tar`, and the bed's
+/// directory to write them in.
+fn bed_with_tar() -> (Testbed, PathBuf) {
     require("/usr/bin/tar", "tar");
-    Testbed::start().expect("test bed")
+    let bed = Testbed::start().expect("test bed");
+    let root = bed.root().to_path_buf();
+    (bed, root)
 }
 
 fn sha256(data: &[u8]) -> String {
@@ -197,12 +207,7 @@ impl Layout {
 
     /// `tar -C <layout> -cf <out> .`: `./` prefixes and directory entries.
     fn tar_dot(&self, out: &Path) {
-        run(Command::new("tar")
-            .arg("-C")
-            .arg(&self.dir)
-            .arg("-cf")
-            .arg(out)
-            .arg("."));
+        run(tar_in(&self.dir, "-cf", out).arg("."));
     }
 }
 
@@ -236,11 +241,8 @@ fn gzip(path: &Path) -> PathBuf {
 
 #[test]
 fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
-    for (bin, package) in [("/usr/bin/tar", "tar"), ("/usr/bin/gzip", "gzip")] {
-        require(bin, package);
-    }
-    let bed = Testbed::start().expect("test bed");
-    let root = bed.root().to_path_buf();
+    require("/usr/bin/gzip", "gzip");
+    let (bed, root) = bed_with_tar();
     let busybox = busybox_image().unwrap();
     let name = "docker.io/library/busybox:latest";
 
@@ -254,11 +256,7 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
     // The layout unpacked by tar, then archived again by tar in each shape.
     let dir = root.join("layout");
     std::fs::create_dir_all(&dir).unwrap();
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&dir)
-        .arg("-xf")
-        .arg(&ours));
+    run(&mut tar_in(&dir, "-xf", &ours));
     let layout = Layout { dir: dir.clone() };
 
     let dot = root.join("dot.tar");
@@ -271,12 +269,7 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
     imports_and_runs(&bed, "tar-dot", &dot, &[], name);
 
     let plain = root.join("plain.tar");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&dir)
-        .arg("-cf")
-        .arg(&plain)
-        .args(["oci-layout", "index.json", "blobs"]));
+    run(tar_in(&dir, "-cf", &plain).args(["oci-layout", "index.json", "blobs"]));
     imports_and_runs(&bed, "tar-plain", &plain, &[], name);
 
     // Files only, `./` prefixed, blobs after index.json.
@@ -288,11 +281,7 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
             e.unwrap().file_name().to_string_lossy()
         ));
     }
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&dir)
-        .arg("-cf")
-        .arg(&files_only)
+    run(tar_in(&dir, "-cf", &files_only)
         .arg("--no-recursion")
         .args(&files));
     imports_and_runs(&bed, "tar-files", &files_only, &[], name);
@@ -300,12 +289,7 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
     // gzip of an archive, and tar's own -z.
     imports_and_runs(&bed, "gzip", &gzip(&dot), &[], name);
     let tgz = root.join("layout.tgz");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&dir)
-        .arg("-czf")
-        .arg(&tgz)
-        .arg("."));
+    run(tar_in(&dir, "-czf", &tgz).arg("."));
     imports_and_runs(&bed, "tar-z", &tgz, &[], name);
 
     // --name renames the one image of an archive.
@@ -323,8 +307,7 @@ fn oci_layouts_made_by_tar_and_gzip_import_and_run() {
 /// other platform's blobs need not be in the archive.
 #[test]
 fn multi_platform_indexes_import_the_host_platform() {
-    let bed = bed_with_tar();
-    let root = bed.root().to_path_buf();
+    let (bed, root) = bed_with_tar();
     let rootfs = busybox_image().unwrap().rootfs_tar().to_vec();
     let other_arch = if host_arch() == "arm64" {
         "s390x"
@@ -510,8 +493,7 @@ fn docker_save_archives_import_and_run() {
 /// entries.
 #[test]
 fn docker_25_oci_save_layout_imports_and_runs() {
-    let bed = bed_with_tar();
-    let root = bed.root().to_path_buf();
+    let (bed, root) = bed_with_tar();
     let layout = Layout::new(root.join("docker25"));
     let mut entry = layout.image(busybox_image().unwrap().rootfs_tar(), host_arch());
     entry.as_object_mut().unwrap().remove("platform");
@@ -550,18 +532,13 @@ fn docker_25_oci_save_layout_imports_and_runs() {
     )
     .unwrap();
     let archive = root.join("docker25.tar");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&layout.dir)
-        .arg("-cf")
-        .arg(&archive)
-        .args([
-            "blobs",
-            "index.json",
-            "manifest.json",
-            "oci-layout",
-            "repositories",
-        ]));
+    run(tar_in(&layout.dir, "-cf", &archive).args([
+        "blobs",
+        "index.json",
+        "manifest.json",
+        "oci-layout",
+        "repositories",
+    ]));
     imports_and_runs(
         &bed,
         "docker25",
@@ -736,11 +713,7 @@ fn broken_archives_fail_in_one_line_naming_the_problem() {
     // The layer left out.
     let dir = root.join("layout");
     std::fs::create_dir_all(&dir).unwrap();
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&dir)
-        .arg("-xf")
-        .arg(&good));
+    run(&mut tar_in(&dir, "-xf", &good));
     std::fs::remove_file(dir.join("blobs/sha256").join(&layer_hex)).unwrap();
     let missing = root.join("missing.tar");
     Layout { dir: dir.clone() }.tar_dot(&missing);

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{AgentFlags, JanitorFlags, execd_via_proxy, reference};
+use common::{AgentFlags, JanitorFlags, NodeFlags, execd_via_proxy, reference};
 use containerd_client::services::v1::snapshots::{Kind, ListSnapshotsRequest};
 use containerd_client::services::v1::{ListContainersRequest, ListTasksRequest};
 use futures::StreamExt;
@@ -195,10 +195,7 @@ impl Env {
         let mut cmd = sandbolt();
         AgentFlags {
             id,
-            node: NODE,
-            containerd_namespace: NS,
-            token: TOKEN,
-            controller: &self.endpoint(),
+            on_node: NodeFlags::new(NODE, NS, self.endpoint(), TOKEN),
             proxy_listen: &proxy,
             state_dir: &self.agent_state(),
             pool: Some(id),
@@ -684,10 +681,7 @@ async fn janitor_killed_mid_cleanup_is_completed_by_next_scan() {
     let janitor_cmd = |env: &Env| {
         let mut c = sandbolt();
         JanitorFlags {
-            node: NODE,
-            containerd_namespace: NS,
-            controller: &env.endpoint(),
-            token: TOKEN,
+            on_node: NodeFlags::new(NODE, NS, env.endpoint(), TOKEN),
             agent_state_dir: &env.agent_state(),
             state_dir: &env.dir.path().join("janitor"),
         }

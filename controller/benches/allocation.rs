@@ -30,21 +30,22 @@ fn agent_shape(i: usize) -> (u32, Vec<String>) {
     (load, images)
 }
 
+/// An image the agent holds, as its heartbeat reports it.
+fn image_info(reference: String) -> pb::ImageInfo {
+    pb::ImageInfo {
+        references: vec![reference],
+        ..Default::default()
+    }
+}
+
 fn setup_registry(n: usize) -> Registry {
     let reg = Registry::new();
-    let pool = PoolKey::new("", "");
     for i in 0..n {
         let (load, images) = agent_shape(i);
         reg.heartbeat(&pb::Inventory {
             agent_id: format!("agent-{i:05}"),
             max_sandboxes: CAPACITY,
-            images: images
-                .iter()
-                .map(|r| pb::ImageInfo {
-                    references: vec![r.clone()],
-                    ..Default::default()
-                })
-                .collect(),
+            images: images.iter().cloned().map(image_info).collect(),
             ..Default::default()
         });
         for s in 0..load {
@@ -52,7 +53,6 @@ fn setup_registry(n: usize) -> Registry {
             reg.reserve(&id.as_str().into(), &format!("pre-{i}-{s}").into(), &[]);
         }
     }
-    let _ = pool;
     reg
 }
 
@@ -76,17 +76,17 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("allocation");
     let pool = PoolKey::new("", "");
     let image = "docker.io/library/img7:latest";
+    let req = PlacementRequest {
+        pool: &pool,
+        image_key: image,
+        ports: &[],
+        exclude: &[],
+        runtime: None,
+    };
     for n in [100usize, 1_000, 10_000] {
         let reg = setup_registry(n);
         let sandbox = SandboxId::from("bench-sandbox");
         g.bench_with_input(BenchmarkId::new("indexed", n), &n, |b, _| {
-            let req = PlacementRequest {
-                pool: &pool,
-                image_key: image,
-                ports: &[],
-                exclude: &[],
-                runtime: None,
-            };
             b.iter(|| {
                 let p = reg
                     .allocate(black_box(&req), &sandbox)
@@ -97,13 +97,6 @@ fn bench(c: &mut Criterion) {
         });
         let mut agents = setup_reference(n);
         g.bench_with_input(BenchmarkId::new("linear_reference", n), &n, |b, _| {
-            let req = PlacementRequest {
-                pool: &pool,
-                image_key: image,
-                ports: &[],
-                exclude: &[],
-                runtime: None,
-            };
             b.iter(|| {
                 let i = reference::choose(black_box(&agents), &req).expect("allocation succeeds");
                 agents[i].allocated += 1;

@@ -21,39 +21,27 @@ use sandbolt_controller::store::{
 };
 use sandbolt_kube_double::ApiDouble;
 
+/// A strong-mode Pending record; every field left out is its default.
 fn record(name: &str) -> SandboxRecord {
     SandboxRecord {
         uid: format!("uid-{name}"),
         name: name.into(),
         namespace: "default".into(),
-        sandbox_id: Default::default(),
         agent_id: "agent-1".into(),
         spec: SandboxSpec {
             pool: "default".into(),
             image: "docker.io/library/busybox:latest".into(),
             command: vec!["sleep".into(), "3600".into()],
-            args: vec![],
-            envs: BTreeMap::new(),
-            working_dir: String::new(),
-            exposed_ports: vec![],
             metadata: BTreeMap::from([("team".to_string(), "bench".to_string())]),
-            expires_at: 0,
             failure_policy: FailurePolicy::Manual,
-            recovery_timeout_seconds: 0,
             ..Default::default()
         },
-        reset_revision: String::new(),
         generation: 1,
         phase: Phase::Pending,
-        message: String::new(),
-        request_id: String::new(),
         access_token: "token".into(),
         consistency: Consistency::Strong,
         created_at_unix_ms: 1_700_000_000_000,
         assignment_attempt: 1,
-        recovery_deadline_unix_ms: 0,
-        events: vec![],
-        revision: String::new(),
         ..Default::default()
     }
 }

@@ -101,6 +101,11 @@ fn env<'a>(c: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no env {name} in {}", c["name"]))
 }
 
+/// The downward-API field that environment variable `name` of `c` comes from.
+fn field_ref<'a>(c: &'a Value, name: &str) -> &'a Value {
+    &env(c, name)["valueFrom"]["fieldRef"]["fieldPath"]
+}
+
 fn mounts(c: &Value) -> Vec<String> {
     c["volumeMounts"]
         .as_array()
@@ -221,14 +226,8 @@ fn default_values_lint_render_and_validate() {
     assert!(!args(c).iter().any(|a| a.starts_with("--data-dir")));
     assert_eq!(ctl["spec"]["replicas"], 2);
     assert_eq!(ctl["spec"]["strategy"]["type"], "RollingUpdate");
-    assert_eq!(
-        env(c, "SANDBOLT_POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
-        "metadata.name"
-    );
-    assert_eq!(
-        env(c, "SANDBOLT_POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
-        "metadata.namespace"
-    );
+    assert_eq!(field_ref(c, "SANDBOLT_POD_NAME"), "metadata.name");
+    assert_eq!(field_ref(c, "SANDBOLT_POD_NAMESPACE"), "metadata.namespace");
     assert!(c.get("livenessProbe").is_none());
     assert!(c["readinessProbe"].is_object());
     assert!(!objs.iter().any(|o| o["kind"] == "PersistentVolumeClaim"));
@@ -288,18 +287,9 @@ fn default_values_lint_render_and_validate() {
     assert_eq!(a["securityContext"]["privileged"], true);
     assert!(args(a).contains(&"--controller=http://sb-sandbolt-fastpath.sandbolt.svc:9090".into()));
     assert!(args(a).contains(&"--pool=default".into()));
-    assert_eq!(
-        env(a, "SANDBOLT_NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
-        "spec.nodeName"
-    );
-    assert_eq!(
-        env(a, "SANDBOLT_POD_UID")["valueFrom"]["fieldRef"]["fieldPath"],
-        "metadata.uid"
-    );
-    assert_eq!(
-        env(a, "SANDBOLT_ADVERTISE_HOST")["valueFrom"]["fieldRef"]["fieldPath"],
-        "status.podIP"
-    );
+    assert_eq!(field_ref(a, "SANDBOLT_NODE_NAME"), "spec.nodeName");
+    assert_eq!(field_ref(a, "SANDBOLT_POD_UID"), "metadata.uid");
+    assert_eq!(field_ref(a, "SANDBOLT_ADVERTISE_HOST"), "status.podIP");
     let ports: Vec<i64> = a["ports"]
         .as_array()
         .unwrap()
@@ -340,14 +330,8 @@ fn default_values_lint_render_and_validate() {
     // The agent-pod rule: this node's agent pods, read in the release's
     // namespace with a selector that matches the agent pods' own labels.
     assert_eq!(env(j, "SANDBOLT_KUBE")["value"], "true");
-    assert_eq!(
-        env(j, "SANDBOLT_POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
-        "metadata.namespace"
-    );
-    assert_eq!(
-        env(j, "SANDBOLT_NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
-        "spec.nodeName"
-    );
+    assert_eq!(field_ref(j, "SANDBOLT_POD_NAMESPACE"), "metadata.namespace");
+    assert_eq!(field_ref(j, "SANDBOLT_NODE_NAME"), "spec.nodeName");
     let selector = args(j)
         .iter()
         .find_map(|a| a.strip_prefix("--agent-pod-selector=").map(str::to_string))
@@ -493,10 +477,7 @@ fn non_default_values_lint_render_and_validate() {
     let gpu_pool = find(&objs, "SandboxPool", "gpu");
     assert_eq!(gpu_pool["spec"]["limits"]["defaults"]["memory"], "256Mi");
     assert_eq!(gpu_pool["spec"]["limits"]["max"]["pids"], 2048);
-    assert_eq!(
-        env(a, "SANDBOLT_ADVERTISE_HOST")["valueFrom"]["fieldRef"]["fieldPath"],
-        "status.hostIP"
-    );
+    assert_eq!(field_ref(a, "SANDBOLT_ADVERTISE_HOST"), "status.hostIP");
     find(&objs, "DaemonSet", "sb-sandbolt-janitor-gpu");
     find(&objs, "DaemonSet", "sb-sandbolt-agent-secure");
     find(&objs, "DaemonSet", "sb-sandbolt-janitor-secure");
@@ -612,7 +593,7 @@ fn agent_outage_timeouts_and_pod_checks_reach_the_controller() {
         ("SANDBOLT_POD_UID", "metadata.uid"),
         ("SANDBOLT_NODE_NAME", "spec.nodeName"),
     ] {
-        assert_eq!(env(a, var)["valueFrom"]["fieldRef"]["fieldPath"], field);
+        assert_eq!(field_ref(a, var), field);
     }
 
     let values = json!({"controller": {

@@ -27,12 +27,7 @@ fn client() -> reqwest::Client {
 }
 
 async fn run(e: &Execd, body: Value) -> (StatusCode, Vec<Value>) {
-    let r = client()
-        .post(e.url("/command"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = client().post(e.url("/command")).json(&body).fetch().await;
     let status = r.status();
     let text = r.text().await.unwrap();
     if status != StatusCode::OK {
@@ -41,18 +36,58 @@ async fn run(e: &Execd, body: Value) -> (StatusCode, Vec<Value>) {
     (status, frames(&text))
 }
 
-fn stdout(fr: &[Value]) -> String {
+/// The text of all frames of one stream (`stdout` or `stderr`), in order.
+fn stream_text(fr: &[Value], stream: &str) -> String {
     fr.iter()
-        .filter(|f| f["type"] == "stdout")
+        .filter(|f| f["type"] == stream)
         .map(|f| f["text"].as_str().unwrap())
         .collect()
 }
 
+fn stdout(fr: &[Value]) -> String {
+    stream_text(fr, "stdout")
+}
+
 fn stderr(fr: &[Value]) -> String {
-    fr.iter()
-        .filter(|f| f["type"] == "stderr")
-        .map(|f| f["text"].as_str().unwrap())
-        .collect()
+    stream_text(fr, "stderr")
+}
+
+/// One request sent and its answer read, each in one call, so a test line says only
+/// which request it makes and what it expects.
+trait Fetch {
+    async fn fetch(self) -> reqwest::Response;
+    async fn fetch_status(self) -> StatusCode;
+    async fn fetch_json(self) -> Value;
+    async fn fetch_text(self) -> String;
+    /// An error answer, checked to be a contract error body.
+    async fn fetch_error(self) -> (StatusCode, Value);
+}
+
+impl Fetch for reqwest::RequestBuilder {
+    async fn fetch(self) -> reqwest::Response {
+        self.send().await.unwrap()
+    }
+    async fn fetch_status(self) -> StatusCode {
+        self.fetch().await.status()
+    }
+    async fn fetch_json(self) -> Value {
+        self.fetch().await.json().await.unwrap()
+    }
+    async fn fetch_text(self) -> String {
+        self.fetch().await.text().await.unwrap()
+    }
+    async fn fetch_error(self) -> (StatusCode, Value) {
+        error_of(self.fetch().await).await
+    }
+}
+
+/// The pid a command wrote to `pidfile`.
+fn read_pid(pidfile: &std::path::Path) -> i32 {
+    std::fs::read_to_string(pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 async fn error_of(r: reqwest::Response) -> (StatusCode, Value) {
@@ -74,7 +109,7 @@ async fn error_of(r: reqwest::Response) -> (StatusCode, Value) {
 
 /// The status of an error answer (checked to be a contract error body).
 async fn error_status(req: reqwest::RequestBuilder) -> StatusCode {
-    error_of(req.send().await.unwrap()).await.0
+    req.fetch_error().await.0
 }
 
 fn pid_alive(pid: i32) -> bool {
@@ -99,50 +134,38 @@ async fn wait_dead(pid: i32, within: Duration, what: &str) {
 async fn auth_token_required_except_ping() {
     let e = start();
     let plain = reqwest::Client::new();
-    assert_eq!(
-        plain.get(e.url("/ping")).send().await.unwrap().status(),
-        200
-    );
-    let (s, v) = error_of(plain.get(e.url("/metrics")).send().await.unwrap()).await;
+    assert_eq!(plain.get(e.url("/ping")).fetch_status().await, 200);
+    let (s, v) = plain.get(e.url("/metrics")).fetch_error().await;
     assert_eq!(s, 401);
     assert_eq!(v["code"], "UNAUTHORIZED");
     let wrong = plain
         .get(e.url("/metrics"))
         .header("X-EXECD-ACCESS-TOKEN", "t0kem")
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(wrong.status(), 401);
-    let (s, _) = error_of(
-        plain
-            .post(e.url("/command"))
-            .json(&json!({"command": "true"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 401);
     assert_eq!(
-        client()
-            .get(e.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
+        error_status(
+            plain
+                .post(e.url("/command"))
+                .json(&json!({"command": "true"}))
+        )
+        .await,
+        401
     );
+    assert_eq!(client().get(e.url("/metrics")).fetch_status().await, 200);
 }
 
 #[tokio::test]
 async fn open_when_no_token() {
     let e = Execd::start(&[], &[]);
-    let r = reqwest::Client::new()
-        .get(e.url("/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        reqwest::Client::new()
+            .get(e.url("/metrics"))
+            .fetch_status()
+            .await,
+        200
+    );
 }
 
 #[tokio::test]
@@ -176,25 +199,16 @@ async fn foreground_frames_and_exit_codes() {
     // Status of a finished foreground command.
     let st: Value = client()
         .get(e.url(&format!("/command/status/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(st["running"], false);
     assert_eq!(st["exit_code"], 0);
     assert!(st["finished_at"].is_string() && st["started_at"].is_string());
     // Its output was streamed, there are no logs.
-    let (s, _) = error_of(
-        client()
-            .get(e.url(&format!("/command/{id}/logs")))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 400);
+    assert_eq!(
+        error_status(client().get(e.url(&format!("/command/{id}/logs")))).await,
+        400
+    );
 }
 
 #[tokio::test]
@@ -233,14 +247,11 @@ async fn bad_command_requests_are_400() {
         assert_eq!(v[0]["code"], "INVALID_REQUEST_BODY", "{body}");
     }
     for raw in ["", "{", "[]", "null", "\"x\""] {
-        let r = client()
-            .post(e.url("/command"))
-            .body(raw)
-            .send()
-            .await
-            .unwrap();
-        let (s, _) = error_of(r).await;
-        assert_eq!(s, 400, "{raw:?}");
+        assert_eq!(
+            error_status(client().post(e.url("/command")).body(raw)).await,
+            400,
+            "{raw:?}"
+        );
     }
 }
 
@@ -263,19 +274,14 @@ async fn cwd_envs_and_expansion() {
     assert_eq!(stdout(&fr), format!("{d}\n"));
     // execd's own token never reaches user processes.
     let e2 = Execd::start(&[], &[("EXECD_ACCESS_TOKEN", "secret-from-env")]);
-    let r = reqwest::Client::new()
-        .get(e2.url("/metrics"))
-        .send()
-        .await
-        .unwrap();
+    let r = reqwest::Client::new().get(e2.url("/metrics")).fetch().await;
     assert_eq!(r.status(), 401, "token from the environment is enforced");
     let r = reqwest::Client::new()
         .post(e2.url("/command"))
         .header("x-execd-access-token", "secret-from-env")
         .json(&json!({"command": "env"}))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     let out = stdout(&frames(&r.text().await.unwrap()));
     assert!(!out.contains("secret-from-env"), "{out}");
     assert!(out.contains("PATH="));
@@ -298,11 +304,7 @@ async fn timeout_kills_process_group() {
             .unwrap()
             .contains("timed out")
     );
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = read_pid(&pidfile);
     wait_dead(
         pid,
         Duration::from_secs(3),
@@ -334,9 +336,8 @@ async fn client_disconnect_kills_foreground_command() {
         .json(
             &json!({"command": format!("echo $$ > {}; echo started; sleep 30", pidfile.display())}),
         )
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     // Read until the command has started, then hang up.
     let mut seen = String::new();
     while !seen.contains("started") {
@@ -345,11 +346,7 @@ async fn client_disconnect_kills_foreground_command() {
         ));
     }
     drop(resp);
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = read_pid(&pidfile);
     wait_dead(pid, Duration::from_secs(5), "the command to be killed").await;
 }
 
@@ -373,9 +370,8 @@ async fn background_status_logs_interrupt() {
     while !(text.contains("one") && text.contains("two")) && Instant::now() < deadline {
         let r = c
             .get(e.url(&format!("/command/{id}/logs?cursor={cursor}")))
-            .send()
-            .await
-            .unwrap();
+            .fetch()
+            .await;
         assert_eq!(r.status(), 200);
         assert!(
             r.headers()["content-type"]
@@ -395,9 +391,8 @@ async fn background_status_logs_interrupt() {
     // Polling at the tail returns nothing new and the same cursor.
     let r = c
         .get(e.url(&format!("/command/{id}/logs?cursor={cursor}")))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(
         r.headers()["EXECD-COMMANDS-TAIL-CURSOR"].to_str().unwrap(),
         cursor.to_string()
@@ -406,21 +401,13 @@ async fn background_status_logs_interrupt() {
     // Without a cursor: everything.
     let all = c
         .get(e.url(&format!("/command/{id}/logs")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .fetch_text()
+        .await;
     assert_eq!(all.len() as u64, cursor);
     let st: Value = c
         .get(e.url(&format!("/command/status/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(st["running"], true);
     assert_eq!(st["exit_code"], Value::Null);
     assert_eq!(st["finished_at"], Value::Null);
@@ -428,28 +415,20 @@ async fn background_status_logs_interrupt() {
 
     // The shell ignores SIGTERM: interrupt escalates to SIGKILL and takes the group.
     let t = Instant::now();
-    let r = c
-        .delete(e.url(&format!("/command?id={id}")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        c.delete(e.url(&format!("/command?id={id}")))
+            .fetch_status()
+            .await,
+        200
+    );
     assert!(t.elapsed() < Duration::from_secs(6));
     let st: Value = c
         .get(e.url(&format!("/command/status/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(st["running"], false);
     assert_ne!(st["exit_code"], 0);
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = read_pid(&pidfile);
     wait_dead(
         pid,
         Duration::from_secs(3),
@@ -459,40 +438,30 @@ async fn background_status_logs_interrupt() {
     // Interrupting again is harmless.
     assert_eq!(
         c.delete(e.url(&format!("/command?id={id}")))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+            .fetch_status()
+            .await,
         200
     );
 
-    let (s, _) = error_of(
-        c.get(e.url(&format!("/command/{id}/logs?cursor=-1")))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 400);
-    let (s, _) = error_of(
-        c.get(e.url(&format!("/command/{id}/logs?cursor=abc")))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 400);
-    let (s, _) = error_of(c.get(e.url("/command/nope/logs")).send().await.unwrap()).await;
-    assert_eq!(s, 404);
-    let (s, _) = error_of(c.get(e.url("/command/status/nope")).send().await.unwrap()).await;
-    assert_eq!(s, 404);
-    let (s, v) = error_of(c.delete(e.url("/command")).send().await.unwrap()).await;
+    assert_eq!(
+        error_status(c.get(e.url(&format!("/command/{id}/logs?cursor=-1")))).await,
+        400
+    );
+    assert_eq!(
+        error_status(c.get(e.url(&format!("/command/{id}/logs?cursor=abc")))).await,
+        400
+    );
+    assert_eq!(error_status(c.get(e.url("/command/nope/logs"))).await, 404);
+    assert_eq!(
+        error_status(c.get(e.url("/command/status/nope"))).await,
+        404
+    );
+    let (s, v) = c.delete(e.url("/command")).fetch_error().await;
     assert_eq!(
         (s, v["code"].as_str().unwrap()),
         (StatusCode::BAD_REQUEST, "MISSING_QUERY")
     );
-    let (s, _) = error_of(c.delete(e.url("/command?id=nope")).send().await.unwrap()).await;
-    assert_eq!(s, 404);
+    assert_eq!(error_status(c.delete(e.url("/command?id=nope"))).await, 404);
 }
 
 #[tokio::test]
@@ -545,15 +514,10 @@ async fn orphans_of_commands_are_reaped_in_init_mode() {
         .json(
             &json!({"command": format!("(sleep 0.2 & echo $! > {}) ; echo ok", pidfile.display())}),
         )
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(stdout(&frames(&r.text().await.unwrap())), "ok\n");
-    let orphan: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let orphan = read_pid(&pidfile);
     // Gone from /proc entirely: exited and reaped (a zombie keeps its entry).
     eventually("the orphan to be reaped", Duration::from_secs(5), || {
         gone_from_proc(orphan).then_some(())
@@ -575,9 +539,8 @@ async fn sessions_persist_state() {
     let r = c
         .post(e.url("/session"))
         .json(&json!({"cwd": base}))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(r.status(), 200);
     let sid = r.json::<Value>().await.unwrap()["session_id"]
         .as_str()
@@ -588,18 +551,7 @@ async fn sessions_persist_state() {
         let c = c.clone();
         let url = e.url(&format!("/session/{sid}/run"));
         let body = json!({"command": cmd});
-        async move {
-            frames(
-                &c.post(url)
-                    .json(&body)
-                    .send()
-                    .await
-                    .unwrap()
-                    .text()
-                    .await
-                    .unwrap(),
-            )
-        }
+        async move { frames(&c.post(url).json(&body).fetch_text().await) }
     };
     let fr = runs("mkdir sub && cd sub && export A='it'\"'\"'s \"q\" $x' && export M=$(printf 'l1\\nl2') && B=unexported").await;
     assert_eq!(fr[0]["text"], sid);
@@ -618,84 +570,62 @@ async fn sessions_persist_state() {
     let r = c
         .post(e.url(&format!("/session/{sid}/run")))
         .json(&json!({"command": "pwd", "cwd": "/"}))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(stdout(&frames(&r.text().await.unwrap())), "/\n");
     // Timeout.
     let r = c
         .post(e.url(&format!("/session/{sid}/run")))
         .json(&json!({"command": "sleep 20", "timeout": 200}))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     let fr = frames(&r.text().await.unwrap());
     assert_eq!(fr.last().unwrap()["type"], "error");
     // Delete; afterwards it is gone.
     assert_eq!(
         c.delete(e.url(&format!("/session/{sid}")))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+            .fetch_status()
+            .await,
         200
     );
-    let (s, _) = error_of(
-        c.post(e.url(&format!("/session/{sid}/run")))
-            .json(&json!({"command": "true"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 404);
-    let (s, _) = error_of(
-        c.delete(e.url(&format!("/session/{sid}")))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 404);
+    assert_eq!(
+        error_status(
+            c.post(e.url(&format!("/session/{sid}/run")))
+                .json(&json!({"command": "true"}))
+        )
+        .await,
+        404
+    );
+    assert_eq!(
+        error_status(c.delete(e.url(&format!("/session/{sid}")))).await,
+        404
+    );
     // Empty body creates a session too; bad bodies are 400.
-    let r = c.post(e.url("/session")).send().await.unwrap();
+    let r = c.post(e.url("/session")).fetch().await;
     assert_eq!(r.status(), 200);
     let sid2 = r.json::<Value>().await.unwrap()["session_id"]
         .as_str()
         .unwrap()
         .to_string();
-    let (s, _) = error_of(
-        c.post(e.url(&format!("/session/{sid2}/run")))
-            .json(&json!({"command": ""}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 400);
-    let (s, _) = error_of(
-        c.post(e.url("/session"))
-            .body("{nope")
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 400);
+    assert_eq!(
+        error_status(
+            c.post(e.url(&format!("/session/{sid2}/run")))
+                .json(&json!({"command": ""}))
+        )
+        .await,
+        400
+    );
+    assert_eq!(
+        error_status(c.post(e.url("/session")).body("{nope")).await,
+        400
+    );
 }
 
 #[tokio::test]
 async fn session_delete_kills_running_command() {
     let e = start();
     let c = client();
-    let sid = c
-        .post(e.url("/session"))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap()["session_id"]
+    let sid = c.post(e.url("/session")).fetch_json().await["session_id"]
         .as_str()
         .unwrap()
         .to_string();
@@ -707,12 +637,8 @@ async fn session_delete_kills_running_command() {
     let run = tokio::spawn(async move {
         c2.post(url)
             .json(&json!({"command": command}))
-            .send()
+            .fetch_text()
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
     });
     eventually("the run to start", Duration::from_secs(5), || {
         started.exists().then_some(())
@@ -721,10 +647,8 @@ async fn session_delete_kills_running_command() {
     let t = Instant::now();
     assert_eq!(
         c.delete(e.url(&format!("/session/{sid}")))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+            .fetch_status()
+            .await,
         200
     );
     let body = tokio::time::timeout(Duration::from_secs(5), run)
@@ -769,12 +693,7 @@ async fn upload_download_info() {
         .part("file", file_part(big.clone()))
         .part("metadata", meta_part(&format!("{d}/small.txt"), None))
         .part("file", file_part(b"l1\nl2\nl3\nl4".to_vec()));
-    let r = c
-        .post(e.url("/files/upload"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let r = c.post(e.url("/files/upload")).multipart(form).fetch().await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let md = std::fs::metadata(format!("{d}/a/b/big.bin")).unwrap();
     assert_eq!(md.permissions().mode() & 0o7777, 0o640);
@@ -783,7 +702,7 @@ async fn upload_download_info() {
     assert_eq!(std::fs::read_dir(format!("{d}/a/b")).unwrap().count(), 1);
 
     let get = |q: String| c.get(e.url(&format!("/files/download?{q}")));
-    let r = get(format!("path={d}/a/b/big.bin")).send().await.unwrap();
+    let r = get(format!("path={d}/a/b/big.bin")).fetch().await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.headers()["content-length"],
@@ -798,9 +717,8 @@ async fn upload_download_info() {
     assert_eq!(r.bytes().await.unwrap().as_ref(), &big[..]);
     let r = get(format!("path={d}/a/b/big.bin"))
         .header("Range", "bytes=100-199")
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(r.status(), 206);
     assert_eq!(
         r.headers()["content-range"],
@@ -809,16 +727,14 @@ async fn upload_download_info() {
     assert_eq!(r.bytes().await.unwrap().as_ref(), &big[100..200]);
     let r = get(format!("path={d}/a/b/big.bin"))
         .header("Range", "bytes=-10")
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(r.status(), 206);
     assert_eq!(r.bytes().await.unwrap().as_ref(), &big[big.len() - 10..]);
     let r = get(format!("path={d}/a/b/big.bin"))
         .header("Range", format!("bytes={}-", big.len()))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(
         r.headers()["content-range"],
         format!("bytes */{}", big.len()).as_str()
@@ -826,19 +742,12 @@ async fn upload_download_info() {
     let (s, v) = error_of(r).await;
     assert_eq!(s, 416, "{v}");
     let r = get(format!("path={d}/small.txt&offset=2&limit=2"))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(r.text().await.unwrap(), "l2\nl3\n");
-    let r = get(format!("path={d}/small.txt&offset=4"))
-        .send()
-        .await
-        .unwrap();
+    let r = get(format!("path={d}/small.txt&offset=4")).fetch().await;
     assert_eq!(r.text().await.unwrap(), "l4");
-    let r = get(format!("path={d}/small.txt&limit=1"))
-        .send()
-        .await
-        .unwrap();
+    let r = get(format!("path={d}/small.txt&limit=1")).fetch().await;
     assert_eq!(r.text().await.unwrap(), "l1\n");
     for (q, want) in [
         (format!("path={d}/small.txt&offset=0&limit=1"), 400),
@@ -851,27 +760,21 @@ async fn upload_download_info() {
         ("path=%2Ftmp%00x".to_string(), 400),
         ("path=%E0%80".to_string(), 400),
     ] {
-        let (s, v) = error_of(get(q.clone()).send().await.unwrap()).await;
+        let (s, v) = get(q.clone()).fetch_error().await;
         assert_eq!(s.as_u16(), want, "{q}: {v}");
     }
-    let (s, _) = error_of(
-        get(format!("path={d}/small.txt&offset=1&limit=1"))
-            .header("Range", "bytes=0-1")
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 400);
+    assert_eq!(
+        error_status(
+            get(format!("path={d}/small.txt&offset=1&limit=1")).header("Range", "bytes=0-1")
+        )
+        .await,
+        400
+    );
 
     let info: Value = c
         .get(e.url(&format!("/files/info?path={d}/small.txt&path={d}/a")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     let small = &info[format!("{d}/small.txt")];
     assert_eq!(small["size"], 11);
     assert_eq!(small["type"], "file");
@@ -879,13 +782,10 @@ async fn upload_download_info() {
     assert_eq!(small["owner"], "root");
     assert!(small["modified_at"].as_str().unwrap().ends_with('Z'));
     assert_eq!(info[format!("{d}/a")]["type"], "directory");
-    let (s, v) = error_of(
-        c.get(e.url(&format!("/files/info?path={d}/missing")))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, v) = c
+        .get(e.url(&format!("/files/info?path={d}/missing")))
+        .fetch_error()
+        .await;
     assert_eq!(
         (s.as_u16(), v["code"].as_str().unwrap()),
         (404, "FILE_NOT_FOUND")
@@ -900,26 +800,16 @@ async fn upload_rejects_bad_multipart() {
     let d = dir.path().to_str().unwrap().to_string();
     // file without metadata
     let form = reqwest::multipart::Form::new().part("file", file_part(b"x".to_vec()));
-    let (s, _) = error_of(
-        c.post(e.url("/files/upload"))
-            .multipart(form)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 400);
+    assert_eq!(
+        error_status(c.post(e.url("/files/upload")).multipart(form)).await,
+        400
+    );
     // metadata without file
     let form = reqwest::multipart::Form::new().part("metadata", meta_part(&format!("{d}/x"), None));
-    let (s, _) = error_of(
-        c.post(e.url("/files/upload"))
-            .multipart(form)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(s, 400);
+    assert_eq!(
+        error_status(c.post(e.url("/files/upload")).multipart(form)).await,
+        400
+    );
     // bad metadata JSON, bad mode, NUL in path, a directory as target, unknown owner
     for meta in [
         "{not json".to_string(),
@@ -935,14 +825,11 @@ async fn upload_rejects_bad_multipart() {
                 reqwest::multipart::Part::bytes(meta.clone().into_bytes()).file_name("metadata"),
             )
             .part("file", file_part(b"x".to_vec()));
-        let (s, v) = error_of(
-            c.post(e.url("/files/upload"))
-                .multipart(form)
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
+        let (s, v) = c
+            .post(e.url("/files/upload"))
+            .multipart(form)
+            .fetch_error()
+            .await;
         assert_eq!(s, 400, "{meta}: {v}");
     }
     // unknown part name, no parts, not multipart at all
@@ -951,34 +838,33 @@ async fn upload_rejects_bad_multipart() {
         error_status(c.post(e.url("/files/upload")).multipart(form)).await,
         400
     );
-    let r = c
-        .post(e.url("/files/upload"))
-        .header("content-type", "multipart/form-data; boundary=XX")
-        .body("--XX--\r\n")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(error_of(r).await.0, 400);
-    let r = c
-        .post(e.url("/files/upload"))
-        .json(&json!({"a": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(error_of(r).await.0, 400);
+    assert_eq!(
+        error_status(
+            c.post(e.url("/files/upload"))
+                .header("content-type", "multipart/form-data; boundary=XX")
+                .body("--XX--\r\n")
+        )
+        .await,
+        400
+    );
+    assert_eq!(
+        error_status(c.post(e.url("/files/upload")).json(&json!({"a": 1}))).await,
+        400
+    );
     // A body cut off in the middle of a file part: 400 and no file, no temp file.
     let body = format!(
         "--XX\r\nContent-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\n\r\n{}\r\n--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\npartial data",
         json!({"path": format!("{d}/cut.bin")})
     );
-    let r = c
-        .post(e.url("/files/upload"))
-        .header("content-type", "multipart/form-data; boundary=XX")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(error_of(r).await.0, 400);
+    assert_eq!(
+        error_status(
+            c.post(e.url("/files/upload"))
+                .header("content-type", "multipart/form-data; boundary=XX")
+                .body(body)
+        )
+        .await,
+        400
+    );
     // The temporary file is removed as the failed upload unwinds, which may
     // finish just after the response is written: allow it a moment.
     eventually("nothing left behind", Duration::from_secs(5), || {
@@ -1000,12 +886,8 @@ async fn file_management() {
 
     let found: Value = c
         .get(e.url(&format!("/files/search?path={d}&pattern=*.py")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     let paths: Vec<&str> = found
         .as_array()
         .unwrap()
@@ -1018,21 +900,13 @@ async fn file_management() {
     );
     let all: Value = c
         .get(e.url(&format!("/files/search?path={d}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(all.as_array().unwrap().len(), 3);
     let rel: Value = c
         .get(e.url(&format!("/files/search?path={d}&pattern=src/*.py")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(rel.as_array().unwrap().len(), 1);
     assert_eq!(
         error_status(c.get(e.url(&format!("/files/search?path={d}&pattern=[a")))).await,
@@ -1047,9 +921,8 @@ async fn file_management() {
     let r = c
         .post(e.url("/files/replace?verbose=true"))
         .json(&json!({format!("{d}/src/a.py"): {"old": "localhost", "new": "0.0.0.0"}}))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     let v: Value = r.json().await.unwrap();
     assert_eq!(v[format!("{d}/src/a.py")]["replacedCount"], 2);
     assert_eq!(
@@ -1059,9 +932,8 @@ async fn file_management() {
     let r = c
         .post(e.url("/files/replace"))
         .json(&json!({format!("{d}/src/c.txt"): {"old": "c", "new": "C"}}))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "");
     assert_eq!(
@@ -1085,13 +957,13 @@ async fn file_management() {
         400
     );
 
-    let r = c
-        .post(e.url("/files/mv"))
-        .json(&json!([{"src": format!("{d}/src/c.txt"), "dest": format!("{d}/c2.txt")}]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        c.post(e.url("/files/mv"))
+            .json(&json!([{"src": format!("{d}/src/c.txt"), "dest": format!("{d}/c2.txt")}]))
+            .fetch_status()
+            .await,
+        200
+    );
     assert!(std::path::Path::new(&format!("{d}/c2.txt")).exists());
     assert_eq!(
         error_status(
@@ -1110,21 +982,17 @@ async fn file_management() {
         400
     );
 
-    let r = c
-        .post(e.url("/files/permissions"))
-        .json(&json!({format!("{d}/c2.txt"): {"mode": 600, "owner": "root", "group": "0"}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        c.post(e.url("/files/permissions"))
+            .json(&json!({format!("{d}/c2.txt"): {"mode": 600, "owner": "root", "group": "0"}}))
+            .fetch_status()
+            .await,
+        200
+    );
     let info: Value = c
         .get(e.url(&format!("/files/info?path={d}/c2.txt")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(info[format!("{d}/c2.txt")]["mode"], 600);
     assert_eq!(
         error_status(
@@ -1145,10 +1013,8 @@ async fn file_management() {
 
     assert_eq!(
         c.delete(e.url(&format!("/files?path={d}/c2.txt&path={d}/never-there")))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+            .fetch_status()
+            .await,
         200
     );
     assert!(!std::path::Path::new(&format!("{d}/c2.txt")).exists());
@@ -1168,53 +1034,34 @@ async fn directories() {
     let r = c
         .post(e.url("/directories"))
         .json(&json!({format!("{d}/p/q/r"): {"mode": 700}, format!("{d}/b"): {"mode": 755}}))
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(r.status(), 200);
     std::fs::write(format!("{d}/p/f"), "x").unwrap();
     std::os::unix::fs::symlink(format!("{d}/p"), format!("{d}/link")).unwrap();
-    let list = |q: String| {
-        let c = c.clone();
-        let url = e.url(&format!("/directories/list?{q}"));
-        async move { c.get(url).send().await.unwrap() }
+    let list = |q: String| c.get(e.url(&format!("/directories/list?{q}")));
+    let listed_names = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap().replace(&d, ""))
+            .collect()
     };
-    let v: Value = list(format!("path={d}")).await.json().await.unwrap();
-    let names: Vec<String> = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["path"].as_str().unwrap().replace(&d, ""))
-        .collect();
+    let v: Value = list(format!("path={d}")).fetch_json().await;
+    let names = listed_names(&v);
     assert_eq!(names, vec!["/b", "/link", "/p"]);
     assert_eq!(v[1]["type"], "symlink");
-    let v: Value = list(format!("path={d}&depth=3"))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let names: Vec<String> = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["path"].as_str().unwrap().replace(&d, ""))
-        .collect();
+    let v: Value = list(format!("path={d}&depth=3")).fetch_json().await;
+    let names = listed_names(&v);
     assert_eq!(names, vec!["/b", "/link", "/p", "/p/f", "/p/q", "/p/q/r"]);
     assert_eq!(v[5]["mode"], 700);
-    let v: Value = list(format!("path={d}&depth=0"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value = list(format!("path={d}&depth=0")).fetch_json().await;
     assert_eq!(v, json!([]));
-    assert_eq!(error_of(list(format!("path={d}/link")).await).await.0, 400);
-    assert_eq!(error_of(list(format!("path={d}/p/f")).await).await.0, 400);
-    assert_eq!(error_of(list(format!("path={d}/none")).await).await.0, 404);
-    assert_eq!(
-        error_of(list(format!("path={d}&depth=-1")).await).await.0,
-        400
-    );
-    assert_eq!(error_of(list(String::new()).await).await.0, 400);
+    assert_eq!(error_status(list(format!("path={d}/link"))).await, 400);
+    assert_eq!(error_status(list(format!("path={d}/p/f"))).await, 400);
+    assert_eq!(error_status(list(format!("path={d}/none"))).await, 404);
+    assert_eq!(error_status(list(format!("path={d}&depth=-1"))).await, 400);
+    assert_eq!(error_status(list(String::new())).await, 400);
     assert_eq!(
         error_status(
             c.post(e.url("/directories"))
@@ -1226,10 +1073,8 @@ async fn directories() {
 
     assert_eq!(
         c.delete(e.url(&format!("/directories?path={d}/p&path={d}/missing")))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+            .fetch_status()
+            .await,
         200
     );
     assert!(!std::path::Path::new(&format!("{d}/p")).exists());
@@ -1247,25 +1092,19 @@ async fn directories() {
 async fn routes_errors_and_limits() {
     let e = start();
     let c = client();
-    let (s, v) = error_of(
-        c.post(e.url("/code"))
-            .json(&json!({"code": "print(1)"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, v) = c
+        .post(e.url("/code"))
+        .json(&json!({"code": "print(1)"}))
+        .fetch_error()
+        .await;
     assert_eq!(
         (s.as_u16(), v["code"].as_str().unwrap()),
         (501, "NOT_SUPPORTED")
     );
-    let (s, v) = error_of(
-        c.get(e.url("/code/contexts?language=python"))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, v) = c
+        .get(e.url("/code/contexts?language=python"))
+        .fetch_error()
+        .await;
     assert_eq!(
         (s.as_u16(), v["code"].as_str().unwrap()),
         (501, "NOT_SUPPORTED")
@@ -1312,10 +1151,8 @@ async fn routes_errors_and_limits() {
     assert_eq!(
         reqwest::Client::new()
             .get(e.url("/ping"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+            .fetch_status()
+            .await,
         200
     );
 }
@@ -1324,14 +1161,7 @@ async fn routes_errors_and_limits() {
 async fn metrics_and_watch() {
     let e = start();
     let c = client();
-    let m: Value = c
-        .get(e.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m: Value = c.get(e.url("/metrics")).fetch_json().await;
     for k in [
         "cpu_count",
         "cpu_used_pct",
@@ -1343,7 +1173,7 @@ async fn metrics_and_watch() {
     }
     assert!(m["cpu_count"].as_f64().unwrap() > 0.0);
     assert!(m["mem_total_mib"].as_f64().unwrap() > 0.0);
-    let mut r = c.get(e.url("/metrics/watch")).send().await.unwrap();
+    let mut r = c.get(e.url("/metrics/watch")).fetch().await;
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let mut text = String::new();
     let t = Instant::now();
@@ -1386,7 +1216,9 @@ async fn upstream() -> u16 {
                 }
                 let head = String::from_utf8_lossy(&head).to_string();
                 if head.to_ascii_lowercase().contains("upgrade: websocket") {
-                    s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n").await.unwrap();
+                    s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+                        .await
+                        .unwrap();
                     let mut buf = [0u8; 1024];
                     loop {
                         let n = s.read(&mut buf).await.unwrap_or(0);
@@ -1416,9 +1248,8 @@ async fn proxy_http_and_upgrade() {
     let r = c
         .get(e.url(&format!("/proxy/{port}/some/path?q=1&r=a%20b")))
         .header("X-Custom", "v")
-        .send()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     assert_eq!(r.status(), 418, "upstream status passes through untouched");
     assert_eq!(r.headers()["x-up"], "1");
     let seen = r.text().await.unwrap();
@@ -1431,11 +1262,7 @@ async fn proxy_http_and_upgrade() {
         !seen.to_ascii_lowercase().contains("x-execd-access-token"),
         "token is not forwarded: {seen}"
     );
-    let r = c
-        .get(e.url(&format!("/proxy/{port}")))
-        .send()
-        .await
-        .unwrap();
+    let r = c.get(e.url(&format!("/proxy/{port}"))).fetch().await;
     assert!(r.text().await.unwrap().starts_with("GET / HTTP/1.1"));
     // Unreachable and invalid ports.
     let closed = {
@@ -1452,10 +1279,8 @@ async fn proxy_http_and_upgrade() {
     assert_eq!(
         reqwest::Client::new()
             .get(e.url(&format!("/proxy/{port}/x")))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+            .fetch_status()
+            .await,
         401
     );
 

@@ -35,36 +35,30 @@ fn kill(pid: i32, sig: i32) {
     unsafe { libc::kill(pid, sig) };
 }
 
+/// execd in init mode with `sh -c SCRIPT` as its entrypoint; it keeps serving after
+/// the entrypoint exits.
+fn start_with_sh(script: &str, envs: &[(&str, &str)]) -> Execd {
+    Execd::start(&["--init", "--", "sh", "-c", script], envs)
+}
+
+/// execd in init mode that exits with its entrypoint, `sh -c SCRIPT`.
+fn start_following_sh(script: &str) -> Execd {
+    Execd::start(
+        &["--init", "--exit-with-entrypoint", "--", "sh", "-c", script],
+        &[],
+    )
+}
+
 #[test]
 fn exits_with_entrypoint_status() {
-    let mut e = Execd::start(
-        &[
-            "--init",
-            "--exit-with-entrypoint",
-            "--",
-            "sh",
-            "-c",
-            "sleep 0.3; exit 5",
-        ],
-        &[],
-    );
+    let mut e = start_following_sh("sleep 0.3; exit 5");
     assert_eq!(get(&e, "/ping"), 200, "serves while the entrypoint runs");
     assert_eq!(e.wait_exit(Duration::from_secs(10)), Some(5));
 }
 
 #[test]
 fn entrypoint_killed_by_signal_gives_128_plus_signal() {
-    let mut e = Execd::start(
-        &[
-            "--init",
-            "--exit-with-entrypoint",
-            "--",
-            "sh",
-            "-c",
-            "kill -9 $$",
-        ],
-        &[],
-    );
+    let mut e = start_following_sh("kill -9 $$");
     assert_eq!(e.wait_exit(Duration::from_secs(10)), Some(137));
 }
 
@@ -81,10 +75,7 @@ fn missing_entrypoint_exits_127() {
 fn keeps_serving_after_entrypoint_exits() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("entrypoint.pid");
-    let mut e = Execd::start(
-        &["--init", "--", "sh", "-c", "echo $$ > \"$P\""],
-        &[("P", pidfile.to_str().unwrap())],
-    );
+    let mut e = start_with_sh("echo $$ > \"$P\"", &[("P", pidfile.to_str().unwrap())]);
     let entrypoint = eventually_blocking("the entrypoint to start", Duration::from_secs(5), || {
         std::fs::read_to_string(&pidfile)
             .ok()?
@@ -112,8 +103,8 @@ fn sigterm_is_forwarded_and_execd_follows_the_entrypoint() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("usr1");
     let ready = dir.path().join("traps-set");
-    let mut e = Execd::start(
-        &["--init", "--", "sh", "-c", script],
+    let mut e = start_with_sh(
+        script,
         &[("F", f.to_str().unwrap()), ("R", ready.to_str().unwrap())],
     );
     eventually_blocking("the entrypoint's traps", Duration::from_secs(5), || {
@@ -135,14 +126,8 @@ fn reaps_orphans_of_the_entrypoint() {
     // Each round leaves an orphan that is re-parented to execd and exits.
     let dir = tempfile::tempdir().unwrap();
     let pids = dir.path().join("orphans");
-    let e = Execd::start(
-        &[
-            "--init",
-            "--",
-            "sh",
-            "-c",
-            "for i in 1 2 3 4 5; do (sleep 0.05 & echo $! >> \"$P\"); done; touch \"$P.done\"; sleep 100",
-        ],
+    let e = start_with_sh(
+        "for i in 1 2 3 4 5; do (sleep 0.05 & echo $! >> \"$P\"); done; touch \"$P.done\"; sleep 100",
         &[("P", pids.to_str().unwrap())],
     );
     let done = dir.path().join("orphans.done");
@@ -164,20 +149,15 @@ fn reaps_orphans_of_the_entrypoint() {
 
 #[test]
 fn bad_arguments_exit_2() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_execd"))
-        .args(["--listen", "nonsense"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_execd"))
-        .args(["--bogus"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_execd"))
-        .args(["--help"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("--init"));
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_execd"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(run(&["--listen", "nonsense"]).status.code(), Some(2));
+    assert_eq!(run(&["--bogus"]).status.code(), Some(2));
+    let help = run(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--init"));
 }

@@ -26,16 +26,10 @@ struct Answer {
 }
 
 impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
+    fn closes(&self) -> bool {
         self.headers
             .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn closes(&self) -> bool {
-        self.header("connection")
-            .is_some_and(|v| v.to_ascii_lowercase().contains("close"))
+            .any(|(k, v)| k == "connection" && v.to_ascii_lowercase().contains("close"))
     }
 }
 

@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::{call, call_as};
 use reqwest::StatusCode;
 use sandbolt_lifecycle::{Lifecycle, StartError};
 use sandbolt_test_support::{eventually, eventually_async};
@@ -13,31 +14,6 @@ use serde_json::{Value, json};
 
 fn client() -> reqwest::Client {
     reqwest::Client::new()
-}
-
-async fn call(
-    method: reqwest::Method,
-    url: String,
-    key: Option<&str>,
-    body: Option<Value>,
-) -> (StatusCode, reqwest::header::HeaderMap, Value) {
-    let mut rb = client().request(method, url);
-    if let Some(k) = key {
-        rb = rb.header("OPEN-SANDBOX-API-KEY", k);
-    }
-    if let Some(b) = body {
-        rb = rb.json(&b);
-    }
-    let r = rb.send().await.expect("request reaches the server");
-    let status = r.status();
-    let headers = r.headers().clone();
-    let text = r.text().await.unwrap();
-    let v = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).unwrap_or(Value::String(text))
-    };
-    (status, headers, v)
 }
 
 fn assert_error_shape(v: &Value) {
@@ -56,25 +32,34 @@ fn create_body(timeout: Value) -> Value {
     b
 }
 
+/// Creates a busybox sandbox with `timeout` (none when `Null`): status and body.
+async fn create(base: &str, timeout: Value) -> (StatusCode, Value) {
+    call(
+        reqwest::Method::POST,
+        format!("{base}/v1/sandboxes"),
+        Some(create_body(timeout)),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_contract_on_docker() {
     let env = common::docker_env();
     let h = env.start().await;
     let base = format!("http://{}", h.addr());
-    let key = Some(common::API_KEY);
     use reqwest::Method as M;
 
     // Auth: missing and wrong keys are 401 {code,message}, with a request id.
-    let (s, hd, v) = call(M::GET, format!("{base}/v1/sandboxes"), None, None).await;
+    let (s, hd, v) = call_as(M::GET, format!("{base}/v1/sandboxes"), None, None).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert_eq!(v["code"], "MISSING_API_KEY");
     assert_error_shape(&v);
     assert!(hd.get("x-request-id").is_some());
-    let (s, _, v) = call(M::GET, format!("{base}/sandboxes"), Some("wrong"), None).await;
+    let (s, _, v) = call_as(M::GET, format!("{base}/sandboxes"), Some("wrong"), None).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert_eq!(v["code"], "INVALID_API_KEY");
     // ... also on the proxy and on unknown ids.
-    let (s, _, _) = call(
+    let (s, _, _) = call_as(
         M::GET,
         format!("{base}/sandboxes/x/proxy/44772/ping"),
         None,
@@ -83,7 +68,7 @@ async fn http_contract_on_docker() {
     .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     // Health is open.
-    let (s, _, v) = call(M::GET, format!("{base}/health"), None, None).await;
+    let (s, _, v) = call_as(M::GET, format!("{base}/health"), None, None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
 
     // X-Request-ID: echoed when given, generated otherwise.
@@ -98,17 +83,17 @@ async fn http_contract_on_docker() {
 
     // Both mounts; list is empty; pagination shape.
     for prefix in ["", "/v1"] {
-        let (s, _, v) = call(M::GET, format!("{base}{prefix}/sandboxes"), key, None).await;
+        let (s, v) = call(M::GET, format!("{base}{prefix}/sandboxes"), None).await;
         assert_eq!(s, StatusCode::OK, "{v}");
         assert_eq!(v["pagination"]["totalItems"], 0);
         assert_eq!(v["pagination"]["page"], 1);
     }
 
     // Errors are {code,message} everywhere.
-    let (s, _, v) = call(M::GET, format!("{base}/v1/sandboxes/nope"), key, None).await;
+    let (s, v) = call(M::GET, format!("{base}/v1/sandboxes/nope"), None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert_error_shape(&v);
-    let (s, _, v) = call(M::GET, format!("{base}/no/such/route"), key, None).await;
+    let (s, v) = call(M::GET, format!("{base}/no/such/route"), None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert_error_shape(&v);
     for path in [
@@ -117,7 +102,7 @@ async fn http_contract_on_docker() {
         "/templates/x",
         "/v1/sandboxes/x/diagnostics/logs",
     ] {
-        let (s, _, v) = call(M::GET, format!("{base}{path}"), key, None).await;
+        let (s, v) = call(M::GET, format!("{base}{path}"), None).await;
         assert_eq!(s, StatusCode::NOT_IMPLEMENTED, "{path}");
         assert_error_shape(&v);
     }
@@ -131,48 +116,29 @@ async fn http_contract_on_docker() {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_error_shape(&r.json().await.unwrap());
     for bad in [json!(0), json!(-5), json!(59), json!(86401)] {
-        let (s, _, v) = call(
-            M::POST,
-            format!("{base}/v1/sandboxes"),
-            key,
-            Some(create_body(bad.clone())),
-        )
-        .await;
+        let (s, v) = create(&base, bad.clone()).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "timeout {bad}: {v}");
         assert_error_shape(&v);
     }
-    let (s, _, v) = call(
-        M::GET,
-        format!("{base}/v1/sandboxes/x/endpoints/0"),
-        key,
-        None,
-    )
-    .await;
+    let (s, v) = call(M::GET, format!("{base}/v1/sandboxes/x/endpoints/0"), None).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(v["code"], "INVALID_PORT");
 
     // The served OpenAPI document parses and lists the routes.
-    let (s, _, doc) = call(M::GET, format!("{base}/openapi.json"), key, None).await;
+    let (s, doc) = call(M::GET, format!("{base}/openapi.json"), None).await;
     assert_eq!(s, StatusCode::OK);
     assert!(doc["paths"]["/v1/sandboxes"]["post"].is_object());
     assert!(doc["paths"]["/sandboxes/{sandbox_id}/renew-expiration"]["post"].is_object());
 
     // A manual-cleanup sandbox: 202 Running, no expiresAt, renew is 409.
-    let (s, _, created) = call(
-        M::POST,
-        format!("{base}/v1/sandboxes"),
-        key,
-        Some(create_body(Value::Null)),
-    )
-    .await;
+    let (s, created) = create(&base, Value::Null).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{created}");
     assert_eq!(created["status"]["state"], "Running");
     assert!(created.get("expiresAt").is_none(), "{created}");
     let id = created["id"].as_str().unwrap().to_string();
-    let (s, _, v) = call(
+    let (s, v) = call(
         M::POST,
         format!("{base}/sandboxes/{id}/renew-expiration"),
-        key,
         Some(json!({"expiresAt": "2099-01-01T00:00:00Z"})),
     )
     .await;
@@ -182,7 +148,7 @@ async fn http_contract_on_docker() {
         format!("Sandbox {id} does not have automatic expiration enabled.")
     );
     // No null fields anywhere in a sandbox.
-    let (_, _, got) = call(M::GET, format!("{base}/v1/sandboxes/{id}"), key, None).await;
+    let (_, got) = call(M::GET, format!("{base}/v1/sandboxes/{id}"), None).await;
     fn no_nulls(v: &Value) -> bool {
         match v {
             Value::Null => false,
@@ -194,10 +160,9 @@ async fn http_contract_on_docker() {
     assert!(no_nulls(&got), "{got}");
     assert_eq!(got["image"]["uri"], "docker.io/library/busybox:latest");
     // execd is published on 127.0.0.1 with a per-sandbox token header.
-    let (s, _, ep) = call(
+    let (s, ep) = call(
         M::GET,
         format!("{base}/v1/sandboxes/{id}/endpoints/44772"),
-        key,
         None,
     )
     .await;
@@ -208,10 +173,9 @@ async fn http_contract_on_docker() {
         .as_str()
         .expect("token header")
         .to_string();
-    let (_, _, other) = call(
+    let (_, other) = call(
         M::GET,
         format!("{base}/v1/sandboxes/{id}/endpoints/8080"),
-        key,
         None,
     )
     .await;
@@ -227,37 +191,24 @@ async fn http_contract_on_docker() {
     // process) while paused, endpoints stay valid, and it answers again
     // after resume.
     let ping = format!("{base}/v1/sandboxes/{id}/proxy/44772/ping");
-    let (s, _, _) = call(M::GET, ping.clone(), key, None).await;
+    let (s, _) = call(M::GET, ping.clone(), None).await;
     assert_eq!(s, StatusCode::OK);
-    let (s, _, v) = call(
-        M::POST,
-        format!("{base}/v1/sandboxes/{id}/pause"),
-        key,
-        None,
-    )
-    .await;
+    let (s, v) = call(M::POST, format!("{base}/v1/sandboxes/{id}/pause"), None).await;
     assert!(s.is_success(), "{s} {v}");
-    let (s, _, v) = call(M::GET, ping.clone(), key, None).await;
+    let (s, v) = call(M::GET, ping.clone(), None).await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     assert_eq!(v["code"], "DOCKER::SANDBOX_PAUSED");
     assert_error_shape(&v);
-    let (s, _, _) = call(
+    let (s, _) = call(
         M::GET,
         format!("{base}/v1/sandboxes/{id}/endpoints/44772"),
-        key,
         None,
     )
     .await;
     assert_eq!(s, StatusCode::OK);
-    let (s, _, v) = call(
-        M::POST,
-        format!("{base}/v1/sandboxes/{id}/resume"),
-        key,
-        None,
-    )
-    .await;
+    let (s, v) = call(M::POST, format!("{base}/v1/sandboxes/{id}/resume"), None).await;
     assert!(s.is_success(), "{s} {v}");
-    let (s, _, v) = call(M::GET, ping, key, None).await;
+    let (s, v) = call(M::GET, ping, None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     // execd itself came in through the archive API, not a bind mount.
     let inspect = env.inspect(&id);
@@ -276,7 +227,7 @@ async fn http_contract_on_docker() {
         id.as_str()
     );
     drop(token);
-    let (s, _, _) = call(M::DELETE, format!("{base}/v1/sandboxes/{id}"), key, None).await;
+    let (s, _) = call(M::DELETE, format!("{base}/v1/sandboxes/{id}"), None).await;
     assert_eq!(s, StatusCode::NO_CONTENT);
 
     h.shutdown().await.unwrap();
@@ -296,7 +247,7 @@ async fn refuses_to_start_without_key_unless_open() {
     let h = Lifecycle::start(c)
         .await
         .expect("explicitly open server starts");
-    let (s, _, _) = call(
+    let (s, _, _) = call_as(
         reqwest::Method::GET,
         format!("http://{}/v1/sandboxes", h.addr()),
         None,
@@ -310,33 +261,14 @@ async fn refuses_to_start_without_key_unless_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_is_persisted_swept_and_survives_restart() {
     let env = common::docker_env();
-    let key = Some(common::API_KEY);
     use reqwest::Method as M;
 
     let h = env.start().await;
     let base = format!("http://{}", h.addr());
-    let (s, _, a) = call(
-        M::POST,
-        format!("{base}/v1/sandboxes"),
-        key,
-        Some(create_body(json!(60))),
-    )
-    .await;
+    let (s, a) = create(&base, json!(60)).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{a}");
-    let (_, _, b) = call(
-        M::POST,
-        format!("{base}/v1/sandboxes"),
-        key,
-        Some(create_body(json!(3600))),
-    )
-    .await;
-    let (_, _, manual) = call(
-        M::POST,
-        format!("{base}/v1/sandboxes"),
-        key,
-        Some(create_body(Value::Null)),
-    )
-    .await;
+    let (_, b) = create(&base, json!(3600)).await;
+    let (_, manual) = create(&base, Value::Null).await;
     let (a, b, manual) = (
         a["id"].as_str().unwrap().to_string(),
         b["id"].as_str().unwrap().to_string(),
@@ -345,10 +277,9 @@ async fn expiry_is_persisted_swept_and_survives_restart() {
 
     // Renew `a` to a moment just ahead, then stop the server before it comes.
     let soon = chrono::Utc::now() + chrono::Duration::seconds(4);
-    let (s, _, v) = call(
+    let (s, v) = call(
         M::POST,
         format!("{base}/v1/sandboxes/{a}/renew-expiration"),
-        key,
         Some(json!({"expiresAt": soon.to_rfc3339()})),
     )
     .await;
@@ -368,22 +299,22 @@ async fn expiry_is_persisted_swept_and_survives_restart() {
         &format!("expired sandbox {a} to be swept after restart"),
         Duration::from_secs(10),
         || async {
-            let (s, _, _) = call(M::GET, format!("{base}/v1/sandboxes/{a}"), key, None).await;
+            let (s, _) = call(M::GET, format!("{base}/v1/sandboxes/{a}"), None).await;
             (s == StatusCode::NOT_FOUND).then_some(())
         },
     )
     .await;
     for id in [&b, &manual] {
-        let (s, _, v) = call(M::GET, format!("{base}/v1/sandboxes/{id}"), key, None).await;
+        let (s, v) = call(M::GET, format!("{base}/v1/sandboxes/{id}"), None).await;
         assert_eq!(s, StatusCode::OK, "{v}");
         assert_eq!(v["status"]["state"], "Running");
     }
     // `b` still carries its label expiry (~1h), restored from Docker.
-    let (_, _, v) = call(M::GET, format!("{base}/v1/sandboxes/{b}"), key, None).await;
+    let (_, v) = call(M::GET, format!("{base}/v1/sandboxes/{b}"), None).await;
     let exp = chrono::DateTime::parse_from_rfc3339(v["expiresAt"].as_str().unwrap()).unwrap();
     assert!(exp > chrono::Utc::now() + chrono::Duration::minutes(55));
     for id in [&b, &manual] {
-        call(M::DELETE, format!("{base}/v1/sandboxes/{id}"), key, None).await;
+        call(M::DELETE, format!("{base}/v1/sandboxes/{id}"), None).await;
     }
     h.shutdown().await.unwrap();
 }

@@ -108,6 +108,12 @@ impl Testbed {
         cmd
     }
 
+    /// What `ctr -n <namespace> <args>` prints on stdout; an error names the
+    /// command and its stderr when it fails.
+    pub fn ctr_output(&self, namespace: &str, args: &[&str]) -> Result<String, TestbedError> {
+        run(self.ctr(namespace).args(args))
+    }
+
     /// Imports a locally built image into this bed's containerd and unpacks
     /// it on the default (overlayfs) snapshotter.
     pub fn import_image(&self, image: &OciImage, namespace: &str) -> Result<(), TestbedError> {

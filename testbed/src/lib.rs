@@ -11,6 +11,7 @@
 //! images are built locally ([`OciImage`], [`busybox_image`]) and imported,
 //! or served by a [`LocalRegistry`] on loopback for tests of the pull path.
 
+mod bare_containerd;
 mod daemon;
 mod error;
 mod execd;
@@ -20,6 +21,7 @@ mod registry;
 mod sandbolt_image;
 mod teardown;
 
+pub use bare_containerd::BareContainerd;
 pub use daemon::{DOCKER_NAMESPACE, Testbed};
 pub use error::TestbedError;
 pub use execd::{STATIC_TARGET, execd_binary};

@@ -3,40 +3,23 @@
 
 use std::time::Duration;
 
-use containerd_client::services::v1::container::Runtime;
-use containerd_client::services::v1::snapshots::{PrepareSnapshotRequest, RemoveSnapshotRequest};
-use containerd_client::services::v1::{
-    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteTaskRequest, GetImageRequest, StartRequest, WaitRequest,
-};
-use containerd_client::tonic::Request;
-use containerd_client::{Client, with_namespace};
-use sandbolt_testbed::{BUSYBOX_REF, Testbed, busybox_image};
+use sandbolt_testbed::{BUSYBOX_REF, BareContainerd, Testbed, busybox_image};
 
 const NAMESPACE: &str = "sandbolt-testbed";
 
 /// Creates, starts and waits for a one-shot busybox container, returning
 /// its exit status and what it wrote to stdout.
 async fn run_echo(bed: &Testbed, id: &str, text: &str) -> (u32, String) {
-    let client = Client::from_path(bed.containerd_socket())
+    let containerd = BareContainerd::connect(bed, NAMESPACE)
         .await
         .expect("connect to the bed's containerd");
 
     // The import must have registered the image under its full reference.
-    let image = client
-        .images()
-        .get(with_namespace!(
-            GetImageRequest {
-                name: BUSYBOX_REF.to_string()
-            },
-            NAMESPACE
-        ))
+    let image = containerd
+        .image_name(BUSYBOX_REF)
         .await
-        .expect("image imported")
-        .into_inner()
-        .image
-        .expect("image present");
-    assert_eq!(image.name, BUSYBOX_REF);
+        .expect("image imported");
+    assert_eq!(image, BUSYBOX_REF);
 
     let spec = serde_json::json!({
         "ociVersion": "1.0.2",
@@ -57,138 +40,30 @@ async fn run_echo(bed: &Testbed, id: &str, text: &str) -> (u32, String) {
             ],
         },
     });
-    let container = Container {
-        id: id.into(),
-        image: BUSYBOX_REF.into(),
-        runtime: Some(Runtime {
-            name: "io.containerd.runc.v2".into(),
-            options: None,
-        }),
-        spec: Some(prost_types::Any {
-            type_url: "types.containerd.io/opencontainers/runtime-spec/1/Spec".into(),
-            value: serde_json::to_vec(&spec).unwrap(),
-        }),
-        snapshotter: "overlayfs".into(),
-        snapshot_key: id.into(),
-        ..Default::default()
-    };
-    client
-        .containers()
-        .create(with_namespace!(
-            CreateContainerRequest {
-                container: Some(container)
-            },
-            NAMESPACE
-        ))
-        .await
-        .expect("create container");
-
-    // After the container exists: it references the snapshot key, which keeps
-    // containerd's GC off the fresh active snapshot (unreferenced, it may be
-    // collected before the task mounts it). One layer: its chain id is its
-    // diff id. Prepare fails unless the import also unpacked the layer.
+    // One layer: its chain id is its diff id. Preparing the snapshot fails
+    // unless the import also unpacked the layer.
     let parent = busybox_image().unwrap().diff_id();
-    let mounts = client
-        .snapshots()
-        .prepare(with_namespace!(
-            PrepareSnapshotRequest {
-                snapshotter: "overlayfs".into(),
-                key: id.into(),
-                parent,
-                labels: Default::default(),
-            },
-            NAMESPACE
-        ))
+    let mounts = containerd
+        .create_container(id, &spec, &parent)
         .await
-        .expect("prepare snapshot")
-        .into_inner()
-        .mounts;
+        .expect("create container and snapshot");
 
     let out = bed.root().join(format!("{id}.out"));
-    client
-        .tasks()
-        .create(with_namespace!(
-            CreateTaskRequest {
-                container_id: id.into(),
-                rootfs: mounts,
-                stdout: format!("file://{}", out.display()),
-                stderr: format!("file://{}", out.display()),
-                ..Default::default()
-            },
-            NAMESPACE
-        ))
+    containerd
+        .create_task(id, mounts, Some(&out))
         .await
         .expect("create task");
-    let waiter = {
-        let mut tasks = client.tasks();
-        let id = id.to_string();
-        tokio::spawn(async move {
-            tasks
-                .wait(with_namespace!(
-                    WaitRequest {
-                        container_id: id,
-                        exec_id: String::new()
-                    },
-                    NAMESPACE
-                ))
-                .await
-        })
-    };
-    client
-        .tasks()
-        .start(with_namespace!(
-            StartRequest {
-                container_id: id.into(),
-                exec_id: String::new()
-            },
-            NAMESPACE
-        ))
-        .await
-        .expect("start task");
+    let waiter = containerd.wait_task(id);
+    containerd.start_task(id).await.expect("start task");
     let status = tokio::time::timeout(Duration::from_secs(30), waiter)
         .await
         .expect("task exits")
         .unwrap()
-        .expect("wait")
-        .into_inner()
-        .exit_status;
-
-    client
-        .tasks()
-        .delete(with_namespace!(
-            DeleteTaskRequest {
-                container_id: id.into()
-            },
-            NAMESPACE
-        ))
+        .expect("wait");
+    containerd
+        .delete(id)
         .await
-        .expect("delete task");
-    client
-        .containers()
-        .delete(with_namespace!(
-            DeleteContainerRequest { id: id.into() },
-            NAMESPACE
-        ))
-        .await
-        .expect("delete container");
-    // Deleting the container left the snapshot unreferenced: containerd's
-    // garbage collector (which the delete triggers) may have removed it
-    // already, and NotFound means just that.
-    match client
-        .snapshots()
-        .remove(with_namespace!(
-            RemoveSnapshotRequest {
-                snapshotter: "overlayfs".into(),
-                key: id.into()
-            },
-            NAMESPACE
-        ))
-        .await
-    {
-        Ok(_) => {}
-        Err(e) if e.code() == containerd_client::tonic::Code::NotFound => {}
-        Err(e) => panic!("remove snapshot: {e:?}"),
-    }
+        .expect("delete task, container, snapshot");
     let output = std::fs::read_to_string(&out).expect("task output file");
     (status, output)
 }

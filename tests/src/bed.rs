@@ -63,6 +63,47 @@ pub fn busybox_create_with_policy(
     }
 }
 
+/// Native limits; an empty string or zero leaves that limit unset.
+pub fn native_limits(cpu: &str, memory: &str, pids: i64) -> Option<native::Resources> {
+    Some(native::Resources {
+        limits: Some(native::ResourceList {
+            cpu: cpu.into(),
+            memory: memory.into(),
+            pids,
+            ..Default::default()
+        }),
+        requests: None,
+    })
+}
+
+/// A native create of a long-sleeping busybox in `default` that waits for
+/// ready, named by its request id; callers fill in the rest of the spec.
+pub fn native_busybox_create(
+    request_id: &str,
+    spec: native::SandboxSpec,
+) -> native::CreateSandboxRequest {
+    native::CreateSandboxRequest {
+        request_id: request_id.into(),
+        namespace: "default".into(),
+        wait_ready: true,
+        spec: Some(native::SandboxSpec {
+            image: "busybox".into(),
+            command: vec!["sleep".into(), "3600".into()],
+            ..spec
+        }),
+        ..Default::default()
+    }
+}
+
+/// `default/<name>` for native calls, whatever its uid.
+pub fn native_ref(name: &str) -> Option<native::SandboxRef> {
+    Some(native::SandboxRef {
+        namespace: "default".into(),
+        name: name.into(),
+        expected_uid: String::new(),
+    })
+}
+
 /// The stored record of `default/<name>`; panics if there is none.
 pub fn stored_record(
     ctl: &sandbolt_controller::ControllerHandle,

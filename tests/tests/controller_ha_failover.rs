@@ -17,13 +17,13 @@ use kube::api::Api;
 use sandbolt_deploy::pool::CapacityBounds;
 use sandbolt_deploy::{Sandbox, SandboxPool, SandboxPoolSpec};
 use sandbolt_e2e::bed::{
-    V2, containers, eventually, free_port, reference, running_tasks, sandbox_id, start_agent,
-    start_bed, wait_agents,
+    Native, V2, busybox_create, connect, containers, eventually, free_port, native_busybox_create,
+    native_limits, native_ref, reference, running_tasks, sandbox_id, start_agent, start_bed,
+    wait_agents,
 };
 use sandbolt_e2e::controller_process::ControllerProcess;
 use sandbolt_kube_double::ApiDouble;
 use sandbolt_proto::control::v1 as native;
-use sandbolt_proto::control::v1::sandbox_service_client::SandboxServiceClient;
 use sandbolt_proto::fastpath::v2;
 
 const TOKEN: &str = "ha-agent-token";
@@ -89,55 +89,24 @@ async fn holder(api: &ApiDouble) -> (Option<String>, i32) {
 }
 
 async fn create(c: &mut V2, name: &str) -> v2::CreateSandboxResponse {
-    c.create_sandbox(v2::CreateSandboxRequest {
-        request_id: name.into(),
-        image: "busybox".into(),
-        command: vec!["sleep".into(), "3600".into()],
-        completion: v2::CreateCompletion::Ready as i32,
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("create {name}: {e:?}"))
-    .into_inner()
-}
-
-type Native = SandboxServiceClient<tonic::transport::Channel>;
-
-fn native_ref(name: &str) -> Option<native::SandboxRef> {
-    Some(native::SandboxRef {
-        namespace: "default".into(),
-        name: name.into(),
-        expected_uid: String::new(),
-    })
+    c.create_sandbox(busybox_create(name, 0))
+        .await
+        .unwrap_or_else(|e| panic!("create {name}: {e:?}"))
+        .into_inner()
 }
 
 /// A sandbox with limits and an expiry, through the native API.
 async fn create_native(c: &mut Native, name: &str, expires_at: i64) -> native::Sandbox {
-    c.create_sandbox(native::CreateSandboxRequest {
-        request_id: name.into(),
-        namespace: "default".into(),
-        wait_ready: true,
-        spec: Some(native::SandboxSpec {
-            image: "busybox".into(),
-            command: vec!["sleep".into(), "3600".into()],
-            expires_at_unix_seconds: expires_at,
-            resources: Some(native::Resources {
-                limits: Some(native::ResourceList {
-                    cpu: "250m".into(),
-                    memory: "48Mi".into(),
-                    pids: 64,
-                    ..Default::default()
-                }),
-                requests: None,
-            }),
-            metadata: [("team".to_string(), "ha".to_string())].into(),
-            ..Default::default()
-        }),
+    let spec = native::SandboxSpec {
+        expires_at_unix_seconds: expires_at,
+        resources: native_limits("250m", "48Mi", 64),
+        metadata: [("team".to_string(), "ha".to_string())].into(),
         ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("native create {name}: {e:?}"))
-    .into_inner()
+    };
+    c.create_sandbox(native_busybox_create(name, spec))
+        .await
+        .unwrap_or_else(|e| panic!("native create {name}: {e:?}"))
+        .into_inner()
 }
 
 async fn get_native(c: &mut Native, name: &str) -> Result<native::Sandbox, tonic::Status> {
@@ -146,12 +115,6 @@ async fn get_native(c: &mut Native, name: &str) -> Result<native::Sandbox, tonic
     })
     .await
     .map(|r| r.into_inner())
-}
-
-async fn connect(addr: SocketAddr) -> V2 {
-    V2::connect(format!("http://{addr}"))
-        .await
-        .expect("connect to the leader")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,6 +93,21 @@ async fn wait(what: &str, f: impl FnMut() -> bool) {
     eventually_true(what, Duration::from_secs(20), f).await
 }
 
+async fn get_v2(c: &mut V2, name: &str) -> Result<v2::GetSandboxResponse, tonic::Status> {
+    let req = v2::GetSandboxRequest {
+        sandbox: reference(name),
+        expected_generation: 0,
+    };
+    c.get_sandbox(req).await.map(tonic::Response::into_inner)
+}
+
+async fn delete_v2(c: &mut V2, name: &str) -> Result<(), tonic::Status> {
+    let req = v2::DeleteRequest {
+        sandbox: reference(name),
+    };
+    c.delete_sandbox(req).await.map(drop)
+}
+
 async fn v2_flow(addr: SocketAddr, name: &str) {
     let mut c = V2::connect(format!("http://{addr}")).await.unwrap();
     let created = c
@@ -109,14 +124,7 @@ async fn v2_flow(addr: SocketAddr, name: &str) {
         .into_inner();
     let info = created.sandbox.unwrap();
     assert!(info.ready, "{info:?}");
-    let got = c
-        .get_sandbox(v2::GetSandboxRequest {
-            sandbox: reference(name),
-            expected_generation: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let got = get_v2(&mut c, name).await.unwrap();
     assert_eq!(
         got.sandbox.unwrap().runtime.unwrap().state,
         v2::RuntimeState::Ready as i32
@@ -146,19 +154,11 @@ async fn v2_flow(addr: SocketAddr, name: &str) {
         .unwrap()
         .into_inner();
     assert_eq!(upd.committed_generation, got.generation + 1);
-    c.delete_sandbox(v2::DeleteRequest {
-        sandbox: reference(name),
-    })
-    .await
-    .unwrap();
-    let e = c
-        .get_sandbox(v2::GetSandboxRequest {
-            sandbox: reference(name),
-            expected_generation: 0,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound);
+    delete_v2(&mut c, name).await.unwrap();
+    assert_eq!(
+        get_v2(&mut c, name).await.unwrap_err().code(),
+        Code::NotFound
+    );
     let (status, _) = sandbolt_test_support::http::get(&ep.proxy_endpoint, "/ping", &headers).await;
     assert_ne!(status, 200, "the sandbox is gone");
 }
@@ -268,32 +268,8 @@ async fn v2_surface(env: &Env) {
     assert!(l.items.is_empty());
 
     // Pause / resume: the task is frozen and thawed in containerd.
-    let p = c
-        .pause_sandbox(v2::PauseSandboxRequest {
-            sandbox: reference(name),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(p.sandbox.unwrap().state, v2::SandboxState::Paused as i32);
-    assert_eq!(
-        tasks(&env.bed).await.get(&sid).map(|t| t.1.as_str()),
-        Some("PAUSED")
-    );
-    let r = c
-        .resume_sandbox(v2::ResumeSandboxRequest {
-            sandbox: reference(name),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.sandbox.unwrap().state, v2::SandboxState::Running as i32);
-    assert_eq!(
-        tasks(&env.bed).await.get(&sid).map(|t| t.1.as_str()),
-        Some("RUNNING")
-    );
+    pause_or_resume(&mut c, &env.bed, name, &sid, v2::SandboxState::Paused).await;
+    pause_or_resume(&mut c, &env.bed, name, &sid, v2::SandboxState::Running).await;
     let (_, status) = ping_execd(&mut c, name).await;
     assert_eq!(status, 200, "execd answers again after the thaw");
 
@@ -373,28 +349,44 @@ async fn v2_surface(env: &Env) {
     assert_eq!(e.code(), Code::Unimplemented);
     assert!(e.message().contains("not implemented"));
 
-    c.delete_sandbox(v2::DeleteRequest {
-        sandbox: reference(name),
-    })
-    .await
-    .unwrap();
+    delete_v2(&mut c, name).await.unwrap();
     assert!(!containers(&env.bed).await.contains(&sid));
     assert_eq!(containers(&env.bed).await.len(), before);
-    let e = c
-        .get_sandbox(v2::GetSandboxRequest {
+    assert_eq!(
+        get_v2(&mut c, name).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        delete_v2(&mut c, name).await.unwrap_err().code(),
+        Code::NotFound
+    );
+}
+
+/// Pauses (`want` Paused) or resumes (`want` Running) `name` through v2 and
+/// checks that the reply and containerd's task agree on the new state.
+async fn pause_or_resume(c: &mut V2, bed: &Testbed, name: &str, sid: &str, want: v2::SandboxState) {
+    let (sandbox, task_status) = if want == v2::SandboxState::Paused {
+        let req = v2::PauseSandboxRequest {
             sandbox: reference(name),
-            expected_generation: 0,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound);
-    let e = c
-        .delete_sandbox(v2::DeleteRequest {
+            ..Default::default()
+        };
+        (
+            c.pause_sandbox(req).await.unwrap().into_inner().sandbox,
+            "PAUSED",
+        )
+    } else {
+        let req = v2::ResumeSandboxRequest {
             sandbox: reference(name),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound);
+            ..Default::default()
+        };
+        (
+            c.resume_sandbox(req).await.unwrap().into_inner().sandbox,
+            "RUNNING",
+        )
+    };
+    assert_eq!(sandbox.unwrap().state, want as i32);
+    let tasks = tasks(bed).await;
+    assert_eq!(tasks.get(sid).map(|t| t.1.as_str()), Some(task_status));
 }
 
 async fn v1_flow(env: &Env, name: &str, mode: v1::ConsistencyMode) {

@@ -109,19 +109,9 @@ async fn wait_controller_ready(janitor: &Janitor) {
     .await;
 }
 
-fn ctr(bed: &Testbed, args: &[&str]) -> String {
-    let out = bed.ctr(NS).args(args).output().expect("ctr runs");
-    assert!(
-        out.status.success(),
-        "ctr {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn pod_label(bed: &Testbed, id: &str) -> String {
     let info: serde_json::Value =
-        serde_json::from_str(&ctr(bed, &["containers", "info", id])).unwrap();
+        serde_json::from_str(&bed.ctr_output(NS, &["containers", "info", id]).unwrap()).unwrap();
     info["Labels"][labels::AGENT_POD_UID]
         .as_str()
         .unwrap_or_default()

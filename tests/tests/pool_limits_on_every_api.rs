@@ -14,43 +14,37 @@ use std::time::Duration;
 use sandbolt_agent::Agent;
 use sandbolt_agent::config::PoolLimits;
 use sandbolt_controller::{Controller, ControllerConfig};
-use sandbolt_e2e::bed::{V2, agent_config, free_port, start_bed, wait_agents};
+use sandbolt_e2e::bed::{
+    V2, agent_config, free_port, native_busybox_create, native_limits, native_ref, start_bed,
+    wait_agents,
+};
 use sandbolt_proto::control::v1 as native;
 use sandbolt_proto::control::v1::sandbox_service_client::SandboxServiceClient;
 use sandbolt_proto::fastpath::v2;
 
 const TOKEN: &str = "pool-policy-token";
 
-fn limits(cpu: &str, memory: &str, pids: i64) -> Option<native::Resources> {
-    Some(native::Resources {
-        limits: Some(native::ResourceList {
-            cpu: cpu.into(),
-            memory: memory.into(),
-            pids,
-            ..Default::default()
-        }),
-        requests: None,
-    })
-}
-
 fn native_create(
     name: &str,
     resources: Option<native::Resources>,
     runtime: &str,
 ) -> native::CreateSandboxRequest {
-    native::CreateSandboxRequest {
-        request_id: name.into(),
-        namespace: "default".into(),
-        wait_ready: true,
-        spec: Some(native::SandboxSpec {
-            image: "busybox".into(),
-            command: vec!["sleep".into(), "3600".into()],
-            resources,
-            runtime: runtime.into(),
-            ..Default::default()
-        }),
+    let spec = native::SandboxSpec {
+        resources,
+        runtime: runtime.into(),
         ..Default::default()
-    }
+    };
+    native_busybox_create(name, spec)
+}
+
+/// Asserts the limits the sandbox runs with: `want` is (cpu, memory, pids).
+fn assert_limits(s: &native::Sandbox, want: (&str, &str, i64)) {
+    let got = s
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.resources.as_ref()?.limits.as_ref())
+        .expect("the sandbox has limits");
+    assert_eq!((got.cpu.as_str(), got.memory.as_str(), got.pids), want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,9 +78,9 @@ async fn pool_defaults_and_maxima_hold_on_every_api() {
 
     // Above a maximum: refused before anything is created, field named.
     for (resources, field) in [
-        (limits("", "256Mi", 0), "resources.limits.memory"),
-        (limits("2", "", 0), "resources.limits.cpu"),
-        (limits("", "", 301), "resources.limits.pids"),
+        (native_limits("", "256Mi", 0), "resources.limits.memory"),
+        (native_limits("2", "", 0), "resources.limits.cpu"),
+        (native_limits("", "", 301), "resources.limits.pids"),
     ] {
         let e = n
             .create_sandbox(native_create("too-big", resources, ""))
@@ -110,15 +104,11 @@ async fn pool_defaults_and_maxima_hold_on_every_api() {
 
     // Within the maxima: what was asked, the rest from the defaults.
     let s = n
-        .create_sandbox(native_create("asked", limits("", "64Mi", 0), "runc"))
+        .create_sandbox(native_create("asked", native_limits("", "64Mi", 0), "runc"))
         .await
         .unwrap()
         .into_inner();
-    let got = s.spec.unwrap().resources.unwrap().limits.unwrap();
-    assert_eq!(
-        (got.cpu.as_str(), got.memory.as_str(), got.pids),
-        ("300m", "64Mi", 200)
-    );
+    assert_limits(&s, ("300m", "64Mi", 200));
     assert_eq!(s.status.unwrap().runtime, "runc");
 
     // FastPath v2 cannot say limits: the pool's defaults hold anyway, in
@@ -140,20 +130,12 @@ async fn pool_defaults_and_maxima_hold_on_every_api() {
     .unwrap();
     let s = n
         .get_sandbox(native::GetSandboxRequest {
-            sandbox: Some(native::SandboxRef {
-                namespace: "default".into(),
-                name: "via-v2".into(),
-                expected_uid: String::new(),
-            }),
+            sandbox: native_ref("via-v2"),
         })
         .await
         .unwrap()
         .into_inner();
-    let got = s.spec.unwrap().resources.unwrap().limits.unwrap();
-    assert_eq!(
-        (got.cpu.as_str(), got.memory.as_str(), got.pids),
-        ("300m", "96Mi", 200)
-    );
+    assert_limits(&s, ("300m", "96Mi", 200));
     let container = s.status.unwrap().container_id;
     let mut seen = String::new();
     for _ in 0..100 {
@@ -244,42 +226,30 @@ async fn pool_defaults_and_maxima_hold_on_every_api() {
     let names = |r: &native::ListSandboxesResponse| {
         r.items.iter().map(|s| s.name.clone()).collect::<Vec<_>>()
     };
-    let all = n
-        .list_sandboxes(list(vec![], 0, String::new()))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut listed = async |phases: Vec<native::Phase>, page_size: i32, page_token: String| {
+        n.list_sandboxes(list(phases, page_size, page_token))
+            .await
+            .map(tonic::Response::into_inner)
+    };
+    let all = listed(vec![], 0, String::new()).await.unwrap();
     assert_eq!(names(&all), ["asked", "via-v2"]);
-    let running = n
-        .list_sandboxes(list(vec![native::Phase::Running], 0, String::new()))
+    let running = listed(vec![native::Phase::Running], 0, String::new())
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert_eq!(names(&running), ["asked", "via-v2"]);
-    let failed = n
-        .list_sandboxes(list(vec![native::Phase::Failed], 0, String::new()))
+    let failed = listed(vec![native::Phase::Failed], 0, String::new())
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert!(failed.items.is_empty(), "{:?}", names(&failed));
-    let first = n
-        .list_sandboxes(list(vec![], 1, String::new()))
-        .await
-        .unwrap()
-        .into_inner();
+    let first = listed(vec![], 1, String::new()).await.unwrap();
     assert_eq!(names(&first), ["asked"]);
     assert!(!first.next_page_token.is_empty());
-    let second = n
-        .list_sandboxes(list(vec![], 1, first.next_page_token.clone()))
+    let second = listed(vec![], 1, first.next_page_token.clone())
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert_eq!(names(&second), ["via-v2"]);
     assert!(second.next_page_token.is_empty());
-    let e = n
-        .list_sandboxes(list(vec![], -1, String::new()))
-        .await
-        .unwrap_err();
+    let e = listed(vec![], -1, String::new()).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     let pools = n
         .list_pools(native::ListPoolsRequest {})
@@ -297,11 +267,7 @@ async fn pool_defaults_and_maxima_hold_on_every_api() {
 
     for name in ["asked", "via-v2"] {
         n.delete_sandbox(native::DeleteSandboxRequest {
-            sandbox: Some(native::SandboxRef {
-                namespace: "default".into(),
-                name: name.into(),
-                expected_uid: String::new(),
-            }),
+            sandbox: native_ref(name),
         })
         .await
         .unwrap();

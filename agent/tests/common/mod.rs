@@ -94,14 +94,17 @@ impl Env {
         existed
     }
 
+    /// Creates `spec` on this env's agent.
+    pub async fn create(
+        &mut self,
+        spec: SandboxSpec,
+    ) -> Result<sandbolt_proto::agent::v1::CreateSandboxResponse, tonic::Status> {
+        let resp = self.client.create_sandbox(create_req(spec)).await?;
+        Ok(resp.into_inner())
+    }
+
     pub fn ctr(&self, args: &[&str]) -> String {
-        let out = self.bed.ctr(NS).args(args).output().expect("ctr runs");
-        assert!(
-            out.status.success(),
-            "ctr {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.bed.ctr_output(NS, args).unwrap()
     }
 
     pub async fn shutdown(mut self) {
@@ -133,6 +136,11 @@ pub fn spec(id: &str, command: &[&str]) -> SandboxSpec {
         access_token: format!("token-{id}"),
         ..Default::default()
     }
+}
+
+/// [`spec`] running `script` under `sh -c`.
+pub fn sh_spec(id: &str, script: &str) -> SandboxSpec {
+    spec(id, &["sh", "-c", script])
 }
 
 pub fn create_req(spec: SandboxSpec) -> CreateSandboxRequest {
@@ -184,15 +192,7 @@ pub fn leftovers(env: &Env, id: &str) -> Vec<String> {
 
 /// [`leftovers`] for a bed and an agent state dir.
 pub fn leftovers_in(bed: &Testbed, state: &Path, id: &str) -> Vec<String> {
-    let ctr = |args: &[&str]| {
-        let out = bed.ctr(NS).args(args).output().expect("ctr runs");
-        assert!(
-            out.status.success(),
-            "ctr {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let ctr = |args: &[&str]| bed.ctr_output(NS, args).unwrap();
     let log_path = state.join("logs").join(format!("{id}.log"));
     let mut left = Vec::new();
     let containers = ctr(&["containers", "list", "-q"]);

@@ -14,15 +14,52 @@ use sandbolt_test_support::{free_port, http};
 use sandbolt_testbed::Testbed;
 use tonic::transport::Channel;
 
+/// What an agent and a janitor on the same node are both told.
+pub struct NodeFlags<'a> {
+    pub node: &'a str,
+    pub containerd_namespace: &'a str,
+    /// The controller's endpoint (`http://…`).
+    pub controller: String,
+    /// The agents' API token, also the one presented to the controller.
+    pub token: &'a str,
+}
+
+impl<'a> NodeFlags<'a> {
+    pub fn new(
+        node: &'a str,
+        containerd_namespace: &'a str,
+        controller: String,
+        token: &'a str,
+    ) -> Self {
+        Self {
+            node,
+            containerd_namespace,
+            controller,
+            token,
+        }
+    }
+
+    /// These flags and the bed's containerd socket, after the subcommand.
+    fn apply(&self, cmd: &mut Command, bed: &Testbed) {
+        cmd.args([
+            "--node-name",
+            self.node,
+            "--containerd-namespace",
+            self.containerd_namespace,
+            "--controller",
+            &self.controller,
+            "--token",
+            self.token,
+        ])
+        .arg("--containerd-socket")
+        .arg(bed.containerd_socket());
+    }
+}
+
 /// The flags of one `sandbolt agent` process on a test bed's containerd.
 pub struct AgentFlags<'a> {
     pub id: &'a str,
-    pub node: &'a str,
-    pub containerd_namespace: &'a str,
-    /// Its API token, also the one it presents to the controller.
-    pub token: &'a str,
-    /// The controller's endpoint (`http://…`).
-    pub controller: &'a str,
+    pub on_node: NodeFlags<'a>,
     /// Where its data-plane proxy listens (`host:port`).
     pub proxy_listen: &'a str,
     pub state_dir: &'a Path,
@@ -34,25 +71,16 @@ impl AgentFlags<'_> {
     /// `cmd` (a `sandbolt` command) with `agent` and these flags; the
     /// static execd, the bed's socket and a free API port filled in.
     pub fn apply(&self, cmd: &mut Command, bed: &Testbed) {
+        cmd.arg("agent");
+        self.on_node.apply(cmd, bed);
         cmd.args([
-            "agent",
             "--agent-id",
             self.id,
-            "--node-name",
-            self.node,
-            "--containerd-namespace",
-            self.containerd_namespace,
             "--listen",
             &format!("127.0.0.1:{}", free_port()),
             "--proxy-listen",
             self.proxy_listen,
-            "--token",
-            self.token,
-            "--controller",
-            self.controller,
         ])
-        .arg("--containerd-socket")
-        .arg(bed.containerd_socket())
         .arg("--execd-bin")
         .arg(sandbolt_testbed::execd_binary().expect("static execd"))
         .arg("--state-dir")
@@ -65,10 +93,7 @@ impl AgentFlags<'_> {
 
 /// The flags of one `sandbolt janitor` process on a test bed's containerd.
 pub struct JanitorFlags<'a> {
-    pub node: &'a str,
-    pub containerd_namespace: &'a str,
-    pub controller: &'a str,
-    pub token: &'a str,
+    pub on_node: NodeFlags<'a>,
     /// The agents' state dir (their log files are the janitor's to reap).
     pub agent_state_dir: &'a Path,
     pub state_dir: &'a Path,
@@ -78,24 +103,13 @@ impl JanitorFlags<'_> {
     /// `cmd` (a `sandbolt` command) with `janitor`, these flags, the bed's
     /// socket, and then `extra` (intervals, `--once`).
     pub fn apply(&self, cmd: &mut Command, bed: &Testbed, extra: &[&str]) {
-        cmd.args([
-            "janitor",
-            "--node-name",
-            self.node,
-            "--containerd-namespace",
-            self.containerd_namespace,
-            "--controller",
-            self.controller,
-            "--token",
-            self.token,
-        ])
-        .arg("--containerd-socket")
-        .arg(bed.containerd_socket())
-        .arg("--agent-state-dir")
-        .arg(self.agent_state_dir)
-        .arg("--state-dir")
-        .arg(self.state_dir)
-        .args(extra);
+        cmd.arg("janitor");
+        self.on_node.apply(cmd, bed);
+        cmd.arg("--agent-state-dir")
+            .arg(self.agent_state_dir)
+            .arg("--state-dir")
+            .arg(self.state_dir)
+            .args(extra);
     }
 }
 

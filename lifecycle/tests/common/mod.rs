@@ -210,21 +210,35 @@ pub async fn call(
     url: String,
     body: Option<Value>,
 ) -> (reqwest::StatusCode, Value) {
-    let mut rb = reqwest::Client::new()
-        .request(method, url)
-        .header("OPEN-SANDBOX-API-KEY", API_KEY);
+    let (status, _, v) = call_as(method, url, Some(API_KEY), body).await;
+    (status, v)
+}
+
+/// One REST call sending `key` (none when `None`): status, headers and JSON body
+/// (`Null` if empty, a string if not JSON).
+pub async fn call_as(
+    method: reqwest::Method,
+    url: String,
+    key: Option<&str>,
+    body: Option<Value>,
+) -> (reqwest::StatusCode, reqwest::header::HeaderMap, Value) {
+    let mut rb = reqwest::Client::new().request(method, url);
+    if let Some(k) = key {
+        rb = rb.header("OPEN-SANDBOX-API-KEY", k);
+    }
     if let Some(b) = body {
         rb = rb.json(&b);
     }
     let r = rb.send().await.expect("request reaches the server");
     let status = r.status();
+    let headers = r.headers().clone();
     let text = r.text().await.unwrap();
     let v = if text.is_empty() {
         Value::Null
     } else {
         serde_json::from_str(&text).unwrap_or(Value::String(text))
     };
-    (status, v)
+    (status, headers, v)
 }
 
 /// What one command run through execd answered: stdout, stderr, and the
