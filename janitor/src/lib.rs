@@ -41,7 +41,7 @@ pub use agent_pods::AgentPods;
 pub use config::{FAILPOINT_ENV, Failpoint, JanitorConfig};
 pub use error::{JanitorError, Result};
 pub use metrics::Metrics;
-pub use ownership::{ControllerOwnership, OwnershipSource};
+pub use ownership::{ControllerOwnership, OwnershipSource, ReapNotice};
 pub use rules::{KeepReason, ReapReason, Verdict};
 pub use run::JanitorHandle;
 pub use scan::{Janitor, Kept, Reaped, ScanReport};

@@ -26,13 +26,16 @@ pub trait OwnershipSource: Send + Sync + 'static {
     ) -> Result<OwnershipReport>;
 
     /// Tells the owner a container was removed, so its slot is released.
-    async fn report_reaped(
-        &self,
-        node_name: &str,
-        sandbox_id: &str,
-        agent_id: &str,
-        reason: ReapReason,
-    ) -> Result<()>;
+    async fn report_reaped(&self, reaped: &ReapNotice<'_>) -> Result<()>;
+}
+
+/// One container the janitor removed, as its owner is told of it.
+#[derive(Debug, Clone, Copy)]
+pub struct ReapNotice<'a> {
+    pub node_name: &'a str,
+    pub sandbox_id: &'a str,
+    pub agent_id: &'a str,
+    pub reason: ReapReason,
 }
 
 type Client = RegistryServiceClient<InterceptedService<Channel, BearerToken>>;
@@ -157,18 +160,12 @@ impl OwnershipSource for ControllerOwnership {
         from_proto(resp, queries.len())
     }
 
-    async fn report_reaped(
-        &self,
-        node_name: &str,
-        sandbox_id: &str,
-        agent_id: &str,
-        reason: ReapReason,
-    ) -> Result<()> {
+    async fn report_reaped(&self, reaped: &ReapNotice<'_>) -> Result<()> {
         let req = pb::ReportReapedRequest {
-            node_name: node_name.to_string(),
-            sandbox_id: sandbox_id.to_string(),
-            agent_id: agent_id.to_string(),
-            reason: reason.as_str().to_string(),
+            node_name: reaped.node_name.to_string(),
+            sandbox_id: reaped.sandbox_id.to_string(),
+            agent_id: reaped.agent_id.to_string(),
+            reason: reaped.reason.as_str().to_string(),
         };
         self.call(self.client.clone().report_reaped(req)).await?;
         Ok(())

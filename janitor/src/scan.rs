@@ -15,7 +15,7 @@ use crate::error::{JanitorError, Result};
 use crate::journal::{self, Journal};
 use crate::metrics::Metrics;
 use crate::node::{self, Node};
-use crate::ownership::{ControllerOwnership, OwnershipSource};
+use crate::ownership::{ControllerOwnership, OwnershipSource, ReapNotice};
 use crate::rules::{
     self, AgentPodList, ContainerFacts, KeepReason, OwnershipReport, PodEvidence, ReapReason,
     Verdict,
@@ -695,7 +695,12 @@ impl Janitor {
         }
         if let Err(e) = self
             .owner
-            .report_reaped(&self.cfg.node_name, &id, &entry.agent_id, reason)
+            .report_reaped(&ReapNotice {
+                node_name: &self.cfg.node_name,
+                sandbox_id: &id,
+                agent_id: &entry.agent_id,
+                reason,
+            })
             .await
         {
             // Removed but unreported: the journal entry stays, the next scan
