@@ -202,7 +202,8 @@ fn identity(cfg: &AgentConfig, instance_id: &str, listeners: &Listeners) -> Iden
     }
 }
 
-/// Serves AgentService (bearer token required) until shutdown.
+/// Serves AgentService (bearer token required) and `grpc.health.v1`
+/// (open) until shutdown.
 fn serve_grpc(
     cfg: &AgentConfig,
     api: Arc<AgentApi>,
@@ -214,7 +215,12 @@ fn serve_grpc(
         RequireBearer::new(Some(&cfg.api_token), "agent"),
     );
     tokio::spawn(async move {
+        // grpc.health.v1 without a token: probes (the kubelet's among them)
+        // carry none, and the answer says only whether AgentService is served.
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<AgentServiceServer<AgentApi>>().await;
         let res = tonic::transport::Server::builder()
+            .add_service(health_service)
             .add_service(svc)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
                 let _ = shutdown.wait_for(|s| *s).await;

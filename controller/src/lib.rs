@@ -96,8 +96,10 @@ impl Controller {
 
         let fp_auth = RequireBearer::new(config.fastpath_token.as_deref(), "fastpath");
         let agent_auth = RequireBearer::new(Some(&config.agent_token), "registry");
+        let health = serving_health().await;
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            .add_service(health)
             .add_service(V2Server::with_interceptor(
                 fastpath::v2::FastPathV2::new(core.clone()),
                 fp_auth.clone(),
@@ -209,4 +211,26 @@ impl ControllerHandle {
             }
         }
     }
+}
+
+/// `grpc.health.v1` for this port: every service SERVING (and `""`, the
+/// server as a whole). It takes no token: probes, the kubelet's among them,
+/// carry none, and the answer says nothing but whether a service is served.
+/// A standby replica does not listen at all, so it is simply not ready.
+async fn serving_health()
+-> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<V2Server<fastpath::v2::FastPathV2>>()
+        .await;
+    reporter
+        .set_serving::<V1Server<fastpath::v1::FastPathV1>>()
+        .await;
+    reporter
+        .set_serving::<SandboxServiceServer<control::ControlService>>()
+        .await;
+    reporter
+        .set_serving::<RegistryServiceServer<registry_server::RegistryServer>>()
+        .await;
+    service
 }

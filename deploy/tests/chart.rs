@@ -229,7 +229,9 @@ fn default_values_lint_render_and_validate() {
     assert_eq!(field_ref(c, "SANDBOLT_POD_NAME"), "metadata.name");
     assert_eq!(field_ref(c, "SANDBOLT_POD_NAMESPACE"), "metadata.namespace");
     assert!(c.get("livenessProbe").is_none());
-    assert!(c["readinessProbe"].is_object());
+    // Readiness asks grpc.health.v1 on the FastPath port (served without a
+    // token), not merely whether the port is open.
+    assert_eq!(c["readinessProbe"]["grpc"]["port"], 9090);
     assert!(!objs.iter().any(|o| o["kind"] == "PersistentVolumeClaim"));
     // The store's API calls are granted: Sandboxes cluster-wide (they live
     // in the requests' namespaces), Leases in the release namespace.
@@ -284,6 +286,9 @@ fn default_values_lint_render_and_validate() {
     assert_eq!(pod["automountServiceAccountToken"], false);
     let a = container(agent, "agent");
     assert_real_flags(a);
+    let ready = &a["readinessProbe"]["grpc"];
+    assert_eq!(ready["port"], a["ports"][0]["containerPort"]);
+    assert_eq!(ready["service"], "sandbolt.agent.v1.AgentService");
     assert_eq!(a["securityContext"]["privileged"], true);
     assert!(args(a).contains(&"--controller=http://sb-sandbolt-fastpath.sandbolt.svc:9090".into()));
     assert!(args(a).contains(&"--pool=default".into()));
@@ -436,7 +441,7 @@ fn non_default_values_lint_render_and_validate() {
     assert!(args(c).contains(&"--store=embedded".into()));
     assert!(args(c).contains(&"--data-dir=/var/lib/sandbolt/controller".into()));
     assert_eq!(ctl["spec"]["strategy"]["type"], "Recreate");
-    assert!(c["livenessProbe"].is_object());
+    assert_eq!(c["livenessProbe"]["grpc"]["port"], 9090);
     let pvc = find(&objs, "PersistentVolumeClaim", "sb-sandbolt-controller");
     assert_eq!(pvc["spec"]["storageClassName"], "fast-ssd");
 
