@@ -34,8 +34,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use sandbolt_proto::auth::constant_time_eq;
-use sha2::{Digest, Sha256};
+use sandbolt_proto::auth::digest_matches;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -203,11 +202,6 @@ fn parse_route(path: &str) -> Option<(&str, u16, &str)> {
     Some((id, port, rest))
 }
 
-fn token_matches(presented: &[u8], expected: &[u8; 32]) -> bool {
-    let digest: [u8; 32] = Sha256::digest(presented).into();
-    constant_time_eq(&digest, expected)
-}
-
 /// Why the proxy answers a request itself instead of forwarding it; sent
 /// as `{"code": …, "message": …}` with the status.
 #[derive(Debug)]
@@ -365,7 +359,7 @@ fn authorize(
             format!("sandbox {sandbox_id:?} is not on this node"),
         ));
     };
-    if !token_matches(presented, &route.token_sha256) {
+    if !digest_matches(presented, &route.token_sha256) {
         tracing::info!(sandbox_id, %peer, "proxy request with a wrong access token");
         return Err(unauthorized("invalid access token"));
     }
@@ -510,10 +504,10 @@ mod tests {
 
     #[test]
     fn tokens() {
-        let expected: [u8; 32] = Sha256::digest(b"secret").into();
-        assert!(token_matches(b"secret", &expected));
-        assert!(!token_matches(b"secreT", &expected));
-        assert!(!token_matches(b"", &expected));
+        let expected = sandbolt_proto::auth::token_digest(b"secret");
+        assert!(digest_matches(b"secret", &expected));
+        assert!(!digest_matches(b"secreT", &expected));
+        assert!(!digest_matches(b"", &expected));
     }
 
     #[test]

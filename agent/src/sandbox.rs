@@ -21,7 +21,7 @@ use sandbolt_proto::agent::v1::{
 };
 use sandbolt_proto::quantity::QuantityError;
 use sandbolt_proto::wire::EXECD_TOKEN_HEADER;
-use sha2::{Digest, Sha256};
+
 use tonic::Code;
 
 use crate::config::AgentConfig;
@@ -341,7 +341,7 @@ impl Sandboxes {
             pid: 0,
             message: String::new(),
             exposed_ports: spec.exposed_ports.clone(),
-            token_sha256: Sha256::digest(spec.access_token.as_bytes()).into(),
+            token_sha256: sandbolt_proto::auth::token_digest(spec.access_token.as_bytes()),
         };
         table.insert(entry.id.clone(), entry);
         Ok(())
@@ -1092,7 +1092,7 @@ mod tests {
 
     #[test]
     fn labels_round_trip_into_an_entry() {
-        let token: [u8; 32] = Sha256::digest(b"tok").into();
+        let token = sandbolt_proto::auth::token_digest(b"tok");
         let c = Container {
             id: "sb1".into(),
             labels: HashMap::from([

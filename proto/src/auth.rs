@@ -13,12 +13,21 @@ use tonic::{Request, Status};
 /// The metadata key (HTTP/2 header) a bearer token travels in.
 pub const AUTHORIZATION: &str = "authorization";
 
+/// SHA-256 of a token: the form in which a server keeps the token it expects.
+pub fn token_digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+/// Does `presented` hash to `expected` (a [`token_digest`])? Compared in
+/// constant time, so neither a matching prefix nor the length shows.
+pub fn digest_matches(presented: &[u8], expected: &[u8; 32]) -> bool {
+    token_digest(presented).ct_eq(expected).into()
+}
+
 /// `a == b` without an early exit: digests are compared, so the time taken
 /// does not depend on where the inputs differ nor on their lengths.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let a = Sha256::digest(a);
-    let b = Sha256::digest(b);
-    a.ct_eq(&b).into()
+    digest_matches(a, &token_digest(b))
 }
 
 /// The token is not valid header text (control characters, non-ASCII).
@@ -77,7 +86,7 @@ impl RequireBearer {
         Self {
             expected: token
                 .filter(|t| !t.is_empty())
-                .map(|t| Sha256::digest(t.as_bytes()).into()),
+                .map(|t| token_digest(t.as_bytes())),
             what,
         }
     }
@@ -99,8 +108,7 @@ impl RequireBearer {
                 self.what
             )));
         };
-        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        if bool::from(digest.ct_eq(expected)) {
+        if digest_matches(presented.as_bytes(), expected) {
             Ok(req)
         } else {
             Err(Status::unauthenticated(format!(
