@@ -5,12 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use containerd_client::events::{TaskExit, TaskOom};
 use containerd_client::services::v1::SubscribeRequest;
 use containerd_client::types::Envelope;
 use futures::StreamExt;
 use prost::Message;
+use sandbolt_node::retry;
 use tokio::sync::watch;
 use tonic::Streaming;
 
@@ -73,13 +74,8 @@ async fn subscribe(
                 .await
         }
     };
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(FIRST_RETRY)
-        .with_factor(2.0)
-        .with_max_delay(MAX_RETRY)
-        .without_max_times();
     attempt
-        .retry(backoff)
+        .retry(retry::doubling(FIRST_RETRY, MAX_RETRY))
         .notify(|s, retry_in| {
             tracing::warn!(error = %s, ?retry_in, "subscribing to containerd events failed; retrying");
         })

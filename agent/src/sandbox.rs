@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use containerd_client::services::v1::snapshots::PrepareSnapshotRequest;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, GetContainerRequest, GetRequest,
@@ -16,6 +16,7 @@ use containerd_client::types::Mount;
 use containerd_client::types::v1::Status as TaskStatus;
 use parking_lot::RwLock;
 use sandbolt_node::NodeError;
+use sandbolt_node::retry;
 use sandbolt_proto::agent::v1::{
     CreateTimings, Resources, SandboxPhase, SandboxSpec, SandboxStatus,
 };
@@ -686,15 +687,12 @@ impl Sandboxes {
         let timeout = self.cfg.execd_ready_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         let ping = || self.ping_execd(id, pid, token);
-        ping.retry(
-            ExponentialBuilder::default()
-                .with_min_delay(Duration::from_millis(2))
-                .with_factor(2.0)
-                .with_max_delay(Duration::from_millis(50))
-                .without_max_times(),
-        )
+        ping.retry(retry::doubling(
+            Duration::from_millis(2),
+            Duration::from_millis(50),
+        ))
         .when(|e| matches!(e, ExecdProbe::NoAnswer(_)))
-        .adjust(|_, next| next.filter(|d| tokio::time::Instant::now() + *d <= deadline))
+        .adjust(retry::until(deadline))
         .await
         .map_err(|e| AgentError::ExecdNotReady {
             id: id.to_string(),

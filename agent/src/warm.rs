@@ -24,7 +24,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
+use sandbolt_node::retry;
 use tokio::sync::watch;
 
 use crate::config::AgentConfig;
@@ -72,11 +73,7 @@ pub async fn keep_warm(
 /// [`ensure`] until it succeeds, with exponential backoff, every failure
 /// logged. Returns how many attempts failed first.
 async fn ensure_with_retries(sandboxes: &Sandboxes, reference: &str, present: &mut bool) -> u32 {
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(FIRST_BACKOFF)
-        .with_factor(2.0)
-        .with_max_delay(MAX_BACKOFF)
-        .without_max_times();
+    let backoff = retry::doubling(FIRST_BACKOFF, MAX_BACKOFF);
     let mut failures = 0u32;
     let ensured = (|| ensure(sandboxes, reference))
         .retry(backoff)

@@ -12,7 +12,7 @@ pub mod containerd;
 pub mod error;
 pub mod images;
 pub mod labels;
-mod retry;
+pub mod retry;
 pub mod teardown;
 
 pub use containerd::Containerd;

@@ -1,4 +1,4 @@
-//! The node crate's one retry shape: delays doubling up to a cap, for as
+//! The one retry shape of node processes (node crate and agent): delays doubling up to a cap, for as
 //! long as a wall-clock deadline allows (a call may itself take a while, so
 //! counting only the sleeps would overrun it).
 
@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 /// Delays from `first`, doubling, at most `cap`; no limit on attempts (the
 /// deadline ends them) and no jitter.
-pub(crate) fn doubling(first: Duration, cap: Duration) -> ExponentialBuilder {
+pub fn doubling(first: Duration, cap: Duration) -> ExponentialBuilder {
     ExponentialBuilder::default()
         .with_min_delay(first)
         .with_factor(2.0)
@@ -19,6 +19,6 @@ pub(crate) fn doubling(first: Duration, cap: Duration) -> ExponentialBuilder {
 
 /// For backon's `adjust`: gives up when the next sleep would end past
 /// `deadline`.
-pub(crate) fn until<E>(deadline: Instant) -> impl FnMut(&E, Option<Duration>) -> Option<Duration> {
+pub fn until<E>(deadline: Instant) -> impl FnMut(&E, Option<Duration>) -> Option<Duration> {
     move |_, next| next.filter(|d| Instant::now() + *d <= deadline)
 }
