@@ -201,26 +201,12 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parses one subcommand's flags as the command line would, for the
-/// subcommands' tests.
-#[cfg(test)]
-pub(crate) fn parse_flags<A: clap::Args>(argv: &[&str]) -> A {
-    #[derive(clap::Parser)]
-    struct Cmd<A: clap::Args> {
-        #[command(flatten)]
-        args: A,
-    }
-    <Cmd<A> as clap::Parser>::try_parse_from(argv)
-        .expect("parses")
-        .args
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse(extra: &[&str]) -> AgentArgs {
-        parse_flags(&[&["agent", "--token", "t"], extra].concat())
+        crate::parse_flags(&[&["agent", "--token", "t"], extra].concat())
     }
 
     #[test]

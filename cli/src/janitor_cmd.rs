@@ -173,7 +173,7 @@ mod tests {
 
     fn parse(extra: &[&str]) -> JanitorArgs {
         let argv = ["janitor", "--controller", "http://c:9090", "--token", "t"];
-        crate::agent_cmd::parse_flags(&[&argv[..], extra].concat())
+        crate::parse_flags(&[&argv[..], extra].concat())
     }
 
     #[test]

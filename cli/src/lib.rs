@@ -126,3 +126,21 @@ pub(crate) async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
     }
 }
+
+/// Parses one subcommand's flags as the command line would (`argv[0]` is
+/// the subcommand's name), for the subcommands' tests.
+#[cfg(test)]
+pub(crate) fn try_parse_flags<A: clap::Args>(argv: &[&str]) -> Result<A, clap::Error> {
+    #[derive(clap::Parser)]
+    struct Cmd<A: clap::Args> {
+        #[command(flatten)]
+        args: A,
+    }
+    Cmd::<A>::try_parse_from(argv).map(|c| c.args)
+}
+
+/// [`try_parse_flags`] for flags that must parse.
+#[cfg(test)]
+pub(crate) fn parse_flags<A: clap::Args>(argv: &[&str]) -> A {
+    try_parse_flags(argv).expect("parses")
+}

@@ -151,20 +151,10 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
 
-    #[derive(clap::Parser)]
-    struct Cmd {
-        #[command(flatten)]
-        args: LifecycleArgs,
-    }
-
     fn parse(argv: &[&str]) -> Result<LifecycleArgs, clap::Error> {
-        let mut all = vec!["lifecycle"];
-        all.extend_from_slice(argv);
-        Cmd::try_parse_from(all).map(|c| c.args)
+        crate::try_parse_flags(&[&["lifecycle"], argv].concat())
     }
 
     #[test]
