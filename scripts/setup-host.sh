@@ -2,7 +2,8 @@
 # Installs what sandbolt needs on a fresh Debian machine (run as root):
 # containerd + runc (+ crun) for sandboxes, docker.io for the Docker fallback
 # and the test bed, busybox-static for test images, protobuf-compiler for
-# containerd-client's build script, iproute2 for network namespaces.
+# containerd-client's build script, iproute2 for network namespaces,
+# nftables and containernetworking-plugins for sandbox networking.
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
@@ -17,6 +18,10 @@ check /usr/sbin/dockerd docker.io
 check /bin/busybox busybox-static
 check /usr/bin/protoc protobuf-compiler
 check /usr/sbin/ip iproute2
+# Sandbox networking (`--network egress`, the default): the agent's
+# nftables table, and the CNI plugins loopback, ptp and host-local.
+check /usr/sbin/nft nftables
+check /usr/lib/cni/ptp containernetworking-plugins
 check /sbin/mkfs.btrfs btrfs-progs
 # Makes the oci-archive/docker-archive files `sandbolt image import` is tested with.
 check /usr/bin/skopeo skopeo

@@ -2,7 +2,8 @@
 # Every check sandbolt has, as CI runs it (run as root on Debian): formatting,
 # clippy, then every test against real containerd/runc/dockerd started by
 # the test bed in private directories, then a check that no test bed left a
-# daemon, mount, directory or bridge behind.
+# daemon, mount, directory, bridge, network namespace, veth or nftables table
+# behind.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -37,6 +37,7 @@ pub struct AgentHandle {
     api: Arc<AgentApi>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
+    network: Option<crate::network::Network>,
 }
 
 /// How long [`AgentHandle::shutdown`] lets each background task finish
@@ -51,13 +52,14 @@ impl Agent {
         let cfg = Arc::new(config);
         let instance_id = uuid::Uuid::new_v4().to_string();
         let sandboxes = recover_sandboxes(&cfg, &instance_id).await?;
+        let listeners = Listeners::bind(&cfg).await?;
+        let network = start_network(&cfg, &sandboxes).await?;
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = vec![(
             "events",
             tokio::spawn(events::run(sandboxes.clone(), shutdown_rx.clone())),
         )];
-        let listeners = Listeners::bind(&cfg).await?;
         let api = Arc::new(AgentApi {
             sandboxes: sandboxes.clone(),
             identity: identity(&cfg, &instance_id, &listeners),
@@ -71,8 +73,16 @@ impl Agent {
             "proxy",
             serve_proxy(sandboxes.clone(), listeners.proxy, shutdown_rx.clone()),
         ));
-        if let Some(heartbeat) = start_heartbeat(&cfg, api.clone(), shutdown_rx.clone())? {
-            tasks.push(("heartbeat", heartbeat));
+        match start_heartbeat(&cfg, api.clone(), shutdown_rx.clone()) {
+            Ok(Some(heartbeat)) => tasks.push(("heartbeat", heartbeat)),
+            Ok(None) => {}
+            Err(e) => {
+                let _ = shutdown.send(true);
+                if let Some(network) = network {
+                    network.shutdown().await;
+                }
+                return Err(e);
+            }
         }
         // Warm images are ensured in the background: a slow or unreachable
         // registry must delay neither serving nor creates of other images.
@@ -94,8 +104,24 @@ impl Agent {
             api,
             shutdown,
             tasks,
+            network,
         })
     }
+}
+
+/// Starts sandbox networking (when configured) once the sandboxes are
+/// known: their namespaces and rules are taken back, the rest released.
+async fn start_network(
+    cfg: &AgentConfig,
+    sandboxes: &Arc<Sandboxes>,
+) -> Result<Option<crate::network::Network>> {
+    let Some(net_cfg) = &cfg.network else {
+        tracing::info!("sandbox networking off: sandboxes get loopback only");
+        return Ok(None);
+    };
+    let network = crate::network::Network::start(net_cfg, &cfg.state_dir, &sandboxes.ids()).await?;
+    sandboxes.set_network(network.clone());
+    Ok(Some(network))
 }
 
 /// Refuses a configuration the agent cannot serve with, and makes the log
@@ -289,8 +315,9 @@ impl AgentHandle {
         self.api.inventory().await
     }
 
-    /// Stops serving (gRPC, proxy, heartbeats, event tracking) and waits for
-    /// the tasks to end. Sandboxes keep running.
+    /// Stops serving (gRPC, proxy, heartbeats, event tracking, DNS) and
+    /// waits for the tasks to end. Sandboxes keep running, with their
+    /// network; the pool's prepared namespaces are released.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         for (name, mut t) in self.tasks {
@@ -298,6 +325,10 @@ impl AgentHandle {
                 tracing::warn!(task = name, "did not stop within the grace period; aborted");
                 t.abort();
             }
+        }
+        // The pool's namespaces go; attached sandboxes keep theirs.
+        if let Some(network) = self.network {
+            network.shutdown().await;
         }
         tracing::info!("agent stopped");
     }

@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::network::subnet::{Ipv4Net, SubnetChoice};
+
 /// Configuration of one agent process.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -78,6 +80,42 @@ pub struct AgentConfig {
     /// The most a sandbox of this pool may ask for (the controller refuses
     /// more, naming the field).
     pub pool_max_limits: PoolLimits,
+    /// Sandbox networking (egress, isolation, policy); `None`: sandboxes
+    /// get a namespace with loopback only, and creates with a policy other
+    /// than allow-all are refused.
+    pub network: Option<NetworkConfig>,
+}
+
+/// How the agent networks its sandboxes (see [`crate::network`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkConfig {
+    /// "auto" (a free /24 of 10.203.0.0/16) or an explicit CIDR.
+    pub subnet: SubnetChoice,
+    /// Where the CNI plugins (`loopback`, `ptp`, `host-local`) live.
+    pub cni_bin_dir: PathBuf,
+    /// Resolvers the DNS proxy forwards allowed names to.
+    pub dns_upstreams: Vec<SocketAddr>,
+    /// Namespaces kept prepared ahead of creates.
+    pub pool_size: usize,
+    /// Ranges of the otherwise blocked private/link-local space that this
+    /// pool's sandboxes may reach (e.g. an in-cluster registry).
+    pub allow_cidrs: Vec<Ipv4Net>,
+}
+
+/// Debian's containernetworking-plugins install here.
+pub const DEFAULT_CNI_BIN_DIR: &str = "/usr/lib/cni";
+
+impl NetworkConfig {
+    /// Auto subnet, Debian's plugins, a pool of 4, no exceptions.
+    pub fn new(dns_upstreams: Vec<SocketAddr>) -> Self {
+        Self {
+            subnet: SubnetChoice::Auto,
+            cni_bin_dir: DEFAULT_CNI_BIN_DIR.into(),
+            dns_upstreams,
+            pool_size: 4,
+            allow_cidrs: Vec::new(),
+        }
+    }
 }
 
 /// One set of pool limits; empty/0 = unset. Quantities are checked at agent
@@ -159,6 +197,7 @@ impl AgentConfig {
             execd_port: sandbolt_proto::wire::EXECD_PORT,
             pool_default_limits: PoolLimits::default(),
             pool_max_limits: PoolLimits::default(),
+            network: None,
         }
     }
 

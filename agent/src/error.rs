@@ -35,6 +35,13 @@ pub enum AgentError {
     /// containerd, images and the host, as the node crate reports them.
     #[error(transparent)]
     Node(#[from] NodeError),
+    /// A network policy this agent cannot enforce: it runs without
+    /// networking (`--network none`), or the sandbox has no network.
+    #[error("{0}")]
+    NetworkUnavailable(String),
+    /// Setting up or changing a sandbox's network failed on the host.
+    #[error("sandbox network: {0}")]
+    Network(#[from] crate::network::NetworkError),
 }
 
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
@@ -80,6 +87,8 @@ impl AgentError {
             AgentError::WrongPhase { .. } | AgentError::NotManaged(_) => Code::FailedPrecondition,
             AgentError::ExecdNotReady { .. } => Code::DeadlineExceeded,
             AgentError::Node(e) => node_code(e),
+            AgentError::NetworkUnavailable(_) => Code::FailedPrecondition,
+            AgentError::Network(e) => network_code(e),
         }
     }
 
@@ -105,6 +114,16 @@ fn node_code(e: &NodeError) -> Code {
             _ => Code::Internal,
         },
         NodeError::Io { .. } => Code::Internal,
+    }
+}
+
+/// A host that lacks the tools, or a sandbox without a network, is a
+/// precondition; the rest failed on the node.
+fn network_code(e: &crate::network::NetworkError) -> Code {
+    use crate::network::NetworkError as N;
+    match e {
+        N::MissingTools(_) | N::NotAttached(_) => Code::FailedPrecondition,
+        _ => Code::Internal,
     }
 }
 
@@ -194,6 +213,18 @@ mod tests {
                 Code::Unavailable,
             ),
             (NodeError::io("c")(io()).into(), Code::Internal),
+            (
+                AgentError::NetworkUnavailable(s()),
+                Code::FailedPrecondition,
+            ),
+            (
+                crate::network::NetworkError::NotAttached(s()).into(),
+                Code::FailedPrecondition,
+            ),
+            (
+                crate::network::NetworkError::Other(s()).into(),
+                Code::Internal,
+            ),
             (AgentError::io("c")(io()), Code::Internal),
         ];
         for (e, want) in cases {

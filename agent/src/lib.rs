@@ -13,6 +13,7 @@ pub mod events;
 pub mod hardening;
 pub mod heartbeat;
 pub mod netns;
+pub mod network;
 pub mod proxy;
 pub mod runtime;
 pub mod sandbox;

@@ -20,6 +20,7 @@ use sandbolt_node::retry;
 use sandbolt_proto::agent::v1::{
     CreateTimings, Resources, SandboxPhase, SandboxSpec, SandboxStatus,
 };
+use sandbolt_proto::egress::NetworkPolicy;
 use sandbolt_proto::quantity::QuantityError;
 use sandbolt_proto::wire::EXECD_TOKEN_HEADER;
 
@@ -30,6 +31,7 @@ use crate::containerd::Containerd;
 use crate::error::{AgentError, Result};
 use crate::images::{self, Images, ResolvedImage};
 use crate::labels;
+use crate::network::{Attachment, Network};
 use crate::runtime::RuntimeInfo;
 use crate::teardown::{SnapshotRef, Stop, Teardown};
 use crate::{hardening, proxy, spec, volumes};
@@ -77,6 +79,7 @@ impl Entry {
             proxy_path: format!("/{}", self.id),
             message: self.message.clone(),
             exposed_ports: self.exposed_ports.clone(),
+            ip_address: String::new(),
         }
     }
 
@@ -103,6 +106,9 @@ pub struct Sandboxes {
     teardown: Teardown,
     /// Whether memory limits can hold swap too (checked once at start).
     swap_accounting: bool,
+    /// Sandbox networking, once started (after recovery: it needs to know
+    /// which sandboxes are alive); never set with `--network none`.
+    network: std::sync::OnceLock<Network>,
 }
 
 pub fn now_ms() -> i64 {
@@ -212,7 +218,33 @@ impl Sandboxes {
             table: RwLock::new(HashMap::new()),
             locks: parking_lot::Mutex::new(HashMap::new()),
             swap_accounting: hardening::swap_accounting(),
+            network: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Hands the started network to the table (once, at agent start).
+    pub fn set_network(&self, network: Network) {
+        if self.network.set(network).is_err() {
+            tracing::warn!("sandbox networking was already set; the second one is ignored");
+        }
+    }
+
+    pub fn network(&self) -> Option<&Network> {
+        self.network.get()
+    }
+
+    /// Every sandbox id the table holds (recovery of the network keeps
+    /// their namespaces).
+    pub fn ids(&self) -> std::collections::HashSet<String> {
+        self.table.read().keys().cloned().collect()
+    }
+
+    /// `status` with the sandbox's address, when it has one.
+    fn with_ip(&self, mut status: SandboxStatus) -> SandboxStatus {
+        if let Some(ip) = self.network().and_then(|n| n.ip_of(&status.sandbox_id)) {
+            status.ip_address = ip.to_string();
+        }
+        status
     }
 
     pub fn runtimes(&self) -> &[RuntimeInfo] {
@@ -248,10 +280,12 @@ impl Sandboxes {
     }
 
     fn status_of(&self, id: &str) -> Option<SandboxStatus> {
-        self.table
+        let status = self
+            .table
             .read()
             .get(id)
-            .map(|e| e.status(&self.cfg.agent_id))
+            .map(|e| e.status(&self.cfg.agent_id))?;
+        Some(self.with_ip(status))
     }
 
     pub fn get(&self, id: &str) -> Result<SandboxStatus> {
@@ -260,12 +294,13 @@ impl Sandboxes {
     }
 
     pub fn list(&self) -> Vec<SandboxStatus> {
-        let mut v: Vec<_> = self
+        let v: Vec<_> = self
             .table
             .read()
             .values()
             .map(|e| e.status(&self.cfg.agent_id))
             .collect();
+        let mut v: Vec<_> = v.into_iter().map(|s| self.with_ip(s)).collect();
         v.sort_by(|a, b| a.sandbox_id.cmp(&b.sandbox_id));
         v
     }
@@ -313,6 +348,7 @@ impl Sandboxes {
                 if created {
                     self.cleanup(&id).await;
                 }
+                self.release_network(&id).await;
                 self.table.write().remove(&id);
                 self.release_lock(&id, &lock);
                 Err(e)
@@ -361,23 +397,106 @@ impl Sandboxes {
         let runtime = self.runtime_for(spec)?;
         let limits = self.limits_for(spec.resources.clone().unwrap_or_default())?;
         let binds = self.bind_mounts(spec)?;
+        let policy = self.network_policy(spec)?;
 
-        let image = self.image_for(spec).await?;
+        // A prepared namespace is taken while the image resolves.
+        let (image, attachment) =
+            tokio::join!(self.image_for(spec), self.reserve_network(spec, policy));
+        let attachment = attachment?;
+        let image = image?;
         timings.image_resolved_us = clock.elapsed_us();
 
-        let oci = self.runtime_spec(spec, &image, &binds, &limits)?;
-        let labels = self.container_labels(spec, runtime)?;
-        // The container first: it references the snapshot key, which keeps
-        // containerd's GC off the snapshot from the moment it exists.
-        self.create_container(spec, runtime, &image, &oci, labels)
-            .await?;
-        *created = true;
-        let rootfs = self
-            .prepare_snapshot(&spec.sandbox_id, &image.chain_id)
-            .await?;
+        // The sandbox's rules go in while the container is made; both are
+        // done before the task starts.
+        let container = async {
+            let oci = self.runtime_spec(spec, &image, &binds, &limits, attachment.as_ref())?;
+            let labels = self.container_labels(spec, runtime)?;
+            // The container first: it references the snapshot key, which keeps
+            // containerd's GC off the snapshot from the moment it exists.
+            self.create_container(spec, runtime, &image, &oci, labels)
+                .await?;
+            *created = true;
+            self.prepare_snapshot(&spec.sandbox_id, &image.chain_id)
+                .await
+        };
+        let (rootfs, rules) = tokio::join!(container, self.apply_network(spec, &attachment));
+        rules?;
+        let rootfs = rootfs?;
         timings.container_created_us = clock.elapsed_us();
 
         self.start_task(&spec.sandbox_id, rootfs, runtime).await
+    }
+
+    /// The request's network policy, checked: refused when this agent
+    /// cannot enforce it. None when the agent runs without networking.
+    fn network_policy(&self, spec: &SandboxSpec) -> Result<Option<NetworkPolicy>> {
+        let policy = NetworkPolicy::parse(&spec.network_policy_json)
+            .map_err(|e| AgentError::InvalidArgument(format!("network_policy_json: {e}")))?;
+        if self.network().is_some() {
+            return Ok(Some(policy));
+        }
+        if !policy.is_allow_all() {
+            return Err(no_network_for_policy());
+        }
+        Ok(None)
+    }
+
+    /// A prepared namespace for the sandbox (None without networking).
+    async fn reserve_network(
+        &self,
+        spec: &SandboxSpec,
+        policy: Option<NetworkPolicy>,
+    ) -> Result<Option<Attachment>> {
+        let (Some(network), Some(policy)) = (self.network(), policy) else {
+            return Ok(None);
+        };
+        Ok(Some(network.reserve(&spec.sandbox_id, policy).await?))
+    }
+
+    async fn apply_network(
+        &self,
+        spec: &SandboxSpec,
+        attachment: &Option<Attachment>,
+    ) -> Result<()> {
+        if let (Some(network), Some(_)) = (self.network(), attachment) {
+            network.apply(&spec.sandbox_id).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes the sandbox's network, if it has one.
+    async fn release_network(&self, id: &str) {
+        if let Some(network) = self.network() {
+            network.release(id).await;
+        }
+    }
+
+    /// Replaces the network policy of a sandbox (`policy_json` as the
+    /// agent API carries it); returns its status once the rules are in
+    /// place.
+    pub async fn update_network_policy(
+        &self,
+        id: &str,
+        policy_json: &str,
+    ) -> Result<SandboxStatus> {
+        let policy = NetworkPolicy::parse(policy_json)
+            .map_err(|e| AgentError::InvalidArgument(format!("network_policy_json: {e}")))?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        self.get(id)?;
+        match self.network() {
+            Some(network) if network.ip_of(id).is_some() => {
+                network.update_policy(id, policy).await?;
+            }
+            Some(_) if !policy.is_allow_all() => {
+                return Err(AgentError::NetworkUnavailable(format!(
+                    "network_policy_json: sandbox {id} was created without a network (before networking was enabled on this agent), so no policy can be enforced for it"
+                )));
+            }
+            None if !policy.is_allow_all() => return Err(no_network_for_policy()),
+            _ => {}
+        }
+        self.get(id)
     }
 
     /// The request's runtime, or the pool's default.
@@ -483,6 +602,7 @@ impl Sandboxes {
         image: &ResolvedImage,
         binds: &[spec::BindMount],
         limits: &hardening::Options,
+        network: Option<&Attachment>,
     ) -> Result<oci_spec::runtime::Spec> {
         let user_command = spec::user_command(
             image.config.entrypoint.as_deref(),
@@ -518,6 +638,10 @@ impl Sandboxes {
             execd_host_path: &self.cfg.execd_binary,
             binds,
             cgroups_path: &format!("/sandbolt/{id}"),
+            network: network.map(|a| spec::NetworkInput {
+                netns_path: &a.netns_path,
+                resolv_conf: &a.resolv_conf,
+            }),
         });
         hardening::apply(&mut oci, limits);
         Ok(oci)
@@ -734,6 +858,8 @@ impl Sandboxes {
         let known = self.table.read().contains_key(id);
         let grace = grace.unwrap_or(self.cfg.stop_grace_period);
         let existed = self.stop_and_remove(id, grace, known).await? || known;
+        // Only once the container is gone: its processes used the namespace.
+        self.release_network(id).await;
         self.table.write().remove(id);
         self.release_lock(id, &lock);
         if existed {
@@ -1046,6 +1172,13 @@ impl Freeze {
             Freeze::Resume => "tasks.Resume",
         }
     }
+}
+
+/// A policy was asked for, and this agent runs without networking.
+fn no_network_for_policy() -> AgentError {
+    AgentError::NetworkUnavailable(
+        "network_policy_json: this agent runs without sandbox networking (--network none), so it cannot enforce a network policy; only allow-all (empty) is accepted".into(),
+    )
 }
 
 fn entry_from_labels(c: &Container) -> Option<Entry> {

@@ -142,6 +142,23 @@ impl AgentService for AgentApi {
         ))
     }
 
+    /// Replaces a running sandbox's network policy; answers once the rules
+    /// are in place. INVALID_ARGUMENT names the bad field, NOT_FOUND an
+    /// unknown sandbox, FAILED_PRECONDITION a policy this agent cannot
+    /// enforce (it runs without networking).
+    #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id))]
+    async fn update_network_policy(
+        &self,
+        request: Request<sandbolt_proto::agent::v1::UpdateNetworkPolicyRequest>,
+    ) -> Result<Response<SandboxStatus>, Status> {
+        let r = request.into_inner();
+        let status = self
+            .sandboxes
+            .update_network_policy(&r.sandbox_id, &r.network_policy_json)
+            .await?;
+        Ok(Response::new(status))
+    }
+
     #[tracing::instrument(skip_all)]
     async fn get_inventory(
         &self,

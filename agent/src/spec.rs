@@ -43,6 +43,18 @@ pub struct SpecInput<'a> {
     pub execd_host_path: &'a Path,
     pub binds: &'a [BindMount],
     pub cgroups_path: &'a str,
+    /// The sandbox's prepared network; None: a fresh namespace with
+    /// loopback only.
+    pub network: Option<NetworkInput<'a>>,
+}
+
+/// Where the sandbox's network comes from (see [`crate::network`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NetworkInput<'a> {
+    /// The bind-mounted namespace the sandbox joins.
+    pub netns_path: &'a Path,
+    /// Bound read-only at `/etc/resolv.conf`.
+    pub resolv_conf: &'a Path,
 }
 
 /// Builds the spec without hardening and limits (see the module docs).
@@ -54,7 +66,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         .set_hostname(Some(input.hostname.into()))
         .set_mounts(Some(mounts(input)))
         .set_annotations(None)
-        .set_linux(Some(linux(input.cgroups_path)));
+        .set_linux(Some(linux(input.cgroups_path, input.network)));
     spec
 }
 
@@ -164,6 +176,15 @@ fn mounts(input: &SpecInput<'_>) -> Vec<Mount> {
         }
         mounts.push(mount(&b.destination, "bind", &b.source, &opts));
     }
+    if let Some(net) = input.network {
+        // The agent's DNS proxy is the only resolver a sandbox can reach.
+        mounts.push(mount(
+            "/etc/resolv.conf",
+            "bind",
+            &net.resolv_conf.to_string_lossy(),
+            &["rbind", "ro", "nosuid", "nodev", "noexec"],
+        ));
+    }
     mounts
 }
 
@@ -175,11 +196,12 @@ pub fn deny_all_devices() -> LinuxDeviceCgroup {
     rule
 }
 
-fn linux(cgroups_path: &str) -> oci_spec::runtime::Linux {
+fn linux(cgroups_path: &str, network: Option<NetworkInput<'_>>) -> oci_spec::runtime::Linux {
     let mut resources = LinuxResources::default();
     resources.set_devices(Some(vec![deny_all_devices()]));
-    // A network namespace without a path: runc makes a fresh one with only
-    // loopback, so the sandbox cannot reach the host's ports.
+    // Without networking, a network namespace without a path: runc makes a
+    // fresh one with only loopback, so the sandbox cannot reach the host's
+    // ports. With it, the prepared namespace (veth, address, routes).
     let namespaces = [
         LinuxNamespaceType::Pid,
         LinuxNamespaceType::Ipc,
@@ -190,6 +212,9 @@ fn linux(cgroups_path: &str) -> oci_spec::runtime::Linux {
     .map(|typ| {
         let mut ns = LinuxNamespace::default();
         ns.set_typ(typ);
+        if let (LinuxNamespaceType::Network, Some(net)) = (typ, network) {
+            ns.set_path(Some(net.netns_path.to_path_buf()));
+        }
         ns
     })
     .to_vec();
@@ -277,7 +302,29 @@ mod tests {
             execd_host_path: Path::new("/usr/lib/sandbolt/execd"),
             binds,
             cgroups_path: "/sandbolt/sb1",
+            network: None,
         }
+    }
+
+    #[test]
+    fn a_prepared_network_is_joined_and_resolv_conf_bound_read_only() {
+        let mut i = input(&[], &[]);
+        i.network = Some(NetworkInput {
+            netns_path: Path::new("/state/network/netns/m1"),
+            resolv_conf: Path::new("/state/network/resolv.conf"),
+        });
+        let s = built(&i);
+        let ns = s["linux"]["namespaces"].as_array().unwrap();
+        let net = ns.iter().find(|n| n["type"] == "network").unwrap();
+        assert_eq!(net["path"], "/state/network/netns/m1");
+        let m = s["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == "/etc/resolv.conf")
+            .unwrap();
+        assert_eq!(m["source"], "/state/network/resolv.conf");
+        assert!(m["options"].as_array().unwrap().contains(&json!("ro")));
     }
 
     #[test]

@@ -2,6 +2,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use sandbolt_agent::config::{DEFAULT_CNI_BIN_DIR, Ipv4Net, NetworkConfig, SubnetChoice};
 use sandbolt_agent::{Agent, AgentConfig};
 
 /// Where the agent keeps per-sandbox logs and its state (the janitor reads
@@ -85,6 +86,134 @@ pub(crate) struct AgentArgs {
     plain_http_registry: Vec<String>,
     #[command(flatten)]
     pool_limits: PoolLimitArgs,
+    #[command(flatten)]
+    network: NetworkArgs,
+    /// Remove everything sandbox networking made on this host for the agent
+    /// of --state-dir (namespaces, veths, addresses, its nftables table,
+    /// its subnet claim), then exit; for uninstall, or after the agent was
+    /// killed with sandboxes it will not come back for. Refused while that
+    /// agent runs.
+    #[arg(long)]
+    purge_network: bool,
+}
+
+/// `--network`: whether sandboxes get egress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum NetworkMode {
+    /// Own namespace per sandbox with a routed veth, NAT to the node's
+    /// uplink, the agent's DNS proxy, isolation (no other sandbox, no node
+    /// port, no private or link-local range) and the sandbox's egress
+    /// policy enforced. Needs nftables and containernetworking-plugins.
+    Egress,
+    /// Loopback only; a network policy other than allow-all is refused.
+    None,
+}
+
+/// Sandbox networking (shared by `agent` and `up`).
+#[derive(Debug, clap::Args)]
+pub(crate) struct NetworkArgs {
+    /// Sandbox networking: `egress` (default) or `none` (loopback only).
+    #[arg(long, env = "SANDBOLT_NETWORK", value_enum, default_value = "egress")]
+    network: NetworkMode,
+    /// The sandboxes' IPv4 subnet, /16 to /28, or `auto`: the first /24 of
+    /// 10.203.0.0/16 no other agent on this host holds (remembered in the
+    /// state dir, so a restart takes the same one back).
+    #[arg(
+        long,
+        env = "SANDBOLT_NETWORK_SUBNET",
+        value_name = "auto|CIDR",
+        default_value = "auto",
+        value_parser = parse_subnet
+    )]
+    network_subnet: SubnetChoice,
+    /// Resolver the agent's DNS proxy forwards allowed names to, `ip` or
+    /// `ip:port` (repeatable; default: the nameservers of the host's
+    /// /etc/resolv.conf).
+    #[arg(
+        long = "dns-upstream",
+        env = "SANDBOLT_DNS_UPSTREAMS",
+        value_name = "IP[:PORT]",
+        value_delimiter = ',',
+        value_parser = parse_upstream
+    )]
+    dns_upstream: Vec<SocketAddr>,
+    /// A CIDR of the otherwise blocked private / link-local space that
+    /// sandboxes may reach, e.g. an in-cluster registry (repeatable).
+    #[arg(
+        long = "network-allow-cidr",
+        env = "SANDBOLT_NETWORK_ALLOW_CIDRS",
+        value_name = "CIDR",
+        value_delimiter = ',',
+        value_parser = parse_cidr
+    )]
+    network_allow_cidr: Vec<Ipv4Net>,
+    /// Network namespaces kept prepared ahead of creates, so a create does
+    /// not pay for network setup.
+    #[arg(
+        long,
+        env = "SANDBOLT_NETWORK_POOL_SIZE",
+        value_name = "N",
+        default_value_t = 4
+    )]
+    network_pool_size: usize,
+    /// Directory of the CNI plugins (loopback, ptp, host-local).
+    #[arg(
+        long,
+        env = "SANDBOLT_CNI_BIN_DIR",
+        value_name = "DIR",
+        default_value = DEFAULT_CNI_BIN_DIR
+    )]
+    cni_bin_dir: PathBuf,
+}
+
+fn parse_subnet(s: &str) -> Result<SubnetChoice, String> {
+    s.parse()
+}
+
+fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
+    s.parse()
+}
+
+/// `ip` (port 53) or `ip:port`.
+fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, 53));
+    }
+    s.parse()
+        .map_err(|_| format!("{s:?} is not an address (ip or ip:port)"))
+}
+
+impl NetworkArgs {
+    /// The agent's network configuration; None with `--network none`.
+    /// With `egress`, fails (saying what to install) when nftables or the
+    /// CNI plugins are missing.
+    pub(crate) fn config(&self) -> anyhow::Result<Option<NetworkConfig>> {
+        if self.network == NetworkMode::None {
+            return Ok(None);
+        }
+        sandbolt_agent::network::preflight(&self.cni_bin_dir).context("--network egress")?;
+        let upstreams = if self.dns_upstream.is_empty() {
+            let conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+            sandbolt_agent::network::dns::upstreams_from_resolv_conf(&conf)
+        } else {
+            self.dns_upstream.clone()
+        };
+        anyhow::ensure!(
+            !upstreams.is_empty(),
+            "--network egress: no DNS upstream (pass --dns-upstream; /etc/resolv.conf names no nameserver)"
+        );
+        let mut config = NetworkConfig::new(upstreams);
+        config.subnet = self.network_subnet;
+        config.cni_bin_dir = self.cni_bin_dir.clone();
+        config.pool_size = self.network_pool_size;
+        config.allow_cidrs = self.network_allow_cidr.clone();
+        Ok(Some(config))
+    }
+
+    pub(crate) fn cni_bin_dir(&self) -> &std::path::Path {
+        &self.cni_bin_dir
+    }
 }
 
 /// The pool's resource policy (the chart renders it from the SandboxPool's
@@ -168,6 +297,12 @@ fn non_empty(values: Vec<String>) -> Vec<String> {
 }
 
 pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    if args.purge_network {
+        let purged = sandbolt_agent::network::purge(&args.state_dir, args.network.cni_bin_dir())
+            .with_context(|| format!("purging the network of {}", args.state_dir.display()))?;
+        tracing::info!(?purged, state_dir = %args.state_dir.display(), "sandbox networking purged");
+        return Ok(());
+    }
     let host = crate::secrets::hostname();
     let execd = resolve_execd(args.execd_bin)?;
     let mut config = AgentConfig::new(
@@ -194,6 +329,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.warm_images = non_empty(args.warm_image);
     config.plain_http_registries = non_empty(args.plain_http_registry);
     args.pool_limits.apply(&mut config);
+    config.network = args.network.config()?;
     let handle = Agent::start(config).await.context("starting the agent")?;
     tracing::info!(grpc = %handle.grpc_addr(), proxy = %handle.proxy_addr(), "agent serving");
     crate::shutdown_signal().await;
@@ -207,6 +343,58 @@ mod tests {
 
     fn parse(extra: &[&str]) -> AgentArgs {
         crate::parse_flags(&[&["agent", "--token", "t"], extra].concat())
+    }
+
+    #[test]
+    fn network_flags_parse_and_refuse_bad_values() {
+        let args = parse(&[]);
+        assert_eq!(args.network.network, NetworkMode::Egress);
+        assert_eq!(args.network.network_subnet, SubnetChoice::Auto);
+        assert_eq!(args.network.network_pool_size, 4);
+        let args = parse(&[
+            "--network=none",
+            "--network-subnet=10.77.0.0/24",
+            "--dns-upstream=192.0.2.53",
+            "--dns-upstream",
+            "192.0.2.54:5353",
+            "--network-allow-cidr=10.96.0.0/12",
+        ]);
+        assert_eq!(args.network.network, NetworkMode::None);
+        assert_eq!(
+            args.network.network_subnet,
+            SubnetChoice::Explicit("10.77.0.0/24".parse().unwrap())
+        );
+        assert_eq!(
+            args.network.dns_upstream,
+            [
+                "192.0.2.53:53".parse::<SocketAddr>().unwrap(),
+                "192.0.2.54:5353".parse().unwrap()
+            ]
+        );
+        assert_eq!(args.network.config().unwrap(), None);
+        for bad in [
+            "--network-subnet=10.0.0.0/8",
+            "--network-subnet=nope",
+            "--dns-upstream=resolver",
+            "--network-allow-cidr=10.0.0.0/40",
+            "--network=bridge",
+        ] {
+            let err = crate::try_parse_flags::<AgentArgs>(&["agent", "--token", "t", bad]);
+            assert!(err.is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn egress_without_the_cni_plugins_says_what_to_install() {
+        let empty = tempfile::tempdir().unwrap();
+        let dir = format!("--cni-bin-dir={}", empty.path().display());
+        let err = parse(&[&dir]).network.config().unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("apt-get install nftables containernetworking-plugins")
+                && text.contains("--network none"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -92,6 +92,9 @@ pub(crate) struct UpArgs {
     /// Most sandboxes this machine runs at once.
     #[arg(long, env = "SANDBOLT_MAX_SANDBOXES", default_value_t = 256)]
     max_sandboxes: u32,
+    /// Sandbox networking of the containerd backend.
+    #[command(flatten)]
+    network: crate::agent_cmd::NetworkArgs,
 }
 
 enum Engine {
@@ -109,7 +112,18 @@ pub(crate) async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     match choose_engine(&args).await? {
         Engine::Containerd { supervised } => {
-            let result = run_on_containerd(&args, execd).await;
+            // Checked before anything starts: a host without nftables or the
+            // CNI plugins fails here, saying what to install.
+            let network = match args.network.config() {
+                Ok(n) => n,
+                Err(e) => {
+                    if let Some(s) = supervised {
+                        s.shutdown().await;
+                    }
+                    return Err(e);
+                }
+            };
+            let result = run_on_containerd(&args, execd, network).await;
             if let Some(s) = supervised {
                 s.shutdown().await;
             }
@@ -169,7 +183,11 @@ async fn docker_answers(socket: &Path) -> bool {
     )
 }
 
-async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> {
+async fn run_on_containerd(
+    args: &UpArgs,
+    execd: PathBuf,
+    network: Option<sandbolt_agent::config::NetworkConfig>,
+) -> anyhow::Result<()> {
     // Components in one process still authenticate to each other.
     let agent_token = crate::secrets::random_token()?;
     let host = crate::secrets::hostname();
@@ -205,6 +223,7 @@ async fn run_on_containerd(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> 
     agent_config.controller_token = Some(agent_token.clone());
     agent_config.max_sandboxes = args.max_sandboxes;
     agent_config.allowed_host_paths = args.allow_host_path.clone();
+    agent_config.network = network;
     let agent = match Agent::start(agent_config).await {
         Ok(a) => a,
         Err(e) => {

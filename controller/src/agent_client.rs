@@ -128,6 +128,31 @@ impl AgentClients {
         Ok(resp.existed)
     }
 
+    /// Replaces the egress policy of `sandbox_id` (normalized JSON, "" =
+    /// allow all); the agent answers once the rules are in place.
+    pub async fn update_network_policy(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        sandbox_id: &SandboxId,
+        network_policy_json: &str,
+        deadline: Duration,
+    ) -> Result<pb::SandboxStatus> {
+        let body = pb::UpdateNetworkPolicyRequest {
+            sandbox_id: sandbox_id.to_string(),
+            network_policy_json: network_policy_json.to_string(),
+        };
+        self.call(
+            agent,
+            endpoint,
+            "update_network_policy",
+            deadline,
+            body,
+            |mut c, req| async move { c.update_network_policy(req).await },
+        )
+        .await
+    }
+
     /// One of the calls that name a sandbox and answer with its status.
     pub async fn status_rpc(
         &self,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use sandbolt_proto::control::v1 as pb;
 use sandbolt_proto::control::v1::sandbox_service_server::SandboxService;
+use sandbolt_proto::egress::NetworkPolicy;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
@@ -102,11 +103,6 @@ fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> 
     if spec.image.trim().is_empty() {
         return Err(invalid("spec.image is required"));
     }
-    if !spec.network_policy_json.trim().is_empty() {
-        return Err(invalid(
-            "spec.network_policy_json: egress policy is not enforced by sandbolt yet; leave it unset",
-        ));
-    }
     if !spec.snapshot_id.is_empty() {
         return Err(invalid(
             "spec.snapshot_id: snapshots are not supported by sandbolt yet; create from an image",
@@ -139,8 +135,16 @@ fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> 
             expires_at: spec.expires_at_unix_seconds,
             recovery_timeout_seconds: spec.recovery_timeout_seconds,
             runtime: spec.runtime,
+            network_policy_json: policy_in(&spec.network_policy_json, "spec.network_policy_json")?
+                .to_json(),
         },
     })
+}
+
+/// Policy JSON as the agent will enforce it; errors name `field` and the
+/// parser's field inside it.
+fn policy_in(json: &str, field: &str) -> Result<NetworkPolicy, Status> {
+    NetworkPolicy::parse(json).map_err(|e| invalid(format!("{field}: {e}")))
 }
 
 fn resource_list(cpu: &str, memory: &str, pids: i64) -> Option<pb::ResourceList> {
@@ -197,7 +201,7 @@ fn spec_out(s: &SandboxSpec) -> pb::SandboxSpec {
         expires_at_unix_seconds: s.expires_at,
         metadata: s.metadata.clone().into_iter().collect(),
         exposed_ports: s.exposed_ports.clone(),
-        network_policy_json: String::new(),
+        network_policy_json: s.network_policy_json.clone(),
         snapshot_id: String::new(),
     }
 }
@@ -237,6 +241,12 @@ pub(crate) fn sandbox(core: &Core, r: &SandboxRecord) -> pb::Sandbox {
             } else {
                 r.created_at_unix_ms
             },
+            // What the agent reports now; else what it answered the create.
+            ip_address: view
+                .observed
+                .map(|o| o.ip_address)
+                .filter(|ip| !ip.is_empty())
+                .unwrap_or_else(|| r.ip_address.clone()),
         }),
     }
 }
@@ -343,10 +353,16 @@ impl SandboxService for ControlService {
             Some(t) => UpdateOp::Expiry(t),
             None => UpdateOp::None,
         };
+        let network_policy = q
+            .network_policy_json
+            .as_deref()
+            .map(|j| policy_in(j, "network_policy_json"))
+            .transpose()?;
         let spec = UpdateSpec {
             expect,
             metadata_upsert: q.metadata_upsert.into_iter().collect(),
             metadata_delete: q.metadata_delete_keys,
+            network_policy,
         };
         let r = self.core.update(&key, op, spec).await?;
         Ok(Response::new(sandbox(&self.core, &r)))
@@ -439,13 +455,6 @@ mod tests {
         let cases = [
             (
                 pb::SandboxSpec {
-                    network_policy_json: r#"{"defaultAction":"deny"}"#.into(),
-                    ..base()
-                },
-                "network_policy_json",
-            ),
-            (
-                pb::SandboxSpec {
                     snapshot_id: "snap-1".into(),
                     ..base()
                 },
@@ -485,6 +494,73 @@ mod tests {
             assert!(
                 e.message().contains(field),
                 "{} should name {field}",
+                e.message()
+            );
+        }
+    }
+
+    #[test]
+    fn network_policy_is_accepted_and_stored_normalized() {
+        let with = |json: &str| {
+            create_request(request(pb::SandboxSpec {
+                network_policy_json: json.into(),
+                ..base()
+            }))
+        };
+        let s = with(
+            r#" {"defaultAction":"DENY","egress":[{"action":"Allow","target":"*.PyPI.org."},{"action":"deny","target":"203.0.113.7"}]} "#,
+        )
+        .unwrap();
+        assert_eq!(
+            s.spec.network_policy_json,
+            r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"*.pypi.org"},{"action":"deny","target":"203.0.113.7"}]}"#
+        );
+        // Every spelling of allow-all is stored as "".
+        for allow_all in ["", "  ", "null", "{}", r#"{"egress":[]}"#] {
+            assert_eq!(
+                with(allow_all).unwrap().spec.network_policy_json,
+                "",
+                "{allow_all:?}"
+            );
+        }
+        // What goes back out is what the record holds.
+        let mut record = SandboxRecord::default();
+        record.spec.network_policy_json = s.spec.network_policy_json.clone();
+        assert_eq!(
+            spec_out(&record.spec).network_policy_json,
+            s.spec.network_policy_json
+        );
+    }
+
+    #[test]
+    fn bad_network_policy_names_the_field_and_the_parsers_field() {
+        let cases = [
+            (
+                r#"{"defaultAction":"maybe"}"#,
+                "networkPolicy.defaultAction",
+            ),
+            (
+                r#"{"egress":[{"action":"allow","target":"ok.example"},{"action":"allow","target":"-bad-.com"}]}"#,
+                "networkPolicy.egress[1].target",
+            ),
+            (
+                r#"{"egress":[{"action":"block","target":"a.example"}]}"#,
+                "networkPolicy.egress[0].action",
+            ),
+            (r#"{"ingress":[]}"#, "networkPolicy"),
+            ("[1,2]", "networkPolicy"),
+        ];
+        for (json, inner) in cases {
+            let e = create_request(request(pb::SandboxSpec {
+                network_policy_json: json.into(),
+                ..base()
+            }))
+            .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{json}");
+            let want = format!("spec.network_policy_json: {inner}");
+            assert!(
+                e.message().starts_with(&want),
+                "{} should start with {want}",
                 e.message()
             );
         }

@@ -55,6 +55,9 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
                 read_only: true,
             }],
             runtime: "runc".into(),
+            network_policy_json:
+                r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"*.example.com"}]}"#
+                    .into(),
         },
         reset_revision: String::new(),
         generation: 1,
@@ -69,6 +72,9 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
         events: vec![],
         revision: String::new(),
         last_transition_unix_ms: 1_700_000_000_123,
+        network_policy_pending: true,
+        network_policy_transition_unix_ms: 1_700_000_000_456,
+        ip_address: "10.203.0.9".into(),
     }
 }
 
@@ -104,6 +110,13 @@ async fn records_are_sandbox_resources_with_conflicts_and_finalizers() {
     assert_eq!(res.requests["cpu"], "250m");
     assert_eq!(obj.spec.volumes[0].host_path, "/srv/data");
     assert_eq!(obj.spec.runtime.as_deref(), Some("runc"));
+    // The egress policy is structured in the resource (kubectl-readable).
+    let policy = obj.spec.network_policy.clone().expect("spec.networkPolicy");
+    assert_eq!(policy.egress[0].target, "*.example.com");
+    assert_eq!(
+        serde_json::to_value(&policy).unwrap()["defaultAction"],
+        "deny"
+    );
     assert_eq!(
         obj.metadata.labels.as_ref().unwrap()["metadata.sandbox.fast.io/team"],
         "red"

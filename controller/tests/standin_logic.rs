@@ -14,9 +14,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use sandbolt_controller::{AgentId, Consistency, Controller, ControllerConfig, ControllerHandle};
+use sandbolt_proto::control::v1 as native;
 use sandbolt_proto::fastpath::v1;
 use sandbolt_proto::fastpath::v2;
 use sandbolt_test_support::now_unix_secs as now;
@@ -207,12 +209,7 @@ async fn thousand_concurrent_creates_never_double_allocate() {
     assert_eq!(codes.get(&Code::ResourceExhausted), Some(&500), "{codes:?}");
     for a in &agents {
         assert_eq!(a.held(), 100, "{}", a.id);
-        assert_eq!(
-            a.state
-                .overcommits
-                .load(std::sync::atomic::Ordering::SeqCst),
-            0
-        );
+        assert_eq!(a.state.overcommits.load(SeqCst), 0);
     }
     h.shutdown().await;
 }
@@ -330,9 +327,7 @@ async fn strong_mode_agent_failure_leaves_no_record_and_frees_the_slot() {
     let h = start(dir.path(), Consistency::Strong).await;
     let a = StandInAgent::start("agent-a", "default", 1, &[], h.local_addr(), HB).await;
     let mut c = v2c(h.local_addr()).await;
-    a.state
-        .fail_creates
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    a.state.fail_creates.store(true, SeqCst);
     assert_eq!(
         c.create_sandbox(create_req("s1", 0))
             .await
@@ -350,9 +345,7 @@ async fn strong_mode_agent_failure_leaves_no_record_and_frees_the_slot() {
         .code(),
         Code::NotFound
     );
-    a.state
-        .fail_creates
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    a.state.fail_creates.store(false, SeqCst);
     c.create_sandbox(create_req("s1", 0)).await.unwrap();
     h.shutdown().await;
 }
@@ -534,5 +527,367 @@ async fn tokens_are_enforced() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated);
+    h.shutdown().await;
+}
+
+// ------------------------------------------------------------ egress policy --
+
+type Native = sandbolt_proto::control::v1::sandbox_service_client::SandboxServiceClient<
+    tonic::transport::Channel,
+>;
+
+const DENY_BUT_ONE: &str =
+    r#"{"defaultAction":"DENY","egress":[{"action":"Allow","target":"Pypi.ORG."}]}"#;
+const DENY_BUT_ONE_NORMALIZED: &str =
+    r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"}]}"#;
+const ALLOW_BUT_ONE: &str =
+    r#"{"defaultAction":"allow","egress":[{"action":"deny","target":"203.0.113.0/24"}]}"#;
+
+async fn nativec(addr: SocketAddr) -> Native {
+    Native::connect(format!("http://{addr}")).await.unwrap()
+}
+
+fn native_ref(name: &str) -> Option<native::SandboxRef> {
+    Some(native::SandboxRef {
+        namespace: String::new(),
+        name: name.into(),
+        expected_uid: String::new(),
+    })
+}
+
+async fn native_get(c: &mut Native, name: &str) -> native::Sandbox {
+    c.get_sandbox(native::GetSandboxRequest {
+        sandbox: native_ref(name),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+async fn set_policy(
+    c: &mut Native,
+    name: &str,
+    json: &str,
+) -> Result<native::Sandbox, tonic::Status> {
+    c.update_sandbox(native::UpdateSandboxRequest {
+        sandbox: native_ref(name),
+        network_policy_json: Some(json.into()),
+        ..Default::default()
+    })
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+fn egress(input: &str) -> v2::ActionBinding {
+    v2::ActionBinding {
+        handler: "egress".into(),
+        input: input.into(),
+    }
+}
+
+async fn bindings(c: &mut V2, name: &str) -> Vec<v2::ActionBindingInfo> {
+    c.get_sandbox(v2::GetSandboxRequest {
+        sandbox: reference(name),
+        expected_generation: 0,
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .sandbox
+    .unwrap()
+    .action_bindings
+}
+
+fn container_id(s: &native::Sandbox) -> String {
+    s.status.as_ref().unwrap().container_id.clone()
+}
+
+/// Stand-in because: it reads back exactly which policy JSON the agent
+/// received with each create and UpdateNetworkPolicy call, and makes the
+/// agent refuse one; the real agent's enforcement is tested in agent/tests
+/// and tests/tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_policy_reaches_the_agent_at_create_and_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path(), Consistency::Strong).await;
+    let a = StandInAgent::start("agent-a", "default", 4, &[], h.local_addr(), HB).await;
+    let (mut c, mut n) = (v2c(h.local_addr()).await, nativec(h.local_addr()).await);
+
+    // Create through v2 action bindings: the agent gets the normalized policy.
+    let mut req = create_req("eg", 0);
+    req.action_bindings = vec![egress(DENY_BUT_ONE)];
+    let created = c.create_sandbox(req).await.unwrap().into_inner();
+    let info = &created.sandbox.unwrap().action_bindings;
+    assert_eq!(info.len(), 1);
+    assert_eq!(
+        (info[0].handler.as_str(), info[0].state),
+        ("egress", v2::ActionState::Ready as i32)
+    );
+    assert!(info[0].last_transition_unix_seconds > 0);
+    let s = native_get(&mut n, "eg").await;
+    let sid = container_id(&s);
+    assert_eq!(
+        a.state.policy(&sid).as_deref(),
+        Some(DENY_BUT_ONE_NORMALIZED)
+    );
+    assert_eq!(s.spec.unwrap().network_policy_json, DENY_BUT_ONE_NORMALIZED);
+    assert_eq!(
+        s.status.unwrap().ip_address,
+        "10.203.0.2",
+        "the address the agent answered the create with"
+    );
+
+    // Replace through v2 (generation checked), then remove (no egress item).
+    let replace = |items: Vec<v2::ActionBinding>, generation| v2::UpdateSandboxRequest {
+        sandbox: reference("eg"),
+        expected_generation: generation,
+        update: Some(v2::update_sandbox_request::Update::ActionBindings(
+            v2::ReplaceActionBindings { items },
+        )),
+        ..Default::default()
+    };
+    let calls = a.state.policy_calls.lock().len();
+    let stale = c
+        .update_sandbox(replace(vec![egress(ALLOW_BUT_ONE)], 7))
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), Code::Aborted);
+    assert_eq!(
+        a.state.policy_calls.lock().len(),
+        calls,
+        "a refused update sends nothing"
+    );
+    let done = c
+        .update_sandbox(replace(vec![egress(ALLOW_BUT_ONE)], 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.committed_generation, 2);
+    assert_eq!(a.state.policy(&sid).as_deref(), Some(ALLOW_BUT_ONE));
+    assert_eq!(
+        bindings(&mut c, "eg").await[0].state,
+        v2::ActionState::Ready as i32
+    );
+    c.update_sandbox(replace(vec![], 2)).await.unwrap();
+    assert_eq!(
+        a.state.policy(&sid).as_deref(),
+        Some(""),
+        "no egress item = allow all"
+    );
+    assert!(bindings(&mut c, "eg").await.is_empty());
+    assert_eq!(
+        native_get(&mut n, "eg")
+            .await
+            .spec
+            .unwrap()
+            .network_policy_json,
+        ""
+    );
+
+    // A paused sandbox's policy can be replaced (rules live on the node).
+    c.pause_sandbox(v2::PauseSandboxRequest {
+        sandbox: reference("eg"),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    set_policy(&mut n, "eg", DENY_BUT_ONE).await.unwrap();
+    assert_eq!(
+        a.state.policy(&sid).as_deref(),
+        Some(DENY_BUT_ONE_NORMALIZED)
+    );
+
+    // An agent that cannot enforce it: the record keeps the previous policy.
+    a.state.refuse_policy_updates.store(true, SeqCst);
+    let e = set_policy(&mut n, "eg", ALLOW_BUT_ONE).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    a.state.refuse_policy_updates.store(false, SeqCst);
+    let s = native_get(&mut n, "eg").await;
+    assert_eq!(s.spec.unwrap().network_policy_json, DENY_BUT_ONE_NORMALIZED);
+    assert_eq!(
+        bindings(&mut c, "eg").await[0].state,
+        v2::ActionState::Ready as i32
+    );
+    h.shutdown().await;
+}
+
+/// Stand-in because: bad input must be refused by the controller before any
+/// agent is asked, which only a stand-in that counts calls can show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_policies_and_handlers_are_invalid_argument_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path(), Consistency::Strong).await;
+    let a = StandInAgent::start("agent-a", "default", 4, &[], h.local_addr(), HB).await;
+    let (mut c, mut n) = (v2c(h.local_addr()).await, nativec(h.local_addr()).await);
+    let cases: [(Vec<v2::ActionBinding>, &str); 4] = [
+        (
+            vec![v2::ActionBinding {
+                handler: "ingress".into(),
+                input: "{}".into(),
+            }],
+            "action_bindings[0].handler \"ingress\"",
+        ),
+        (vec![egress("{not json")], "action_bindings[0].input"),
+        (
+            vec![egress(r#"{"egress":[{"action":"allow","target":"a b"}]}"#)],
+            "action_bindings[0].input: networkPolicy.egress[0].target",
+        ),
+        (
+            vec![egress("{}"), egress(DENY_BUT_ONE)],
+            "action_bindings[1]: a second \"egress\" binding",
+        ),
+    ];
+    for (items, field) in cases {
+        let mut req = create_req("bad", 0);
+        req.action_bindings = items;
+        let e = c.create_sandbox(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().contains(field),
+            "{} should name {field}",
+            e.message()
+        );
+    }
+    assert_eq!(a.state.creates.load(SeqCst), 0);
+
+    c.create_sandbox(create_req("ok", 0)).await.unwrap();
+    let e = set_policy(&mut n, "ok", r#"{"defaultAction":"maybe"}"#)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message()
+            .contains("network_policy_json: networkPolicy.defaultAction"),
+        "{}",
+        e.message()
+    );
+    let e = c
+        .update_sandbox(v2::UpdateSandboxRequest {
+            sandbox: reference("ok"),
+            update: Some(v2::update_sandbox_request::Update::ActionBindings(
+                v2::ReplaceActionBindings {
+                    items: vec![v2::ActionBinding {
+                        handler: "audit".into(),
+                        input: String::new(),
+                    }],
+                },
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("action_bindings.items[0].handler"),
+        "{}",
+        e.message()
+    );
+    assert!(a.state.policy_calls.lock().is_empty(), "no agent was asked");
+    h.shutdown().await;
+}
+
+/// Stand-in because: it needs an agent that fails policy updates, falls
+/// silent and loses a container on demand, and that reports exactly which
+/// policy each of its sandboxes got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_agent_gets_the_recorded_policy_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path(), Consistency::Fast).await;
+    let a = StandInAgent::start("agent-a", "default", 4, &[], h.local_addr(), HB).await;
+    let (mut c, mut n) = (v2c(h.local_addr()).await, nativec(h.local_addr()).await);
+    n.create_sandbox(native::CreateSandboxRequest {
+        name: "out".into(),
+        spec: Some(native::SandboxSpec {
+            image: "busybox".into(),
+            network_policy_json: ALLOW_BUT_ONE.into(),
+            failure_policy: native::FailurePolicy::AutoRecreate as i32,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let sid = container_id(&native_get(&mut n, "out").await);
+    assert_eq!(a.state.policy(&sid).as_deref(), Some(ALLOW_BUT_ONE));
+
+    // 1. The agent fails the call: UNAVAILABLE, the record holds the policy,
+    //    and the agent gets it with a later heartbeat.
+    a.state.fail_policy_updates.store(true, SeqCst);
+    let e = set_policy(&mut n, "out", DENY_BUT_ONE).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(e.message().contains("recorded"), "{}", e.message());
+    let s = native_get(&mut n, "out").await;
+    assert_eq!(s.generation, 2);
+    assert_eq!(s.spec.unwrap().network_policy_json, DENY_BUT_ONE_NORMALIZED);
+    assert_eq!(
+        bindings(&mut c, "out").await[0].state,
+        v2::ActionState::Pending as i32
+    );
+    assert_eq!(a.state.policy(&sid).as_deref(), Some(ALLOW_BUT_ONE));
+    a.state.fail_policy_updates.store(false, SeqCst);
+    let state = a.state.clone();
+    sandbolt_test_support::eventually("the re-sent policy applied", Duration::from_secs(5), || {
+        (state.policy(&sid).as_deref() == Some(DENY_BUT_ONE_NORMALIZED)).then_some(())
+    })
+    .await;
+    sandbolt_test_support::eventually_async("binding ready", Duration::from_secs(5), || {
+        let mut c = c.clone();
+        async move {
+            (bindings(&mut c, "out").await[0].state == v2::ActionState::Ready as i32).then_some(())
+        }
+    })
+    .await;
+
+    // 2. The agent is silent: the update is recorded, the agent gets it when
+    //    it heartbeats again.
+    a.set_heartbeats(false);
+    sandbolt_test_support::eventually_async("agent silent", Duration::from_secs(5), || {
+        let mut n = n.clone();
+        async move {
+            let phase = native_get(&mut n, "out").await.status.unwrap().phase;
+            (phase == native::Phase::Unknown as i32).then_some(())
+        }
+    })
+    .await;
+    let e = set_policy(&mut n, "out", "").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+    assert_eq!(
+        a.state.policy(&sid).as_deref(),
+        Some(DENY_BUT_ONE_NORMALIZED)
+    );
+    a.set_heartbeats(true);
+    let state = a.state.clone();
+    sandbolt_test_support::eventually(
+        "policy applied after silence",
+        Duration::from_secs(5),
+        || (state.policy(&sid).as_deref() == Some("")).then_some(()),
+    )
+    .await;
+
+    // 3. Pending, then the container vanishes: AUTO_RECREATE's create carries
+    //    the record's policy and the pending mark is cleared with it.
+    a.state.fail_policy_updates.store(true, SeqCst);
+    set_policy(&mut n, "out", ALLOW_BUT_ONE).await.unwrap_err();
+    a.state.sandboxes.lock().remove(&sid);
+    let new_sid = sandbolt_test_support::eventually_async(
+        "sandbox recreated",
+        Duration::from_secs(20),
+        || {
+            let mut n = n.clone();
+            let sid = sid.clone();
+            async move {
+                let s = native_get(&mut n, "out").await;
+                let now = container_id(&s);
+                (now != sid && s.status.unwrap().phase == native::Phase::Running as i32)
+                    .then_some(now)
+            }
+        },
+    )
+    .await;
+    assert_eq!(a.state.policy(&new_sid).as_deref(), Some(ALLOW_BUT_ONE));
+    assert_eq!(
+        bindings(&mut c, "out").await[0].state,
+        v2::ActionState::Ready as i32
+    );
     h.shutdown().await;
 }

@@ -103,6 +103,40 @@ pub struct SandboxSpec {
     /// OCI runtime (`runc`, `crun`, `runsc`); absent: the pool's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// Egress policy (OpenSandbox `networkPolicy`), as the controller
+    /// normalized it; absent: all egress the node's isolation allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<SandboxNetworkPolicy>,
+}
+
+/// OpenSandbox `networkPolicy`: rules evaluated in order, the first whose
+/// target matches wins, else `defaultAction`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxNetworkPolicy {
+    /// What applies when no rule matches; absent: `deny` when there are
+    /// rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_action: Option<NetworkAction>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<EgressRule>,
+}
+
+/// One egress rule.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct EgressRule {
+    pub action: NetworkAction,
+    /// An FQDN, `*.suffix`, or an IPv4 address or CIDR.
+    #[schemars(length(min = 1))]
+    pub target: String,
+}
+
+/// Allow or deny.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkAction {
+    Allow,
+    Deny,
 }
 
 /// Kubernetes-style resource quantities.

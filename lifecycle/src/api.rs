@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, FromRequestParts, Path, Request, State as AxState};
+use axum::extract::{FromRequest, FromRequestParts, OriginalUri, Path, Request, State as AxState};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -17,6 +17,7 @@ use sandbolt_proto::auth::constant_time_eq;
 use serde::de::DeserializeOwned;
 
 use crate::backend::Backend;
+use crate::egress::{self, EGRESS_PORT, EGRESS_TOKEN_HEADER};
 use crate::error::{ApiError, ApiResult};
 use crate::model::{
     CreateSandboxRequest, Endpoint, ListSandboxesResponse, PaginationInfo,
@@ -50,6 +51,20 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
         .route("/sandboxes/{id}/resume", post(resume::<B>))
         .route("/sandboxes/{id}/renew-expiration", post(renew::<B>))
         .route("/sandboxes/{id}/endpoints/{port}", get(endpoint::<B>))
+        .route(
+            "/sandboxes/{id}/networkpolicy",
+            get(egress::get_policy::<B>)
+                .put(egress::put_policy::<B>)
+                .patch(egress::patch_policy::<B>)
+                .delete(egress::delete_policy::<B>),
+        )
+        // The egress sidecar's API, for the endpoint port 18080 resolves to.
+        .route(
+            "/sandboxes/{id}/egress/policy",
+            get(egress::get_policy::<B>)
+                .patch(egress::patch_policy::<B>)
+                .delete(egress::delete_policy::<B>),
+        )
         .route(
             "/sandboxes/{id}/proxy/{port}",
             any(crate::proxy::proxy_root::<B>),
@@ -86,7 +101,6 @@ fn not_implemented_routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         ("/templates", "Templates"),
         ("/templates/{id}", "Templates"),
         ("/sandboxes/{id}/diagnostics/{kind}", "Diagnostics"),
-        ("/sandboxes/{id}/networkpolicy", "Network policy"),
     ] {
         r = r.route(
             path,
@@ -135,6 +149,22 @@ async fn auth<B: Backend>(AxState(app): AppState<B>, req: Request, next: Next) -
     let path = req.uri().path();
     if path == "/health" || path == "/v1/health" {
         return next.run(req).await;
+    }
+    // The egress endpoint's token opens that one sandbox's policy route and
+    // nothing else; without it, the API key is asked for as everywhere.
+    if let (Some(id), Some(token)) = (
+        egress::egress_policy_target(path),
+        req.headers().get(EGRESS_TOKEN_HEADER),
+    ) {
+        if egress::token_matches(key, id, token.as_bytes()) {
+            return next.run(req).await;
+        }
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "INVALID_EGRESS_TOKEN",
+            format!("The {EGRESS_TOKEN_HEADER} header is not valid for sandbox {id}."),
+        )
+        .into_response();
     }
     match req.headers().get(API_KEY_HEADER) {
         None => ApiError::new(
@@ -222,6 +252,7 @@ async fn create<B: Backend>(
         app.backend.check_volume(v)?;
     }
     app.backend.check_extensions(&plan.extensions)?;
+    app.backend.check_network_policy(&plan.network_policy)?;
     let rec = app.backend.create(plan).await?;
     Ok(json(StatusCode::ACCEPTED, &rec.to_create_response()))
 }
@@ -340,23 +371,41 @@ async fn endpoint<B: Backend>(
     Path((id, port)): Path<(String, String)>,
     query: EndpointQuery,
     headers: HeaderMap,
-    req_uri: http::Uri,
+    OriginalUri(req_uri): OriginalUri,
 ) -> ApiResult<Response> {
     let port = parse_port(&port)?;
-    let route = app.backend.route(&id, port).await?;
-    let ep = if query.use_server_proxy {
+    let here = || -> ApiResult<String> {
         // Reflect how the client reached us (host and /v1 mount), as the
-        // OpenSandbox server does; our proxy adds the sandbox headers itself.
+        // OpenSandbox server does.
         let host = headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
-            .ok_or_else(|| ApiError::invalid("use_server_proxy needs a Host header"))?;
+            .ok_or_else(|| ApiError::invalid("this endpoint needs a Host header"))?;
         let mount = req_uri.path().split("/sandboxes/").next().unwrap_or("");
+        Ok(format!("{host}{mount}/sandboxes/{id}"))
+    };
+    let ep = if port == EGRESS_PORT {
+        // No sidecar runs in the sandbox: its policy API is served here
+        // (see crate::egress), in both modes.
+        app.backend.get(&id).await?;
         Endpoint {
-            endpoint: format!("{host}{mount}/sandboxes/{id}/proxy/{port}"),
+            endpoint: format!("{}/egress", here()?),
+            headers: app.api_key.as_deref().map(|key| {
+                BTreeMap::from([(
+                    EGRESS_TOKEN_HEADER.to_string(),
+                    egress::egress_token(key, &id),
+                )])
+            }),
+        }
+    } else if query.use_server_proxy {
+        // Our proxy adds the sandbox headers itself.
+        app.backend.route(&id, port).await?;
+        Endpoint {
+            endpoint: format!("{}/proxy/{port}", here()?),
             headers: None,
         }
     } else {
+        let route = app.backend.route(&id, port).await?;
         Endpoint {
             endpoint: route.endpoint(),
             headers: (!route.headers.is_empty()).then_some(route.headers),

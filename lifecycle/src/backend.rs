@@ -6,6 +6,9 @@ use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
+use sandbolt_proto::egress::NetworkPolicy;
+
+use crate::egress::{PolicyChange, PolicyStatus};
 use crate::error::{ApiError, ApiResult};
 use crate::model::SandboxRecord;
 use crate::validate::{CreatePlan, Extensions};
@@ -50,6 +53,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Rejects `extensions` this runtime cannot honour (400 naming the key).
     fn check_extensions(&self, extensions: &Extensions) -> ApiResult<()>;
 
+    /// Rejects a create-time `networkPolicy` this runtime cannot enforce
+    /// (400 naming the field and the runtime).
+    fn check_network_policy(&self, policy: &NetworkPolicy) -> ApiResult<()>;
+
     /// True when host paths are checked by the node that mounts them, not
     /// on this machine (see [`crate::volumes::HostPathCheck`]).
     fn host_paths_checked_on_node(&self) -> bool {
@@ -92,6 +99,18 @@ pub trait Backend: Send + Sync + 'static {
         id: &str,
         at: DateTime<Utc>,
     ) -> impl Future<Output = ApiResult<DateTime<Utc>>> + Send;
+
+    /// The egress policy sandbox `id` runs under, and how it is enforced.
+    fn network_policy(&self, id: &str) -> impl Future<Output = ApiResult<PolicyStatus>> + Send;
+
+    /// Applies `change` to the policy of sandbox `id` (read, compute, write
+    /// guarded against concurrent writers) and answers the policy as
+    /// committed; a runtime that cannot enforce the result answers 400.
+    fn change_network_policy(
+        &self,
+        id: &str,
+        change: PolicyChange,
+    ) -> impl Future<Output = ApiResult<PolicyStatus>> + Send;
 
     /// How to reach `port` of sandbox `id`.
     fn route(&self, id: &str, port: u16) -> impl Future<Output = ApiResult<Route>> + Send;

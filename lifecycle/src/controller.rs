@@ -8,16 +8,19 @@
 //! answers because they all read the same record.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use sandbolt_proto::auth::BearerToken;
 use sandbolt_proto::control::v1 as pb;
+use sandbolt_proto::egress::NetworkPolicy;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::backend::{Backend, Route, paused_sandbox};
+use crate::egress::{ENFORCEMENT_DNS_NFT, PolicyChange, PolicyStatus};
 use crate::error::{ApiError, ApiResult, StartError};
 use crate::model::{SandboxRecord, State};
 use crate::validate::{
@@ -61,6 +64,9 @@ pub struct ControllerBackend {
 enum Call {
     Create,
     SetExpiry,
+    /// The write of a changed egress policy (applied on the node before
+    /// the controller answers).
+    ChangePolicy,
     /// Every call on an existing sandbox (get, delete, update, pause,
     /// resume, resolve) and the list.
     OnSandbox,
@@ -84,7 +90,72 @@ fn map_status(call: Call, id: &str, s: tonic::Status) -> ApiError {
             "SANDBOX_MANUAL_CLEANUP",
             format!("Sandbox {id} does not have automatic expiration enabled."),
         ),
+        // The controller answered: it could not apply the policy on the
+        // sandbox's node (agent unreachable); its message says why.
+        (Call::ChangePolicy, Code::Unavailable) => {
+            ApiError::unavailable(format!("egress policy of sandbox {id} not applied: {msg}"))
+        }
         (_, code) => map_code(code, id, msg),
+    }
+}
+
+/// The record a write is computed from: the same one (uid), unchanged
+/// since (generation), or the controller refuses the write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Precondition {
+    uid: String,
+    generation: i64,
+}
+
+/// How many times a policy change is computed and written before a
+/// sandbox whose record keeps changing under it answers 409.
+const POLICY_WRITE_ATTEMPTS: u32 = 4;
+
+/// The policy a record holds.
+fn stored_policy(s: &pb::Sandbox) -> ApiResult<NetworkPolicy> {
+    let json = s
+        .spec
+        .as_ref()
+        .map_or("", |spec| spec.network_policy_json.as_str());
+    NetworkPolicy::parse(json).map_err(|e| {
+        ApiError::internal(format!(
+            "the controller holds an egress policy for sandbox {} that does not parse: {e}",
+            s.name
+        ))
+    })
+}
+
+/// Read, compute, write guarded by the read's generation; a write that lost
+/// to a concurrent writer (ABORTED) starts over from a fresh read, so no
+/// PATCH or DELETE is computed on a stale policy and silently undoes another.
+async fn change_with_retry<RF, WF>(
+    id: &str,
+    change: &PolicyChange,
+    mut read: impl FnMut() -> RF,
+    mut write: impl FnMut(Precondition, String) -> WF,
+) -> ApiResult<pb::Sandbox>
+where
+    RF: Future<Output = Result<pb::Sandbox, tonic::Status>>,
+    WF: Future<Output = Result<pb::Sandbox, tonic::Status>>,
+{
+    let mut attempt = 1;
+    loop {
+        let current = read()
+            .await
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?;
+        let next = change.apply(&stored_policy(&current)?)?;
+        let precondition = Precondition {
+            uid: current.uid,
+            generation: current.generation,
+        };
+        match write(precondition, next.to_json()).await {
+            Ok(committed) => return Ok(committed),
+            Err(s) if s.code() == tonic::Code::Aborted && attempt < POLICY_WRITE_ATTEMPTS => {
+                tracing::debug!(sandbox_id = %id, attempt, error = %s.message(), "policy write lost to a concurrent change; reading again");
+                attempt += 1;
+            }
+            Err(s) => return Err(map_status(Call::ChangePolicy, id, s)),
+        }
     }
 }
 
@@ -226,7 +297,7 @@ pub fn create_request(plan: &CreatePlan, namespace: &str) -> ApiResult<pb::Creat
         expires_at_unix_seconds: plan.expires_at.map_or(0, ceil_to_second),
         metadata: plan.metadata.clone().into_iter().collect(),
         exposed_ports: Vec::new(),
-        network_policy_json: String::new(),
+        network_policy_json: plan.network_policy.to_json(),
         snapshot_id: String::new(),
     };
     Ok(pb::CreateSandboxRequest {
@@ -338,6 +409,34 @@ impl ControllerBackend {
     fn client(&self) -> Client {
         self.client.clone()
     }
+
+    async fn read(&self, id: &str) -> Result<pb::Sandbox, tonic::Status> {
+        let req = pb::GetSandboxRequest {
+            sandbox: Some(self.reference(id)),
+        };
+        Ok(self.client().get_sandbox(req).await?.into_inner())
+    }
+
+    /// Replaces the egress policy of sandbox `id` if its record still is
+    /// the one the change was computed from (else ABORTED or NOT_FOUND).
+    async fn write_policy(
+        &self,
+        id: &str,
+        precondition: Precondition,
+        policy_json: String,
+    ) -> Result<pb::Sandbox, tonic::Status> {
+        let mut sandbox = self.reference(id);
+        sandbox.expected_uid = precondition.uid;
+        let req = pb::UpdateSandboxRequest {
+            sandbox: Some(sandbox),
+            expected_generation: precondition.generation,
+            expires_at_unix_seconds: None,
+            metadata_upsert: Default::default(),
+            metadata_delete_keys: Vec::new(),
+            network_policy_json: Some(policy_json),
+        };
+        Ok(self.client().update_sandbox(req).await?.into_inner())
+    }
 }
 
 impl Backend for ControllerBackend {
@@ -356,6 +455,11 @@ impl Backend for ControllerBackend {
 
     fn check_extensions(&self, _: &Extensions) -> ApiResult<()> {
         // Every extension sandbolt parses is a field of the native spec.
+        Ok(())
+    }
+
+    fn check_network_policy(&self, _: &NetworkPolicy) -> ApiResult<()> {
+        // Every node enforces policy; the controller checks it again.
         Ok(())
     }
 
@@ -465,6 +569,7 @@ impl Backend for ControllerBackend {
                 expires_at_unix_seconds: None,
                 metadata_upsert: upsert,
                 metadata_delete_keys: delete,
+                network_policy_json: None,
             })
             .await
             .map_err(|s| map_status(Call::OnSandbox, id, s))?
@@ -503,6 +608,7 @@ impl Backend for ControllerBackend {
                 expires_at_unix_seconds: Some(ceil_to_second(at)),
                 metadata_upsert: Default::default(),
                 metadata_delete_keys: Vec::new(),
+                network_policy_json: None,
             })
             .await
             .map_err(|s| map_status(Call::SetExpiry, id, s))?
@@ -510,6 +616,39 @@ impl Backend for ControllerBackend {
         to_record(&sandbox)
             .expires_at
             .ok_or_else(|| ApiError::internal("the controller committed no expiry"))
+    }
+
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "network_policy", sandbox_id = %id, namespace = %self.namespace))]
+    async fn network_policy(&self, id: &str) -> ApiResult<PolicyStatus> {
+        check_id(id)?;
+        let sandbox = self
+            .read(id)
+            .await
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?;
+        Ok(PolicyStatus {
+            policy: stored_policy(&sandbox)?,
+            enforcement_mode: ENFORCEMENT_DNS_NFT,
+        })
+    }
+
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "change_network_policy", sandbox_id = %id, namespace = %self.namespace))]
+    async fn change_network_policy(
+        &self,
+        id: &str,
+        change: PolicyChange,
+    ) -> ApiResult<PolicyStatus> {
+        check_id(id)?;
+        let committed = change_with_retry(
+            id,
+            &change,
+            || self.read(id),
+            |precondition, policy_json| self.write_policy(id, precondition, policy_json),
+        )
+        .await?;
+        Ok(PolicyStatus {
+            policy: stored_policy(&committed)?,
+            enforcement_mode: ENFORCEMENT_DNS_NFT,
+        })
     }
 
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {
@@ -779,6 +918,155 @@ mod tests {
                 "{status:?}"
             );
         }
+    }
+
+    #[test]
+    fn create_sends_the_policy_normalized() {
+        let p = plan(json!({
+            "image": {"uri": "busybox"}, "entrypoint": ["sh"],
+            "networkPolicy": {"defaultAction": "DENY", "egress": [{"action": "Allow", "target": "PyPI.org."}]}
+        }));
+        let spec = create_request(&p, "default").unwrap().spec.unwrap();
+        assert_eq!(
+            spec.network_policy_json,
+            r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"}]}"#
+        );
+        let p = plan(json!({"image": {"uri": "busybox"}, "entrypoint": ["sh"]}));
+        let spec = create_request(&p, "default").unwrap().spec.unwrap();
+        assert_eq!(spec.network_policy_json, "");
+    }
+
+    fn record(generation: i64, policy_json: &str) -> pb::Sandbox {
+        let mut s = sandbox(pb::Phase::Running);
+        s.generation = generation;
+        s.spec.as_mut().unwrap().network_policy_json = policy_json.into();
+        s
+    }
+
+    /// A controller stand-in: every read answers the next generation with
+    /// a policy another writer changed; writes answer from `outcomes`.
+    async fn run_change(
+        change: PolicyChange,
+        outcomes: Vec<Result<(), tonic::Status>>,
+    ) -> (ApiResult<pb::Sandbox>, Vec<(Precondition, String)>) {
+        let reads = std::sync::atomic::AtomicI64::new(0);
+        let writes = std::sync::Mutex::new(Vec::new());
+        let outcomes = std::sync::Mutex::new(outcomes.into_iter());
+        let result = change_with_retry(
+            "sbx-1",
+            &change,
+            || {
+                let n = reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                let target = format!("r{n}.test");
+                async move {
+                    Ok(record(
+                        n,
+                        &format!(r#"{{"defaultAction":"deny","egress":[{{"action":"allow","target":"{target}"}}]}}"#),
+                    ))
+                }
+            },
+            |pre, json| {
+                writes.lock().unwrap().push((pre, json.clone()));
+                let outcome = outcomes.lock().unwrap().next().expect("a planned outcome");
+                async move { outcome.map(|()| record(99, &json)) }
+            },
+        )
+        .await;
+        (result, writes.into_inner().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_policy_change_lost_to_a_concurrent_writer_is_computed_again() {
+        let patch = PolicyChange::Patch(vec![sandbolt_proto::egress::NetworkRule {
+            action: sandbolt_proto::egress::Action::Allow,
+            target: "new.test".into(),
+        }]);
+        let (result, writes) = run_change(
+            patch.clone(),
+            vec![
+                Err(tonic::Status::aborted(
+                    "sandbox default/sbx-1 is at generation 2, not 1",
+                )),
+                Ok(()),
+            ],
+        )
+        .await;
+        let committed = result.unwrap();
+        assert_eq!(writes.len(), 2);
+        // Each write names the record it was computed from ...
+        assert_eq!(
+            writes[0].0,
+            Precondition {
+                uid: "u-1".into(),
+                generation: 1
+            }
+        );
+        assert_eq!(
+            writes[1].0,
+            Precondition {
+                uid: "u-1".into(),
+                generation: 2
+            }
+        );
+        // ... and the retry merged into the fresh read, not the stale one.
+        assert!(
+            writes[1].1.contains("r2.test") && !writes[1].1.contains("r1.test"),
+            "{}",
+            writes[1].1
+        );
+        assert!(writes[1].1.contains("new.test"), "{}", writes[1].1);
+        assert_eq!(stored_policy(&committed).unwrap().egress.len(), 2);
+
+        // A record that never stops changing: 409, after a bounded number of tries.
+        let aborted = || Err(tonic::Status::aborted("generation"));
+        let (result, writes) = run_change(
+            patch.clone(),
+            (0..POLICY_WRITE_ATTEMPTS).map(|_| aborted()).collect(),
+        )
+        .await;
+        assert_eq!(result.unwrap_err().status, StatusCode::CONFLICT);
+        assert_eq!(writes.len(), POLICY_WRITE_ATTEMPTS as usize);
+
+        // Other answers are not retried, and keep the controller's words.
+        for (status, want) in [
+            (
+                tonic::Status::unavailable("agent agent-1 unreachable"),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                tonic::Status::failed_precondition("sandbox is paused"),
+                StatusCode::CONFLICT,
+            ),
+            (tonic::Status::not_found("gone"), StatusCode::NOT_FOUND),
+            (
+                tonic::Status::invalid_argument("network_policy_json.egress[0]"),
+                StatusCode::BAD_REQUEST,
+            ),
+        ] {
+            let (result, writes) = run_change(patch.clone(), vec![Err(status.clone())]).await;
+            let e = result.unwrap_err();
+            assert_eq!((e.status, writes.len()), (want, 1), "{status:?}");
+            if want == StatusCode::SERVICE_UNAVAILABLE {
+                assert!(
+                    e.message.contains("agent agent-1 unreachable"),
+                    "{}",
+                    e.message
+                );
+                assert!(
+                    !e.message.contains("controller unavailable"),
+                    "{}",
+                    e.message
+                );
+            }
+        }
+        // A bad change never reaches the controller.
+        let bad = PolicyChange::Patch(vec![sandbolt_proto::egress::NetworkRule {
+            action: sandbolt_proto::egress::Action::Allow,
+            target: "bad name".into(),
+        }]);
+        let (result, writes) = run_change(bad, vec![]).await;
+        assert_eq!(result.unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert!(writes.is_empty());
     }
 
     #[test]

@@ -29,7 +29,10 @@ use chrono::{DateTime, Utc};
 use sandbolt_proto::wire::{EXECD_PORT, EXECD_TOKEN_HEADER};
 use serde::{Deserialize, Serialize};
 
+use sandbolt_proto::egress::NetworkPolicy;
+
 use crate::backend::{Backend, Route, paused_sandbox};
+use crate::egress::{ENFORCEMENT_NONE, PolicyChange, PolicyStatus};
 use crate::error::{ApiError, ApiResult, StartError};
 use crate::model::{SandboxRecord, State};
 use crate::validate::{CreatePlan, Extensions, FailurePolicy};
@@ -105,6 +108,19 @@ pub struct DockerBackend {
 #[derive(Serialize, Deserialize)]
 struct ExpiryFile {
     expires_at: String,
+}
+
+/// Containers on the engine's network get no egress filtering from
+/// sandbolt: a policy that restricts anything would be accepted and ignored.
+fn refuse_restricting_policy(policy: &NetworkPolicy) -> ApiResult<()> {
+    if crate::egress::normalized(policy.clone()).is_allow_all() {
+        return Ok(());
+    }
+    Err(ApiError::invalid_code(
+        "UNSUPPORTED_FIELD",
+        "networkPolicy: the docker runtime does not enforce egress policy (only allow-all); \
+         omit networkPolicy or use the controller backend",
+    ))
 }
 
 fn container_name(id: &str) -> String {
@@ -760,6 +776,36 @@ impl Backend for DockerBackend {
         Ok(())
     }
 
+    fn check_network_policy(&self, policy: &NetworkPolicy) -> ApiResult<()> {
+        refuse_restricting_policy(policy)
+    }
+
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "network_policy", sandbox_id = %id))]
+    async fn network_policy(&self, id: &str) -> ApiResult<PolicyStatus> {
+        self.inspect(id).await?;
+        Ok(PolicyStatus {
+            policy: NetworkPolicy::default(),
+            enforcement_mode: ENFORCEMENT_NONE,
+        })
+    }
+
+    /// Only a change that leaves the sandbox allowing everything holds: it
+    /// is the truth on this runtime.
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "change_network_policy", sandbox_id = %id))]
+    async fn change_network_policy(
+        &self,
+        id: &str,
+        change: PolicyChange,
+    ) -> ApiResult<PolicyStatus> {
+        self.inspect(id).await?;
+        let policy = change.apply(&NetworkPolicy::default())?;
+        refuse_restricting_policy(&policy)?;
+        Ok(PolicyStatus {
+            policy,
+            enforcement_mode: ENFORCEMENT_NONE,
+        })
+    }
+
     #[tracing::instrument(name = "docker", skip_all, fields(call = "create", sandbox_id = %plan.id))]
     async fn create(&self, plan: CreatePlan) -> ApiResult<SandboxRecord> {
         let token = random_token();
@@ -963,6 +1009,32 @@ mod tests {
                 ("opt/sandbolt/execd".to_string(), 0o755)
             ]
         );
+    }
+
+    #[test]
+    fn only_allow_all_policies_pass_on_docker() {
+        for allow_all in [
+            "{}",
+            r#"{"defaultAction":"allow"}"#,
+            r#"{"defaultAction":"allow","egress":[]}"#,
+        ] {
+            refuse_restricting_policy(&NetworkPolicy::parse(allow_all).unwrap()).unwrap();
+        }
+        for restricting in [
+            r#"{"defaultAction":"deny"}"#,
+            r#"{"defaultAction":"allow","egress":[{"action":"deny","target":"a.test"}]}"#,
+            r#"{"egress":[{"action":"allow","target":"a.test"}]}"#,
+        ] {
+            let e =
+                refuse_restricting_policy(&NetworkPolicy::parse(restricting).unwrap()).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{restricting}");
+            assert!(
+                e.message.contains("networkPolicy")
+                    && e.message.contains("docker runtime does not enforce"),
+                "{}",
+                e.message
+            );
+        }
     }
 
     #[test]

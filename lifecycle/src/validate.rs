@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, Utc};
+use sandbolt_proto::egress::NetworkPolicy;
 use sandbolt_proto::quantity;
 use serde_json::Value;
 
@@ -35,6 +36,8 @@ pub struct CreatePlan {
     pub requests: ResourceSet,
     pub volumes: Vec<VolumeMount>,
     pub extensions: Extensions,
+    /// `networkPolicy`, checked and normalized; the default allows all.
+    pub network_policy: NetworkPolicy,
 }
 
 /// A quantity as the request spelled it (the controller parses the text
@@ -372,6 +375,7 @@ pub fn plan_create(
     let requests = parse_resources(req.resource_requests.as_ref(), "resourceRequests", false)?;
     check_requests_within_limits(&limits, &requests)?;
     let extensions = parse_extensions(req.extensions.as_ref())?;
+    let network_policy = parse_network_policy(req.network_policy.as_ref())?;
     reject_unsupported_options(&req)?;
     if let Some(p) = &req.platform {
         check_platform(p)?;
@@ -393,7 +397,19 @@ pub fn plan_create(
         requests,
         volumes,
         extensions,
+        network_policy,
     })
+}
+
+/// `networkPolicy` through the one policy model every component shares
+/// (`sandbolt_proto::egress`); its errors name the field
+/// (`networkPolicy.egress[2].target`). Absent or `null` allows all.
+pub fn parse_network_policy(raw: Option<&Value>) -> ApiResult<NetworkPolicy> {
+    match raw {
+        None | Some(Value::Null) => Ok(NetworkPolicy::default()),
+        Some(v) => NetworkPolicy::parse(&v.to_string())
+            .map_err(|e| ApiError::invalid_code("INVALID_NETWORK_POLICY", e.to_string())),
+    }
 }
 
 fn unsupported_field(message: impl Into<String>) -> ApiError {
@@ -470,7 +486,6 @@ fn parse_env(
 
 /// Options sandbolt does not offer: refused, never accepted and ignored.
 fn reject_unsupported_options(req: &CreateSandboxRequest) -> ApiResult<()> {
-    reject_if_set(&req.network_policy, "networkPolicy")?;
     reject_if_set(&req.lifecycle, "lifecycle")?;
     if let Some(cp) = &req.credential_proxy
         && cp.get("enabled").and_then(Value::as_bool) == Some(true)
@@ -721,6 +736,54 @@ mod tests {
             let e = plan_create(req(b), &policy(), Utc::now()).unwrap_err();
             assert_eq!(e.status, 400, "{ext}");
             assert!(e.message.contains(words), "{ext}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn network_policy_is_parsed_and_bad_input_named() {
+        let mut b = base();
+        b["networkPolicy"] = json!({"defaultAction": "deny", "egress": [
+            {"action": "allow", "target": "*.PyPI.org"}, {"action": "allow", "target": "203.0.113.9/24"}]});
+        let p = plan_create(req(b), &policy(), Utc::now()).unwrap();
+        assert_eq!(p.network_policy.egress[0].target, "*.pypi.org");
+        assert_eq!(p.network_policy.egress[1].target, "203.0.113.0/24");
+        for absent in [Value::Null, json!({})] {
+            let mut b = base();
+            b["networkPolicy"] = absent;
+            assert!(
+                plan_create(req(b), &policy(), Utc::now())
+                    .unwrap()
+                    .network_policy
+                    .is_allow_all()
+            );
+        }
+        assert!(
+            plan_create(req(base()), &policy(), Utc::now())
+                .unwrap()
+                .network_policy
+                .is_allow_all()
+        );
+        for (bad, field) in [
+            (
+                json!({"defaultAction": "block"}),
+                "networkPolicy.defaultAction",
+            ),
+            (
+                json!({"egress": [{"action": "allow", "target": "a b"}]}),
+                "networkPolicy.egress[0].target",
+            ),
+            (
+                json!({"egress": [{"action": "allow", "target": "2001:db8::1"}]}),
+                "IPv6",
+            ),
+            (json!({"egress": [{"action": "allow"}]}), "networkPolicy"),
+            (json!("deny"), "networkPolicy"),
+        ] {
+            let mut b = base();
+            b["networkPolicy"] = bad.clone();
+            let e = plan_create(req(b), &policy(), Utc::now()).unwrap_err();
+            assert_eq!(e.status, 400, "{bad}");
+            assert!(e.message.contains(field), "{bad}: {}", e.message);
         }
     }
 }

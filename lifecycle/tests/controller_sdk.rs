@@ -29,3 +29,45 @@ async fn sdk_suite_on_controller() {
 async fn volumes_on_controller() {
     suite_on_controller("lifecycle_volumes_test.py", true).await;
 }
+
+/// Egress policy through the SDK (its egress-sidecar endpoint, served by
+/// the lifecycle) and the `networkpolicy` routes, on an agent that
+/// networks its sandboxes, so every policy is enforced on the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_policy_on_controller() {
+    let env = common::controller_env_with(16, true).await;
+    let data = tempfile::tempdir().unwrap();
+    let lifecycle = env.lifecycle(data.path()).await;
+    let (addr, image) = (lifecycle.addr(), env.image.clone());
+    let suite = tokio::task::spawn_blocking(move || {
+        let zone = common::dns_zone_env();
+        common::run_pytest_env(
+            "egress_sdk_test.py",
+            addr,
+            &image,
+            "controller",
+            None,
+            &[("SANDBOLT_DNS_ZONE", &zone)],
+        )
+    })
+    .await;
+    let dns = env.dns.as_ref().expect("a networked agent has an upstream");
+    let (allowed, denied, seen) = (
+        dns.queries_for("pkgs.test"),
+        dns.queries_for("other.test"),
+        dns.seen(),
+    );
+    // A networked agent leaves veths, namespaces and nftables rules behind
+    // unless it is shut down: stop everything before any verdict.
+    lifecycle.shutdown().await.unwrap();
+    env.stop().await;
+    if let Err(panic) = suite {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+    assert!(
+        allowed > 0,
+        "the allowed name never reached the upstream: {seen:?}"
+    );
+    // A name the policy denies is answered on the node, never forwarded.
+    assert_eq!(denied, 0, "{seen:?}");
+}

@@ -30,3 +30,10 @@ async fn limits_on_docker() {
 async fn volumes_on_docker() {
     suite_on_docker("lifecycle_volumes_test.py", true).await;
 }
+
+/// Egress policy on Docker: GET answers allow-all (nothing is enforced), a
+/// restricting change or create is a 400 the SDK raises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_policy_on_docker() {
+    suite_on_docker("egress_sdk_test.py", false).await;
+}

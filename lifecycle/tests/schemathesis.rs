@@ -61,6 +61,10 @@ async fn schemathesis_finds_no_server_errors() {
             "POST /sandboxes/{sandbox_id}/pause",
             "POST /sandboxes/{sandbox_id}/resume",
             "POST /sandboxes/{sandbox_id}/renew-expiration",
+            "GET /sandboxes/{sandbox_id}/networkpolicy",
+            "PUT /sandboxes/{sandbox_id}/networkpolicy",
+            "PATCH /sandboxes/{sandbox_id}/networkpolicy",
+            "DELETE /sandboxes/{sandbox_id}/networkpolicy",
         ] {
             let (method, path) = op.split_once(' ').unwrap();
             toml.push_str(&format!(

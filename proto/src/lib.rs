@@ -9,8 +9,10 @@
 //!   served beside FastPath on the controller's port.
 //! - [`auth`]: bearer tokens on every gRPC port, client and server side.
 //! - [`wire`]: constants every component must agree on (execd's port, header).
+//! - [`egress`]: the OpenSandbox egress policy (`networkPolicy`), one model for all.
 
 pub mod auth;
+pub mod egress;
 pub mod quantity;
 pub mod wire;
 

@@ -8,7 +8,9 @@
 //! Processes a test starts are [`Proc`]s (killed on drop, output kept);
 //! [`http`] talks to the agent's data-plane proxy.
 
+pub mod dns;
 pub mod http;
+pub mod nethost;
 mod process;
 
 pub use process::Proc;

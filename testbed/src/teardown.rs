@@ -169,6 +169,44 @@ pub fn leftovers() -> Vec<String> {
             }
         }
     }
+    found.extend(network_leftovers());
+    found
+}
+
+/// What sandbox networking leaves when something was not released: network
+/// namespaces still mounted (agents' prepared namespaces, test hosts), veths
+/// that belong to no bridge (sandbox and test-host pairs; Docker's own veths
+/// hang off its bridge), and nftables tables of agents.
+fn network_leftovers() -> Vec<String> {
+    let mut found = Vec::new();
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in mountinfo.lines() {
+        let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next());
+        let point = line.split(' ').nth(4).map(unescape_mount);
+        if let (Some("nsfs"), Some(point)) = (fstype, point)
+            && !point.starts_with("/run/docker/")
+        {
+            found.push(format!("network namespace mount {point}"));
+        }
+    }
+    if let Ok(out) = Command::new("ip")
+        .args(["-o", "-d", "link", "show", "type", "veth"])
+        .output()
+    {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if !line.contains(" master ") {
+                let name = line.split(':').nth(1).unwrap_or(line).trim();
+                found.push(format!("veth {name}"));
+            }
+        }
+    }
+    if let Ok(out) = Command::new("nft").args(["list", "tables"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if line.contains("sandbolt") {
+                found.push(format!("nftables {line}"));
+            }
+        }
+    }
     found
 }
 

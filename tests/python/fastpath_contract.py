@@ -222,6 +222,84 @@ def test_v2_manual_cleanup_and_error_codes(v2):
     stub.DeleteSandbox(pb.DeleteRequest(sandbox=ref(pb, rid)))
 
 
+def test_v2_egress_action_bindings(v2):
+    """The OpenSandbox server's egress policy: `action_bindings` with handler
+    "egress" at create, reported by GetSandbox, replaced by UpdateSandbox;
+    anything else is INVALID_ARGUMENT. Names and addresses are from reserved
+    ranges (.test, 198.51.100.0/24, 203.0.113.0/24): nothing is resolved."""
+    pb, stub = v2
+    deny_but_one = '{"defaultAction": "deny", "egress": [{"action": "allow", "target": "Allowed.TEST"}]}'
+    rid = f"py-{uuid.uuid4().hex[:12]}"
+    created = stub.CreateSandbox(
+        pb.CreateSandboxRequest(
+            request_id=rid,
+            namespace="default",
+            image="busybox",
+            command=["sleep", "1000"],
+            expires_at_unix_seconds=int(time.time()) + 3600,
+            completion=pb.CREATE_COMPLETION_READY,
+            action_bindings=[pb.ActionBinding(handler="egress", input=deny_but_one)],
+        ),
+        timeout=60,
+    )
+    assert created.sandbox.ready
+
+    def binding():
+        got = stub.GetSandbox(pb.GetSandboxRequest(sandbox=ref(pb, rid)))
+        items = list(got.sandbox.action_bindings)
+        assert len(items) <= 1, items
+        return got.generation, (items[0] if items else None)
+
+    generation, b = binding()
+    assert b is not None and b.handler == "egress", b
+    assert b.state == pb.ACTION_STATE_READY, b
+    assert b.last_transition_unix_seconds > 0
+
+    # Replace the whole list: a new egress policy (applied on the node
+    # before the call returns), then none at all (= allow all).
+    allow_but_net = '{"defaultAction": "allow", "egress": [{"action": "deny", "target": "198.51.100.0/24"}]}'
+    upd = pb.UpdateSandboxRequest(sandbox=ref(pb, rid), expected_generation=generation)
+    upd.action_bindings.items.append(pb.ActionBinding(handler="egress", input=allow_but_net))
+    res = stub.UpdateSandbox(upd, timeout=30)
+    assert res.committed_generation == generation + 1
+    generation, b = binding()
+    assert generation == res.committed_generation
+    assert b is not None and b.handler == "egress" and b.state == pb.ACTION_STATE_READY, b
+    stale = pb.UpdateSandboxRequest(sandbox=ref(pb, rid), expected_generation=generation - 1)
+    stale.action_bindings.items.append(pb.ActionBinding(handler="egress", input=deny_but_one))
+    assert code_of(lambda: stub.UpdateSandbox(stale)) == grpc.StatusCode.ABORTED
+    clear = pb.UpdateSandboxRequest(sandbox=ref(pb, rid), expected_generation=generation)
+    clear.action_bindings.SetInParent()
+    assert stub.UpdateSandbox(clear, timeout=30).committed_generation == generation + 1
+    assert binding()[1] is None
+
+    # Bad handler, bad JSON, bad target: INVALID_ARGUMENT, nothing created.
+    def refused_create(bindings):
+        req = pb.CreateSandboxRequest(
+            request_id=f"py-{uuid.uuid4().hex[:12]}",
+            namespace="default",
+            image="busybox",
+            action_bindings=bindings,
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            stub.CreateSandbox(req, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+        missing = pb.GetSandboxRequest(sandbox=ref(pb, req.request_id))
+        assert code_of(lambda: stub.GetSandbox(missing)) == grpc.StatusCode.NOT_FOUND
+        return err.value.details()
+
+    assert "ingress" in refused_create([pb.ActionBinding(handler="ingress", input="{}")])
+    assert "action_bindings[0].input" in refused_create([pb.ActionBinding(handler="egress", input="{not json")])
+    bad_target = '{"egress": [{"action": "allow", "target": "no spaces.test"}]}'
+    assert "egress[0].target" in refused_create([pb.ActionBinding(handler="egress", input=bad_target)])
+    bad_update = pb.UpdateSandboxRequest(sandbox=ref(pb, rid))
+    bad_update.action_bindings.items.append(pb.ActionBinding(handler="egress", input='{"defaultAction": "maybe"}'))
+    assert code_of(lambda: stub.UpdateSandbox(bad_update)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert binding()[1] is None, "a refused update changes nothing"
+
+    stub.DeleteSandbox(pb.DeleteRequest(sandbox=ref(pb, rid)))
+
+
 def test_v2_list_pagination_and_pools(v2):
     pb, stub = v2
     names = [create_v2(pb, stub, metadata={"page": "yes"})[0] for _ in range(3)]

@@ -307,3 +307,39 @@ pub async fn sandbox_id(c: &mut V2, name: &str) -> String {
 pub fn free_port() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], sandbolt_test_support::free_port()))
 }
+
+/// Where the Debian CNI plugins live (the agents' default).
+pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
+
+/// Networking for an agent of a test: its DNS proxy forwards to `upstream`
+/// (a test DNS server; `127.0.0.1:9` when the test resolves no names), and
+/// two namespaces are kept prepared.
+pub fn test_network(upstream: SocketAddr) -> sandbolt_agent::config::NetworkConfig {
+    let mut net = sandbolt_agent::config::NetworkConfig::new(vec![upstream]);
+    net.pool_size = 2;
+    net
+}
+
+/// Runs `body` on its own runtime with a fresh agent state directory for
+/// agents with networking. When `body` panics, the runtime (and with it
+/// every agent task holding the agent's subnet) is stopped and the agent's
+/// network state is purged, so a failed run leaves no namespace, veth or
+/// nftables table on the host. A passing `body` shuts its agents down and
+/// the purge finds nothing left.
+pub fn with_network_state<F: Future<Output = ()>>(body: impl FnOnce(std::path::PathBuf) -> F) {
+    let state = tempfile::tempdir().expect("agent state dir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let path = state.path().to_path_buf();
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(body(path))));
+    rt.shutdown_timeout(Duration::from_secs(10));
+    if let Err(e) = sandbolt_agent::network::purge(state.path(), Path::new(CNI_BIN_DIR)) {
+        eprintln!("purging the agent's network state: {e}");
+    }
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}

@@ -8,15 +8,24 @@
 use std::process::Command;
 use std::time::Duration;
 
+use sandbolt_agent::Agent;
 use sandbolt_controller::{Consistency, Controller, ControllerConfig};
-use sandbolt_e2e::bed::{V2, start_agent, start_bed, wait_agents};
+use sandbolt_e2e::bed::{
+    V2, agent_config, start_bed, test_network, wait_agents, with_network_state,
+};
 
 const TOKEN: &str = "python-contract-agent-token";
 /// Number of `test_*` functions in fastpath_contract.py; all must pass.
-const PY_TESTS: usize = 6;
+const PY_TESTS: usize = 7;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_grpcio_clients_from_contract_protos() {
+#[test]
+fn python_grpcio_clients_from_contract_protos() {
+    with_network_state(python_grpcio_clients_from_contract_protos_in);
+}
+
+/// The agent runs with networking: the egress action binding is enforced
+/// (an agent without it refuses a policy, as it must).
+async fn python_grpcio_clients_from_contract_protos_in(state: std::path::PathBuf) {
     let py = tokio::task::spawn_blocking(sandbolt_testbed::python)
         .await
         .unwrap()
@@ -29,17 +38,12 @@ async fn python_grpcio_clients_from_contract_protos() {
     cfg.heartbeat_interval = Duration::from_millis(200);
     cfg.failpoint = None;
     let h = Controller::start(cfg).await.unwrap();
-    let state = tempfile::tempdir().unwrap();
-    let agent = start_agent(
-        &bed,
-        "agent-py",
-        state.path(),
-        h.local_addr(),
-        TOKEN,
-        16,
-        Duration::from_millis(200),
-    )
-    .await;
+    let mut agent_cfg = agent_config(&bed, "agent-py", &state, h.local_addr(), TOKEN);
+    agent_cfg.max_sandboxes = 16;
+    agent_cfg.heartbeat_interval = Duration::from_millis(200);
+    // No names are resolved by these tests.
+    agent_cfg.network = Some(test_network("127.0.0.1:9".parse().unwrap()));
+    let agent = Agent::start(agent_cfg).await.expect("agent starts");
     wait_agents(
         &V2::connect(format!("http://{}", h.local_addr()))
             .await

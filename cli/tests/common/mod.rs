@@ -84,7 +84,12 @@ impl AgentFlags<'_> {
         .arg("--execd-bin")
         .arg(sandbolt_testbed::execd_binary().expect("static execd"))
         .arg("--state-dir")
-        .arg(self.state_dir);
+        .arg(self.state_dir)
+        // These agents are killed with SIGKILL on purpose, and what a killed
+        // agent's networking leaves is taken back by the next agent on the
+        // same state dir, not by these tests: that is tested in
+        // agent/tests/network.rs (`a_crashed_agents_network_is_taken_back`).
+        .args(["--network", "none"]);
         if let Some(pool) = self.pool {
             cmd.args(["--pool", pool]);
         }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use sandbolt_proto::egress::NetworkPolicy;
 use sandbolt_proto::fastpath::v2 as pb;
 use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathService;
 use tonic::{Request, Response, Status};
@@ -84,7 +85,7 @@ pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
             state: execd as i32,
             message: r.message.clone(),
         }],
-        action_bindings: vec![],
+        action_bindings: action_bindings(r),
         ready,
         state: if r.phase == Phase::Paused {
             pb::SandboxState::Paused
@@ -93,6 +94,62 @@ pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
         } as i32,
         checkpoint: None,
     }
+}
+
+/// The one action handler sandbolt understands: its input is the
+/// OpenSandbox `networkPolicy` JSON.
+pub const EGRESS_HANDLER: &str = "egress";
+
+/// The egress policy a list of action bindings asks for (`field` names the
+/// list in errors); no binding = allow all.
+fn egress_policy(bindings: &[pb::ActionBinding], field: &str) -> Result<NetworkPolicy, Status> {
+    let mut found: Option<(usize, NetworkPolicy)> = None;
+    for (i, b) in bindings.iter().enumerate() {
+        if b.handler != EGRESS_HANDLER {
+            return Err(Status::invalid_argument(format!(
+                "{field}[{i}].handler {:?} is not supported: sandbolt understands only {EGRESS_HANDLER:?}",
+                b.handler
+            )));
+        }
+        if let Some((first, _)) = found {
+            return Err(Status::invalid_argument(format!(
+                "{field}[{i}]: a second {EGRESS_HANDLER:?} binding (the first is {field}[{first}]); send one policy"
+            )));
+        }
+        let policy = NetworkPolicy::parse(&b.input)
+            .map_err(|e| Status::invalid_argument(format!("{field}[{i}].input: {e}")))?;
+        found = Some((i, policy));
+    }
+    Ok(found.map(|(_, p)| p).unwrap_or_default())
+}
+
+/// The egress binding while a policy is set: Ready once the agent confirmed
+/// it, Pending while the record holds a policy the agent has not confirmed.
+fn action_bindings(r: &SandboxRecord) -> Vec<pb::ActionBindingInfo> {
+    if r.spec.network_policy_json.is_empty() {
+        return Vec::new();
+    }
+    let (state, message) = if r.network_policy_pending {
+        (
+            pb::ActionState::Pending,
+            format!(
+                "recorded; agent {} has not confirmed it yet (re-sent when it reports the sandbox)",
+                r.agent_id
+            ),
+        )
+    } else {
+        (pb::ActionState::Ready, String::new())
+    };
+    let changed_ms = match r.network_policy_transition_unix_ms {
+        0 => r.created_at_unix_ms,
+        t => t,
+    };
+    vec![pb::ActionBindingInfo {
+        handler: EGRESS_HANDLER.into(),
+        state: state as i32,
+        last_transition_unix_seconds: changed_ms / 1000,
+        message,
+    }]
 }
 
 fn pool_info(p: &PoolSummary) -> pb::PoolInfo {
@@ -145,12 +202,7 @@ impl FastPathService for FastPathV2 {
         req: Request<pb::CreateSandboxRequest>,
     ) -> Result<Response<pb::CreateSandboxResponse>, Status> {
         let q = req.into_inner();
-        if !q.action_bindings.is_empty() {
-            return Err(Error::Unimplemented(
-                "action bindings (e.g. egress policy) are not supported yet".into(),
-            )
-            .into());
-        }
+        let policy = egress_policy(&q.action_bindings, "action_bindings")?;
         let completion = match pb::CreateCompletion::try_from(q.completion) {
             Ok(pb::CreateCompletion::RuntimeReady) => pb::CreateCompletion::RuntimeReady,
             Ok(_) => pb::CreateCompletion::Ready,
@@ -173,6 +225,7 @@ impl FastPathService for FastPathV2 {
                 expires_at: q.expires_at_unix_seconds,
                 failure_policy: failure_policy(q.failure_policy)?,
                 recovery_timeout_seconds: q.recovery_timeout_seconds,
+                network_policy_json: policy.to_json(),
             }),
             ..Default::default()
         };
@@ -210,22 +263,24 @@ impl FastPathService for FastPathV2 {
         let q = req.into_inner();
         let (key, expect) = reference(q.sandbox.as_ref(), q.expected_generation)?;
         use pb::update_sandbox_request::Update;
+        let mut network_policy = None;
         let op = match q.update {
             None => UpdateOp::None,
             Some(Update::ExpiresAtUnixSeconds(t)) => UpdateOp::Expiry(t),
             Some(Update::ResetRevision(s)) => UpdateOp::ResetRevision(s),
             Some(Update::FailurePolicy(p)) => UpdateOp::FailurePolicy(failure_policy(p)?),
             Some(Update::RecoveryTimeoutSeconds(t)) => UpdateOp::RecoveryTimeout(t),
-            Some(Update::ActionBindings(_)) => {
-                return Err(
-                    Error::Unimplemented("action bindings are not supported yet".into()).into(),
-                );
+            // The whole list is replaced: no egress binding = allow all.
+            Some(Update::ActionBindings(b)) => {
+                network_policy = Some(egress_policy(&b.items, "action_bindings.items")?);
+                UpdateOp::None
             }
         };
         let spec = UpdateSpec {
             expect,
             metadata_upsert: q.metadata_upsert.into_iter().collect(),
             metadata_delete: q.metadata_delete_keys,
+            network_policy,
         };
         let r = self.core.update(&key, op, spec).await?;
         Ok(Response::new(pb::UpdateSandboxResponse {
@@ -459,5 +514,81 @@ impl FastPathService for FastPathV2 {
             sandbox: Some(info(&self.core, &r)),
             generation: r.generation,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding(handler: &str, input: &str) -> pb::ActionBinding {
+        pb::ActionBinding {
+            handler: handler.into(),
+            input: input.into(),
+        }
+    }
+
+    #[test]
+    fn egress_binding_is_the_policy_and_nothing_else_is_understood() {
+        let p = egress_policy(
+            &[binding(
+                "egress",
+                r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"Pypi.org"}]}"#,
+            )],
+            "action_bindings",
+        )
+        .unwrap();
+        assert_eq!(
+            p.to_json(),
+            r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"}]}"#
+        );
+        assert!(
+            egress_policy(&[], "action_bindings")
+                .unwrap()
+                .is_allow_all()
+        );
+        let refused = [
+            (
+                vec![binding("Egress", "{}")],
+                "action_bindings[0].handler \"Egress\"",
+            ),
+            (
+                vec![binding("egress", "{")],
+                "action_bindings[0].input: networkPolicy",
+            ),
+            (
+                vec![binding("egress", "{}"), binding("egress", "{}")],
+                "action_bindings[1]: a second",
+            ),
+        ];
+        for (items, want) in refused {
+            let e = egress_policy(&items, "action_bindings").unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(
+                e.message().starts_with(want),
+                "{} should start with {want}",
+                e.message()
+            );
+        }
+    }
+
+    #[test]
+    fn the_binding_is_reported_ready_or_pending_while_a_policy_is_set() {
+        let mut r = SandboxRecord {
+            created_at_unix_ms: 5_000,
+            ..Default::default()
+        };
+        assert!(action_bindings(&r).is_empty(), "allow-all: no binding");
+        r.spec.network_policy_json = r#"{"defaultAction":"deny"}"#.into();
+        let b = action_bindings(&r);
+        assert_eq!(b[0].handler, "egress");
+        assert_eq!(b[0].state, pb::ActionState::Ready as i32);
+        assert_eq!(b[0].last_transition_unix_seconds, 5);
+        r.network_policy_pending = true;
+        r.network_policy_transition_unix_ms = 9_000;
+        let b = action_bindings(&r);
+        assert_eq!(b[0].state, pb::ActionState::Pending as i32);
+        assert_eq!(b[0].last_transition_unix_seconds, 9);
+        assert!(b[0].message.contains("not confirmed"), "{}", b[0].message);
     }
 }

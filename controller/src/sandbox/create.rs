@@ -44,6 +44,15 @@ pub struct CreateRequest {
     pub spec: SandboxSpec,
 }
 
+/// What the agent answered a create with.
+#[derive(Debug, Clone)]
+pub(crate) struct AgentCreated {
+    /// The record's event text (where, and the create's timings).
+    pub(crate) event: String,
+    /// The sandbox's address on the node's network ("" without networking).
+    pub(crate) ip_address: String,
+}
+
 impl CreateRequest {
     fn key(&self) -> SandboxKey {
         SandboxKey::new(&self.namespace, self.name.clone())
@@ -163,7 +172,7 @@ impl Core {
         };
         failpoint(&self.config, Failpoint::StrongAfterRecord, &r.name).await;
         match self.agent_create(&r, wait_for_execd).await {
-            Ok(msg) => self.mark_running(&r, msg).await,
+            Ok(created) => self.mark_running(&r, created).await,
             Err(e) => {
                 tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "strong create failed");
                 self.discard_container(&r).await;
@@ -183,9 +192,10 @@ impl Core {
         let _inflight = self.inflight(&r.sandbox_id);
         self.place(&mut r, None)?;
         match self.agent_create(&r, wait_for_execd).await {
-            Ok(msg) => {
+            Ok(created) => {
                 r.set_phase(Phase::Running);
-                r.push_event("info", "agent", msg);
+                r.ip_address = created.ip_address;
+                r.push_event("info", "agent", created.event);
             }
             Err(e) => {
                 tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "fast create failed");
@@ -253,13 +263,13 @@ impl Core {
         Ok(())
     }
 
-    /// Asks the agent to create `r`'s container; returns the event text.
+    /// Asks the agent to create `r`'s container.
     #[tracing::instrument(skip_all, fields(sandbox = %r.name, sandbox_id = %r.sandbox_id, agent = %r.agent_id))]
     pub(crate) async fn agent_create(
         &self,
         r: &SandboxRecord,
         wait_for_execd: bool,
-    ) -> Result<String> {
+    ) -> Result<AgentCreated> {
         let agent = self
             .registry
             .agent(&r.agent_id)
@@ -274,14 +284,17 @@ impl Core {
             )
             .await?;
         let t = resp.timings.unwrap_or_default();
-        Ok(format!(
-            "container created on {} (image {} µs, container {} µs, task {} µs, execd {} µs)",
-            r.agent_id,
-            t.image_resolved_us,
-            t.container_created_us,
-            t.task_started_us,
-            t.execd_ready_us
-        ))
+        Ok(AgentCreated {
+            event: format!(
+                "container created on {} (image {} µs, container {} µs, task {} µs, execd {} µs)",
+                r.agent_id,
+                t.image_resolved_us,
+                t.container_created_us,
+                t.task_started_us,
+                t.execd_ready_us
+            ),
+            ip_address: resp.status.map(|s| s.ip_address).unwrap_or_default(),
+        })
     }
 
     /// Writes a new record and indexes its expiry.
@@ -293,7 +306,11 @@ impl Core {
     }
 
     /// Pending → Running once the agent confirmed the container.
-    async fn mark_running(&self, r: &SandboxRecord, msg: String) -> Result<SandboxRecord> {
+    async fn mark_running(
+        &self,
+        r: &SandboxRecord,
+        created: AgentCreated,
+    ) -> Result<SandboxRecord> {
         let sid = r.sandbox_id.clone();
         match self.modify(&r.key(), |x| {
             if x.sandbox_id != sid {
@@ -303,7 +320,8 @@ impl Core {
                 )));
             }
             x.phase = Phase::Running;
-            x.push_event("info", "agent", msg.clone());
+            x.ip_address.clone_from(&created.ip_address);
+            x.push_event("info", "agent", created.event.clone());
             Ok(())
         }) {
             Ok(r) => Ok(r),
@@ -389,10 +407,12 @@ impl Core {
             )));
         }
         tracing::info!("re-driving pending create");
-        let msg = self.agent_create(&r, wait_for_execd).await?;
+        let mut created = self.agent_create(&r, wait_for_execd).await?;
         self.recovering.lock().remove(&r.key());
-        self.mark_running(&r, format!("{msg} (re-driven after controller restart)"))
-            .await
+        created
+            .event
+            .push_str(" (re-driven after controller restart)");
+        self.mark_running(&r, created).await
     }
 }
 
@@ -445,6 +465,9 @@ fn new_record(mut req: CreateRequest, consistency: Consistency) -> (SandboxRecor
         events: Vec::new(),
         revision: String::new(),
         last_transition_unix_ms: now_ms,
+        network_policy_pending: false,
+        network_policy_transition_unix_ms: now_ms,
+        ip_address: String::new(),
     };
     (r, req)
 }

@@ -6,7 +6,10 @@
 //!   flows), idempotent retries and re-driving a create left Pending;
 //! - `get.rs`: get (with uid/generation preconditions), diagnostics;
 //! - `list.rs`: pages by namespace and metadata;
-//! - `update.rs`: metadata, expiry, failure policy, reset-revision restart;
+//! - `update.rs`: metadata, expiry, failure policy, reset-revision restart,
+//!   egress policy;
+//! - `policy.rs`: pushing a recorded egress policy to the agent, and
+//!   re-sending it after an outage;
 //! - `pause.rs`: pause and resume;
 //! - `resolve.rs`: the proxy route and headers of a sandbox port;
 //! - `delete.rs`: container, record, slot;
@@ -25,6 +28,7 @@ mod get;
 mod list;
 mod ownership;
 mod pause;
+mod policy;
 mod recover;
 mod resolve;
 mod shared;

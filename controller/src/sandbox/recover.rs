@@ -60,6 +60,9 @@ impl Core {
             if matches!(r.phase, Phase::Pending | Phase::Recovering) {
                 self.recovering.lock().insert(r.key());
             }
+            if r.network_policy_pending {
+                self.policy_pending.lock().insert(r.key(), false);
+            }
         }
         self.ready.store(agents.is_empty(), Ordering::Release);
         tracing::info!(
@@ -106,6 +109,7 @@ impl Core {
         self.update_ready(None);
         if self.is_ready() {
             self.collect_orphans(inv);
+            self.resend_policies(inv);
             if !vanished.is_empty() {
                 self.on_vanished(&inv.agent_id.as_str().into(), &vanished);
             }
@@ -477,10 +481,13 @@ impl Core {
         // vanished can.
         let exclude = (!self.registry.is_live(&old_agent)).then_some(&old_agent);
         self.place(&mut n, exclude)?;
-        if let Err(e) = self.agent_create(&n, true).await {
-            self.registry.release(&n.agent_id, &n.sandbox_id);
-            return Err(e);
-        }
+        let created = match self.agent_create(&n, true).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.registry.release(&n.agent_id, &n.sandbox_id);
+                return Err(e);
+            }
+        };
         let (new_agent, new_sid) = (n.agent_id.clone(), n.sandbox_id.clone());
         let result = self.modify(&r.key(), |x| {
             if x.sandbox_id != old_sid || x.phase != Phase::Recovering {
@@ -488,6 +495,12 @@ impl Core {
             }
             x.agent_id = new_agent.clone();
             x.sandbox_id = new_sid.clone();
+            x.ip_address.clone_from(&created.ip_address);
+            if x.network_policy_pending && x.spec.network_policy_json == n.spec.network_policy_json {
+                // The new container's create carried the record's policy.
+                x.network_policy_pending = false;
+                x.network_policy_transition_unix_ms = clock::now_unix_ms();
+            }
             x.phase = Phase::Running;
             x.assignment_attempt += 1;
             x.recovery_deadline_unix_ms = 0;

@@ -2,7 +2,7 @@
 //! preconditions, the in-flight set, the expiry index, the live agent of a
 //! record, and the one conversion of a record into the agent's spec.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -31,6 +31,11 @@ pub struct Core {
     /// elsewhere (Recovering).
     pub(crate) recovering: Mutex<BTreeSet<SandboxKey>>,
     pub(crate) ready: AtomicBool,
+    /// Records whose network policy the agent has not confirmed (see
+    /// `policy.rs`), each with whether a re-send is running now.
+    pub(crate) policy_pending: Mutex<HashMap<SandboxKey, bool>>,
+    /// One policy push per sandbox at a time (see `policy.rs`).
+    pub(crate) policy_locks: Mutex<HashMap<SandboxKey, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// What the caller believes about the record it names; a mismatch refuses
@@ -84,6 +89,8 @@ impl Core {
             inflight: Mutex::new(HashSet::new()),
             recovering: Mutex::new(BTreeSet::new()),
             ready: AtomicBool::new(true),
+            policy_pending: Mutex::new(HashMap::new()),
+            policy_locks: Mutex::new(HashMap::new()),
         })
     }
 
@@ -238,6 +245,7 @@ pub(crate) fn agent_spec(r: &SandboxRecord, wait_for_execd: bool) -> pb::Sandbox
         envs: s.envs.clone().into_iter().collect(),
         working_dir: s.working_dir.clone(),
         runtime: s.runtime.clone(),
+        network_policy_json: s.network_policy_json.clone(),
         resources: Some(pb::Resources {
             cpu: s.resources.cpu_limit.clone(),
             memory: s.resources.memory_limit.clone(),

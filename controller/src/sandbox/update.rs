@@ -1,11 +1,16 @@
-//! Update: metadata plus at most one other field (v2's `oneof update`), with
-//! optimistic concurrency; a reset revision restarts the container in place.
+//! Update: metadata plus at most one other field (v2's `oneof update`) and
+//! the egress policy, with optimistic concurrency; a reset revision restarts
+//! the container in place, a new policy is pushed to the agent
+//! (`policy.rs`).
 
 use std::collections::BTreeMap;
+
+use sandbolt_proto::egress::NetworkPolicy;
 
 use crate::clock;
 use crate::error::{Error, Result};
 use crate::ids::SandboxKey;
+use crate::sandbox::policy::{PolicyBefore, record_policy};
 use crate::sandbox::shared::agent_spec;
 use crate::sandbox::{Core, Precondition};
 use crate::store::{FailurePolicy, Phase, SandboxRecord};
@@ -28,6 +33,9 @@ pub struct UpdateSpec {
     pub expect: Precondition,
     pub metadata_upsert: BTreeMap<String, String>,
     pub metadata_delete: Vec<String>,
+    /// Replaces the whole egress policy (checked by the caller, which names
+    /// its own field in errors); `None` = unchanged.
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 impl Core {
@@ -46,12 +54,18 @@ impl Core {
             return Err(Error::InvalidArgument(format!("empty metadata key {k:?}")));
         }
         let now = clock::now_unix_secs();
+        let now_ms = clock::now_unix_ms();
         let mut old_expiry = None;
+        let mut policy_before = PolicyBefore::default();
         let r = self.modify(key, |r| {
             spec.expect.check(r)?;
             old_expiry = Some(r.spec.expires_at);
+            policy_before = PolicyBefore::of(r);
             let mut changed = apply_op(r, &op, now)?;
             changed |= apply_metadata(r, &spec);
+            if let Some(p) = &spec.network_policy {
+                changed |= record_policy(r, p, now_ms)?;
+            }
             if changed {
                 r.generation += 1;
             }
@@ -61,6 +75,11 @@ impl Core {
         if let UpdateOp::ResetRevision(rev) = &op {
             return self.restart(r, rev).await;
         }
+        // Also when unchanged but still pending: the caller retries a push
+        // that did not reach the agent.
+        if spec.network_policy.is_some() && r.network_policy_pending {
+            return self.push_policy(r, policy_before).await;
+        }
         Ok(r)
     }
 
@@ -69,7 +88,8 @@ impl Core {
         let agent = self.live_agent(&r)?;
         self.delete_container(&r, &agent).await?;
         let _g = self.inflight(&r.sandbox_id);
-        self.agents
+        let created = self
+            .agents
             .create(
                 &r.agent_id,
                 &agent.api_endpoint,
@@ -77,8 +97,10 @@ impl Core {
                 self.config.create_deadline,
             )
             .await?;
+        let ip = created.status.map(|s| s.ip_address).unwrap_or_default();
         self.modify(&r.key(), |x| {
             x.phase = Phase::Running;
+            x.ip_address.clone_from(&ip);
             x.push_event(
                 "info",
                 "agent",

@@ -54,10 +54,11 @@ use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 use sandbolt_deploy::sandbox::{
     DataPlaneState, DataPlaneStatus, FINALIZER, FailurePolicy as CrFailurePolicy, READY_CONDITION,
-    RuntimeState, RuntimeStatus, SandboxResources, SandboxVolume, labels_to_metadata,
-    metadata_to_labels,
+    RuntimeState, RuntimeStatus, SandboxNetworkPolicy, SandboxResources, SandboxVolume,
+    labels_to_metadata, metadata_to_labels,
 };
 use sandbolt_deploy::{Sandbox, SandboxSpec, SandboxStatus};
+use sandbolt_proto::egress::NetworkPolicy;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{AgentId, SandboxId, SandboxKey};
@@ -120,6 +121,12 @@ struct ControllerState {
     events: Vec<Event>,
     #[serde(default)]
     last_transition_unix_ms: i64,
+    #[serde(default)]
+    network_policy_pending: bool,
+    #[serde(default)]
+    network_policy_transition_unix_ms: i64,
+    #[serde(default)]
+    ip_address: String,
 }
 
 /// An own write the watch has not delivered yet.
@@ -465,6 +472,7 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
             .map(|v| volume!(v => SandboxVolume))
             .collect(),
         runtime: (!spec.runtime.is_empty()).then(|| spec.runtime.clone()),
+        network_policy: policy_to_spec(&spec.network_policy_json)?,
     };
     let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
     labels.retain(|k, _| !k.starts_with(sandbolt_deploy::sandbox::METADATA_LABEL_PREFIX));
@@ -484,6 +492,9 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
         recovery_deadline_unix_ms: record.recovery_deadline_unix_ms,
         events: record.events.clone(),
         last_transition_unix_ms: record.last_transition_unix_ms,
+        network_policy_pending: record.network_policy_pending,
+        network_policy_transition_unix_ms: record.network_policy_transition_unix_ms,
+        ip_address: record.ip_address.clone(),
     };
     obj.metadata
         .annotations
@@ -544,6 +555,7 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
                 .map(|v| volume!(v => HostVolume))
                 .collect(),
             runtime: spec.runtime.clone().unwrap_or_default(),
+            network_policy_json: policy_from_spec(spec.network_policy.as_ref(), obj)?,
         },
         reset_revision: spec.reset_revision.clone().unwrap_or_default(),
         generation: state.generation,
@@ -558,7 +570,40 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
         events: state.events,
         revision: obj.resource_version().unwrap_or_default(),
         last_transition_unix_ms: state.last_transition_unix_ms,
+        network_policy_pending: state.network_policy_pending,
+        network_policy_transition_unix_ms: state.network_policy_transition_unix_ms,
+        ip_address: state.ip_address,
     }))
+}
+
+/// The record's normalized policy JSON as the resource's structured
+/// `spec.networkPolicy` (same JSON shape); `None` for allow-all.
+fn policy_to_spec(json: &str) -> StoreResult<Option<SandboxNetworkPolicy>> {
+    if json.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str(json)
+        .map(Some)
+        .map_err(|e| StoreError::Invalid(format!("spec.networkPolicy: {e}")))
+}
+
+/// `spec.networkPolicy` back as the record's normalized JSON, checked by
+/// the one policy parser (the object may have been edited by hand).
+fn policy_from_spec(p: Option<&SandboxNetworkPolicy>, obj: &Sandbox) -> StoreResult<String> {
+    let Some(p) = p else {
+        return Ok(String::new());
+    };
+    let corrupt = |e: String| {
+        StoreError::Corrupt(format!(
+            "sandbox {}/{}: spec.networkPolicy: {e}",
+            obj.namespace().unwrap_or_default(),
+            obj.name_any()
+        ))
+    };
+    let json = serde_json::to_string(p).map_err(|e| corrupt(e.to_string()))?;
+    NetworkPolicy::parse(&json)
+        .map(|p| p.to_json())
+        .map_err(|e| corrupt(e.to_string()))
 }
 
 /// Limits and requests in the Kubernetes shape (`limits.cpu`, …); `None`
@@ -956,7 +1001,18 @@ mod tests {
         r.spec.recovery_timeout_seconds = 30;
         r.spec.exposed_ports = vec![8080];
         r.request_id = "req-1".into();
+        r.spec.network_policy_json = NetworkPolicy::parse(
+            r#"{"defaultAction":"DENY","egress":[{"action":"allow","target":"*.Example.com."},{"action":"deny","target":"203.0.113.0/24"}]}"#,
+        )
+        .unwrap()
+        .to_json();
+        r.network_policy_pending = true;
+        r.network_policy_transition_unix_ms = 1_700_000_000_000;
+        r.ip_address = "10.203.0.7".into();
         let mut obj = to_object(&r, None).unwrap();
+        let policy = obj.spec.network_policy.clone().expect("structured policy");
+        assert_eq!(policy.egress[0].target, "*.example.com");
+        assert_eq!(policy.egress.len(), 2);
         obj.metadata.resource_version = Some("7".into());
         let mut back = from_object(&obj).unwrap().unwrap();
         assert_eq!(back.revision, "7");

@@ -146,6 +146,11 @@ pub struct SandboxSpec {
     /// OCI runtime; empty = the agent's default (records from before).
     #[serde(default)]
     pub runtime: String,
+    /// Egress policy, normalized (`sandbolt_proto::egress::NetworkPolicy::
+    /// to_json`); empty = allow all egress the node's isolation allows
+    /// (records from before networking read back so).
+    #[serde(default)]
+    pub network_policy_json: String,
 }
 
 /// One sandbox as stored. The spec is flattened, so the stored JSON keeps
@@ -182,6 +187,19 @@ pub struct SandboxRecord {
     /// When `phase` last changed (unix ms).
     #[serde(default)]
     pub last_transition_unix_ms: i64,
+    /// The agent has not confirmed `spec.network_policy_json` yet: an
+    /// update was recorded but the agent was unreachable or did not answer.
+    /// The controller re-sends it when the agent reports the sandbox again;
+    /// a recreated container gets it with its create.
+    #[serde(default)]
+    pub network_policy_pending: bool,
+    /// When the policy last changed or was confirmed by the agent (unix ms).
+    #[serde(default)]
+    pub network_policy_transition_unix_ms: i64,
+    /// The sandbox's address on its node's sandbox network, as the agent
+    /// answered its create (empty without networking).
+    #[serde(default)]
+    pub ip_address: String,
 }
 
 impl SandboxRecord {
@@ -378,6 +396,11 @@ pub(crate) mod tests_support {
         assert_eq!(r.spec.exposed_ports, vec![8080]);
         assert_eq!(r.spec.failure_policy, FailurePolicy::AutoRecreate);
         assert!(r.spec.resources.is_empty() && r.spec.runtime.is_empty());
+        assert!(
+            r.spec.network_policy_json.is_empty(),
+            "old records allow all"
+        );
+        assert!(!r.network_policy_pending && r.ip_address.is_empty());
         // And the same flat names are written back.
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["image"], "busybox");

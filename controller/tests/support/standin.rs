@@ -41,6 +41,29 @@ pub struct StandInState {
     pub overcommits: AtomicUsize,
     /// When set, creates fail with UNAVAILABLE.
     pub fail_creates: AtomicBool,
+    /// Sandbox id → the egress policy JSON it enforces now: from its
+    /// create's spec, then from every UpdateNetworkPolicy that succeeded.
+    pub policies: Mutex<HashMap<String, String>>,
+    /// Every UpdateNetworkPolicy call, failed or not: (sandbox id, policy).
+    pub policy_calls: Mutex<Vec<(String, String)>>,
+    /// When set, UpdateNetworkPolicy fails with UNAVAILABLE (an agent that
+    /// cannot apply rules right now).
+    pub fail_policy_updates: AtomicBool,
+    /// When set, UpdateNetworkPolicy refuses with INVALID_ARGUMENT (an agent
+    /// that cannot enforce the policy at all).
+    pub refuse_policy_updates: AtomicBool,
+}
+
+impl StandInState {
+    /// The policy the stand-in enforces for `sandbox_id` (None: unknown id).
+    pub fn policy(&self, sandbox_id: &str) -> Option<String> {
+        self.policies.lock().get(sandbox_id).cloned()
+    }
+}
+
+/// The address the stand-in gives its n-th sandbox.
+fn ip_for(n: usize) -> String {
+    format!("10.203.0.{}", 2 + n % 250)
 }
 
 pub struct StandInAgent {
@@ -96,7 +119,13 @@ impl AgentService for Svc {
             self.state.overcommits.fetch_add(1, Ordering::SeqCst);
             return Err(Status::resource_exhausted("stand-in: over capacity"));
         }
+        let n = self.state.creates.load(Ordering::SeqCst);
+        self.state
+            .policies
+            .lock()
+            .insert(spec.sandbox_id.clone(), spec.network_policy_json.clone());
         let st = pb::SandboxStatus {
+            ip_address: ip_for(n),
             sandbox_id: spec.sandbox_id.clone(),
             name: spec.name,
             namespace: spec.namespace,
@@ -144,6 +173,41 @@ impl AgentService for Svc {
     ) -> Result<Response<pb::SandboxStatus>, Status> {
         check_token(&req)?;
         self.set_phase(&req.get_ref().sandbox_id, pb::SandboxPhase::Running)
+    }
+
+    async fn update_network_policy(
+        &self,
+        req: Request<pb::UpdateNetworkPolicyRequest>,
+    ) -> Result<Response<pb::SandboxStatus>, Status> {
+        check_token(&req)?;
+        let q = req.into_inner();
+        self.state
+            .policy_calls
+            .lock()
+            .push((q.sandbox_id.clone(), q.network_policy_json.clone()));
+        if self.state.fail_policy_updates.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("stand-in: policy updates disabled"));
+        }
+        if self.state.refuse_policy_updates.load(Ordering::SeqCst) {
+            return Err(Status::invalid_argument(
+                "stand-in: this agent cannot enforce network policies",
+            ));
+        }
+        // Checked like the real agent: the one parser, never trusted blindly.
+        sandbolt_proto::egress::NetworkPolicy::parse(&q.network_policy_json)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let status = self
+            .state
+            .sandboxes
+            .lock()
+            .get(&q.sandbox_id)
+            .cloned()
+            .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))?;
+        self.state
+            .policies
+            .lock()
+            .insert(q.sandbox_id, q.network_policy_json);
+        Ok(Response::new(status))
     }
 
     async fn get_sandbox(
@@ -269,6 +333,12 @@ impl StandInAgent {
         send(&target, self.inventory_fn()())
             .await
             .expect("stand-in heartbeat");
+    }
+
+    /// Stops (false) or resumes (true) the periodic heartbeats: a silent
+    /// agent, as the controller sees it.
+    pub fn set_heartbeats(&self, on: bool) {
+        self.heartbeats.store(on, Ordering::SeqCst);
     }
 
     pub fn held(&self) -> usize {

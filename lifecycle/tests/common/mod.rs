@@ -46,11 +46,39 @@ pub struct ControllerEnv {
     pub dirs: tempfile::TempDir,
     /// The agent's only allowed host-path root.
     pub host_root: tempfile::TempDir,
+    /// The DNS upstream of a networked agent: a local server answering
+    /// [`DNS_ZONE`] only, so nothing a test does resolves through the
+    /// outside world.
+    pub dns: Option<sandbolt_test_support::dns::StaticDns>,
+}
+
+/// What a networked agent's DNS upstream knows: names and their one
+/// address (documentation range; nothing ever connects to them).
+pub const DNS_ZONE: &[(&str, [u8; 4])] = &[
+    ("pkgs.test", [203, 0, 113, 11]),
+    ("www.docs.test", [203, 0, 113, 12]),
+    ("blocked.docs.test", [203, 0, 113, 13]),
+    ("other.test", [203, 0, 113, 14]),
+];
+
+/// [`DNS_ZONE`] as `name=address,...` for the python suites.
+pub fn dns_zone_env() -> String {
+    DNS_ZONE
+        .iter()
+        .map(|(name, a)| format!("{name}={}", std::net::Ipv4Addr::from(*a)))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Starts the controller and one agent holding at most `capacity`
 /// sandboxes, and waits until the agent is a ready member of the pool.
 pub async fn controller_env(capacity: u32) -> ControllerEnv {
+    controller_env_with(capacity, false).await
+}
+
+/// [`controller_env`] with sandbox networking on the agent (egress,
+/// isolation, policy enforcement) when `networking` is set.
+pub async fn controller_env_with(capacity: u32, networking: bool) -> ControllerEnv {
     init_tracing();
     let (bed, image) = tokio::task::spawn_blocking(|| {
         let bed = Testbed::start().expect("test bed (private containerd) must start");
@@ -88,6 +116,20 @@ pub async fn controller_env(capacity: u32) -> ControllerEnv {
     acfg.stop_grace_period = Duration::from_secs(2);
     acfg.max_sandboxes = capacity;
     acfg.allowed_host_paths = vec![host_root.path().to_path_buf()];
+    let dns = networking.then(|| {
+        DNS_ZONE
+            .iter()
+            .fold(
+                sandbolt_test_support::dns::StaticDns::builder(),
+                |b, (name, a)| b.a(name, [std::net::Ipv4Addr::from(*a)]),
+            )
+            .start()
+    });
+    if let Some(dns) = &dns {
+        let mut net = sandbolt_agent::config::NetworkConfig::new(vec![dns.addr()]);
+        net.pool_size = 2;
+        acfg.network = Some(net);
+    }
     let agent = Agent::start(acfg).await.expect("agent starts");
     assert!(
         controller.wait_ready(Duration::from_secs(30)).await,
@@ -100,6 +142,7 @@ pub async fn controller_env(capacity: u32) -> ControllerEnv {
         image,
         dirs,
         host_root,
+        dns,
     };
     env.wait_for_agent().await;
     env
