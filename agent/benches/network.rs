@@ -2,8 +2,8 @@
 //! same run (issue 15):
 //!
 //! 1. create → running through the agent's gRPC API with networking (a
-//!    prepared namespace, its address, a policy with rules) against an agent
-//!    on the same test bed without it, interleaved ABBA;
+//!    prepared namespace, its address, a policy with rules, or allow-all)
+//!    against an agent on the same test bed without it, interleaved;
 //! 2. `UpdateNetworkPolicy` on a running sandbox: the call returns once the
 //!    rules are in the kernel, so its latency is the time to apply;
 //! 3. TCP throughput of one sandbox's egress through the agent's NAT to a
@@ -11,7 +11,7 @@
 //!    connection to the same test host.
 //!
 //! `cargo bench -p sandbolt-agent --bench network [-- ITERATIONS]`
-//! (default 60 creates per agent, 60 policy updates, 3 × 512 MiB transfers).
+//! (default 60 creates per system, 60 policy updates, 3 × 512 MiB transfers).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -83,13 +83,33 @@ async fn client(agent: &sandbolt_agent::AgentHandle) -> Client {
     AgentServiceClient::with_interceptor(channel, BearerToken::new(TOKEN).unwrap())
 }
 
+/// Per-stage times the agent reports (ms since it took the request):
+/// image resolved, container created, task started, execd ready.
+type Stages = [f64; 4];
+
 async fn timed_create(c: &mut Client, spec: SandboxSpec) -> f64 {
+    timed_create_staged(c, spec, &mut Vec::new()).await
+}
+
+async fn timed_create_staged(c: &mut Client, spec: SandboxSpec, stages: &mut Vec<Stages>) -> f64 {
     let id = spec.sandbox_id.clone();
     let t = Instant::now();
-    c.create_sandbox(CreateSandboxRequest { spec: Some(spec) })
+    let reply = c
+        .create_sandbox(CreateSandboxRequest { spec: Some(spec) })
         .await
-        .expect("create");
+        .expect("create")
+        .into_inner();
     let ms = t.elapsed().as_secs_f64() * 1e3;
+    let tm = reply.timings.unwrap_or_default();
+    stages.push(
+        [
+            tm.image_resolved_us,
+            tm.container_created_us,
+            tm.task_started_us,
+            tm.execd_ready_us,
+        ]
+        .map(|us| us as f64 / 1e3),
+    );
     c.delete_sandbox(DeleteSandboxRequest {
         sandbox_id: id,
         grace_period_ms: 1,
@@ -241,21 +261,52 @@ async fn main() {
     let (mut pc, mut nc) = (client(&plain).await, client(&net).await);
     let policy = rules_policy(TEST_HOST);
 
-    // 1. create with and without networking, ABBA, after one warm-up each.
+    // 1. create without networking, with networking and a policy with rules,
+    // and with networking allow-all, one of each per round, after one
+    // warm-up each. The order within a round runs through all six
+    // permutations, so each system follows each other one equally often
+    // (a create pays for whatever ran just before it on the node).
     timed_create(&mut pc, spec("warm-p", "")).await;
     timed_create(&mut nc, spec("warm-n", &policy)).await;
-    let (mut without, mut with_net, mut with_allow_all) = (vec![], vec![], vec![]);
+    const ORDERS: [[usize; 3]; 6] = [
+        [0, 1, 2],
+        [1, 2, 0],
+        [2, 0, 1],
+        [0, 2, 1],
+        [2, 1, 0],
+        [1, 0, 2],
+    ];
+    let mut samples: [Vec<f64>; 3] = Default::default();
+    let mut stages: [Vec<Stages>; 3] = Default::default();
     for i in 0..iterations {
-        let order = [i % 2 == 0, i % 2 == 1];
-        for net_first in order {
-            if net_first {
-                with_net.push(timed_create(&mut nc, spec(&format!("n{i}"), &policy)).await);
-                with_allow_all.push(timed_create(&mut nc, spec(&format!("o{i}"), "")).await);
-            } else {
-                without.push(timed_create(&mut pc, spec(&format!("p{i}"), "")).await);
-            }
+        for system in ORDERS[i % ORDERS.len()] {
+            let (c, s) = match system {
+                0 => (&mut pc, spec(&format!("p{i}"), "")),
+                1 => (&mut nc, spec(&format!("n{i}"), &policy)),
+                _ => (&mut nc, spec(&format!("o{i}"), "")),
+            };
+            let ms = timed_create_staged(c, s, &mut stages[system]).await;
+            samples[system].push(ms);
         }
     }
+    println!(
+        "agent-reported stages, p50 ms (image resolved / container created / task started / execd ready):"
+    );
+    for (name, st) in ["without", "with rules", "allow-all"].iter().zip(&stages) {
+        let p50 = |k: usize| {
+            let mut xs: Vec<f64> = st.iter().map(|s| s[k]).collect();
+            xs.sort_by(f64::total_cmp);
+            pct(&xs, 0.5)
+        };
+        println!(
+            "  {name:<11} {:>6.2} / {:>6.2} / {:>6.2} / {:>6.2}",
+            p50(0),
+            p50(1),
+            p50(2),
+            p50(3)
+        );
+    }
+    let [without, with_net, with_allow_all] = samples;
     println!("create → running, same run, {iterations} each:");
     let (b50, b90) = summary("without networking", without);
     let (n50, n90) = summary("with networking + a policy with rules", with_net);

@@ -406,8 +406,10 @@ impl Sandboxes {
         let image = image?;
         timings.image_resolved_us = clock.elapsed_us();
 
-        // The sandbox's rules go in while the container is made; both are
-        // done before the task starts.
+        // The sandbox's rules go in while the container and its task are
+        // made (runc creates the task's processes but runs nothing of the
+        // sandbox's until tasks.Start); both are done before the task starts.
+        // Until then the namespace's traffic is dropped.
         let container = async {
             let oci = self.runtime_spec(spec, &image, &binds, &limits, attachment.as_ref())?;
             let labels = self.container_labels(spec, runtime)?;
@@ -416,15 +418,17 @@ impl Sandboxes {
             self.create_container(spec, runtime, &image, &oci, labels)
                 .await?;
             *created = true;
-            self.prepare_snapshot(&spec.sandbox_id, &image.chain_id)
-                .await
+            let rootfs = self
+                .prepare_snapshot(&spec.sandbox_id, &image.chain_id)
+                .await?;
+            timings.container_created_us = clock.elapsed_us();
+            self.create_task(&spec.sandbox_id, rootfs, runtime).await
         };
-        let (rootfs, rules) = tokio::join!(container, self.apply_network(spec, &attachment));
+        let (pid, rules) = tokio::join!(container, self.apply_network(spec, &attachment));
         rules?;
-        let rootfs = rootfs?;
-        timings.container_created_us = clock.elapsed_us();
-
-        self.start_task(&spec.sandbox_id, rootfs, runtime).await
+        let pid = pid?;
+        self.start_task(&spec.sandbox_id).await?;
+        Ok(pid)
     }
 
     /// The request's network policy, checked: refused when this agent
@@ -739,7 +743,14 @@ impl Sandboxes {
 
     /// Creates and starts the task; returns its pid.
     #[tracing::instrument(skip_all)]
-    async fn start_task(&self, id: &str, rootfs: Vec<Mount>, runtime: &RuntimeInfo) -> Result<u32> {
+    /// tasks.Create: the shim and runc's init process, waiting to run the
+    /// sandbox's entrypoint (see [`Self::start_task`]). Returns its pid.
+    async fn create_task(
+        &self,
+        id: &str,
+        rootfs: Vec<Mount>,
+        runtime: &RuntimeInfo,
+    ) -> Result<u32> {
         // stdout and stderr append to one host file (the shim opens file://
         // URIs itself: no FIFOs to leak).
         let log = format!("file://{}", self.cfg.log_path(id).display());
@@ -766,6 +777,11 @@ impl Sandboxes {
                 }
             })?
             .into_inner();
+        Ok(task.pid)
+    }
+
+    /// tasks.Start: the sandbox's own code begins to run.
+    async fn start_task(&self, id: &str) -> Result<()> {
         self.ctrd
             .tasks()
             .start(self.ctrd.req(StartRequest {
@@ -774,7 +790,7 @@ impl Sandboxes {
             }))
             .await
             .map_err(AgentError::containerd("tasks.Start"))?;
-        Ok(task.pid)
+        Ok(())
     }
 
     /// Records the started task's pid and turns the entry Running.
