@@ -286,6 +286,8 @@ fn default_values_lint_render_and_validate() {
     assert_eq!(pod["automountServiceAccountToken"], false);
     let a = container(agent, "agent");
     assert_real_flags(a);
+    // The image has no nftables or CNI plugins (see values.yaml).
+    assert!(args(a).contains(&"--network=none".into()), "{:?}", args(a));
     let ready = &a["readinessProbe"]["grpc"];
     assert_eq!(ready["port"], a["ports"][0]["containerPort"]);
     assert_eq!(ready["service"], "sandbolt.agent.v1.AgentService");
@@ -396,7 +398,7 @@ fn non_default_values_lint_render_and_validate() {
             "persistence": {"enabled": true, "size": "5Gi", "storageClassName": "fast-ssd"}
         },
         "lifecycle": {"enabled": false},
-        "agent": {"hostNetwork": true, "proxyPort": 19092},
+        "agent": {"hostNetwork": true, "proxyPort": 19092, "network": "egress"},
         "networkPolicy": {"enabled": false},
         "pools": [
             {"name": "gpu", "nodeSelector": {"sandbolt.io/pool": "gpu"}, "maxSandboxesPerAgent": 8,
@@ -458,6 +460,7 @@ fn non_default_values_lint_render_and_validate() {
         args(a)
     );
     assert!(args(a).contains(&"--proxy-listen=0.0.0.0:19092".into()));
+    assert!(args(a).contains(&"--network=egress".into()));
     assert!(args(a).contains(&"--runtime=crun".into()), "{:?}", args(a));
     assert!(
         args(a).contains(&"--warm-image=docker.io/library/python:3.12".into()),
@@ -526,6 +529,14 @@ fn invalid_values_are_refused() {
         (
             json!({"controller": {"store": "etcd"}}),
             "controller.store must be kubernetes or embedded",
+        ),
+        (
+            json!({"agent": {"network": "bridge"}}),
+            "agent.network must be egress or none",
+        ),
+        (
+            json!({"agent": {"network": "egress"}}),
+            "agent.network=egress needs agent.hostNetwork=true",
         ),
     ] {
         let err = check(Some(values.clone()), &[]).expect_err(&format!("{values} was accepted"));
