@@ -15,6 +15,7 @@
 
 pub mod cni;
 pub mod dns;
+pub mod forward;
 pub mod namespace;
 pub mod nft;
 mod pool;
@@ -285,15 +286,36 @@ impl Network {
             let table = nft::table_name(old);
             let lock = Path::new(subnet::CLAIMS_DIR).join(format!("{}.lock", old.slug()));
             // Another agent may hold the old subnet by now: its table then.
-            if !subnet::is_held(&lock).unwrap_or(true)
-                && nft::table_exists(&table)
-                && let Err(e) = nft::apply(&format!("delete table inet {table}\n"))
-            {
-                tracing::warn!(%table, error = %e, "removing the old subnet's table");
+            if !subnet::is_held(&lock).unwrap_or(true) {
+                forward::remove(&table);
+                if nft::table_exists(&table)
+                    && let Err(e) = nft::apply(&format!("delete table inet {table}\n"))
+                {
+                    tracing::warn!(%table, error = %e, "removing the old subnet's table");
+                }
             }
         }
+        network.allow_forwarding(net);
         tracing::info!(subnet = %net, %gateway, table = %network.shared.table.name, "sandbox networking ready");
         Ok(network)
+    }
+
+    /// Keeps a FORWARD policy of DROP (Docker's) from dropping what this
+    /// agent's table accepts ([`forward`]).
+    fn allow_forwarding(&self, net: subnet::Ipv4Net) {
+        let table = &self.shared.table.name;
+        match forward::allow(net, table) {
+            Ok(forward::Forwarding::Open) => {}
+            Ok(forward::Forwarding::Allowed) => tracing::info!(
+                subnet = %net,
+                "the node's iptables FORWARD policy is DROP: accept rules for the sandbox subnet are at the top of FORWARD (comment {table})"
+            ),
+            Err(e) => tracing::warn!(
+                subnet = %net,
+                error = %e,
+                "the node's iptables FORWARD policy is DROP and the sandbox subnet could not be accepted: sandboxes will have no egress"
+            ),
+        }
     }
 
     async fn bring_up(&self, cfg: &NetworkConfig, live: &HashSet<String>) -> Result<()> {
@@ -715,6 +737,7 @@ pub fn purge(state_dir: &Path, cni_bin_dir: &Path) -> Result<Purged> {
         };
         purged.namespaces = pool::remove_namespaces(&dirs, Some(&cni));
         let table = nft::table_name(net);
+        forward::remove(&table);
         if nft::table_exists(&table) {
             nft::apply(&format!("delete table inet {table}\n"))?;
             purged.table = Some(table);
