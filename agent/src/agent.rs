@@ -84,6 +84,15 @@ impl Agent {
                 return Err(e);
             }
         }
+        if network.is_some() {
+            tasks.push((
+                "network-gc",
+                tokio::spawn(release_orphaned_networks(
+                    sandboxes.clone(),
+                    shutdown_rx.clone(),
+                )),
+            ));
+        }
         // Warm images are ensured in the background: a slow or unreachable
         // registry must delay neither serving nor creates of other images.
         for reference in &cfg.warm_images {
@@ -276,6 +285,20 @@ fn serve_proxy(
 }
 
 /// The heartbeat task, when a controller is configured.
+/// How often the agent looks for networks whose container went away
+/// without a delete (see [`Sandboxes::release_orphaned_networks`]).
+const NETWORK_GC_INTERVAL: Duration = Duration::from_secs(30);
+
+async fn release_orphaned_networks(sandboxes: Arc<Sandboxes>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(NETWORK_GC_INTERVAL) => {}
+        }
+        sandboxes.release_orphaned_networks().await;
+    }
+}
+
 fn start_heartbeat(
     cfg: &AgentConfig,
     api: Arc<AgentApi>,

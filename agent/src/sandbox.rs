@@ -1123,6 +1123,36 @@ impl Sandboxes {
         }
     }
 
+    /// Releases the network of every sandbox whose container is gone
+    /// although nobody deleted it through this agent (the janitor reaped
+    /// it, an operator removed it): its namespace, address and rules would
+    /// otherwise stay until the agent restarts. A sandbox with an operation
+    /// in flight (a create takes its namespace before its container exists)
+    /// is left for the next round. Returns how many were released.
+    pub async fn release_orphaned_networks(&self) -> usize {
+        let Some(network) = self.network() else {
+            return 0;
+        };
+        let mut released = 0;
+        for id in network.attached_sandboxes() {
+            let lock = self.lock_for(&id);
+            let Ok(_guard) = lock.try_lock() else {
+                continue;
+            };
+            let request = self.ctrd.req(GetContainerRequest { id: id.clone() });
+            match self.ctrd.containers().get(request).await {
+                Err(s) if s.code() == Code::NotFound => {
+                    tracing::info!(sandbox = %id, "container gone without a delete: releasing its network");
+                    released += usize::from(network.release(&id).await);
+                }
+                Ok(_) => {}
+                Err(s) => tracing::warn!(sandbox = %id, error = %s, "containers.Get failed"),
+            }
+            self.release_lock(&id, &lock);
+        }
+        released
+    }
+
     /// A task's init process exited.
     pub fn on_exit(&self, container_id: &str, exit_status: u32) {
         if let Some(e) = self.table.write().get_mut(container_id) {

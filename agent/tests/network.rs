@@ -715,3 +715,60 @@ async fn a_crashed_agents_network_is_taken_back_in(state: PathBuf) {
         .await
         .unwrap();
 }
+
+#[test]
+fn a_container_removed_behind_the_agents_back_gets_its_network_released() {
+    cleaning_up(a_container_removed_behind_the_agents_back_gets_its_network_released_in);
+}
+
+/// The janitor (or an operator) may remove a sandbox's container without
+/// the agent's delete: its network must not stay until the agent restarts.
+async fn a_container_removed_behind_the_agents_back_gets_its_network_released_in(state: PathBuf) {
+    let bed = tokio::task::spawn_blocking(bed).await.unwrap();
+    let agent = Agent::start(net_agent_config(&bed, &state))
+        .await
+        .expect("agent starts");
+    let mut client = client_for(&agent).await;
+    let table = agent
+        .sandboxes()
+        .network()
+        .unwrap()
+        .table_name()
+        .to_string();
+    let gone = env_create(&mut client, policy_spec("sb-reaped", "")).await;
+    let kept = env_create(&mut client, policy_spec("sb-kept", "")).await;
+    let gone_member = member_of(&state, "sb-reaped").expect("sb-reaped has a namespace");
+
+    // Nothing is released while the containers exist.
+    assert_eq!(agent.sandboxes().release_orphaned_networks().await, 0);
+
+    // Removed through containerd itself, as the janitor does.
+    for args in [
+        &["tasks", "kill", "-s", "SIGKILL", "sb-reaped"][..],
+        &["tasks", "rm", "-f", "sb-reaped"][..],
+        &["containers", "rm", "sb-reaped"][..],
+    ] {
+        let out = bed.ctr(NS).args(args).output().unwrap();
+        // The kill may race the task's exit; the removals must succeed.
+        assert!(
+            out.status.success() || args[1] == "kill",
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(agent.sandboxes().release_orphaned_networks().await, 1);
+    let left = member_leftovers(&state, &table, &gone_member);
+    assert!(left.is_empty(), "left of sb-reaped: {left:?}");
+    // The other sandbox keeps its network.
+    assert!(member_of(&state, "sb-kept").is_some());
+    let host = TestHost::start(DocRange::TestNet3);
+    assert_eq!(fetch(&kept, at(host.addr())).await, Some(host.line()));
+    assert_eq!(agent.sandboxes().release_orphaned_networks().await, 0);
+    assert!(gone.pid > 0);
+
+    delete(&mut client, "sb-kept", 1).await;
+    agent.shutdown().await;
+    tokio::task::spawn_blocking(move || drop(bed))
+        .await
+        .unwrap();
+}

@@ -562,6 +562,17 @@ impl Network {
     }
 
     /// Ids of the pool's prepared members.
+    /// The sandboxes that have a namespace of this agent.
+    pub fn attached_sandboxes(&self) -> Vec<String> {
+        self.shared
+            .members
+            .lock()
+            .by_sandbox
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     pub fn pool_members(&self) -> Vec<String> {
         self.shared.members.lock().pool.iter().cloned().collect()
     }
