@@ -416,6 +416,14 @@ impl DockerBackend {
         std::fs::create_dir_all(data_dir.join("metadata"))
             .and_then(|_| std::fs::create_dir_all(data_dir.join("expiry")))
             .map_err(|e| StartError::Config(format!("data dir {}: {e}", data_dir.display())))?;
+        // Said once, loudly: the fast path isolates sandboxes, this one does not.
+        tracing::warn!(
+            socket = %socket,
+            "docker runtime: sandboxes use Docker's networking, without sandbolt's isolation \
+             (they can reach each other, this host and link-local/cloud-metadata addresses) \
+             and without egress policy (a networkPolicy that restricts egress is refused); \
+             use the containerd runtime for isolated sandboxes"
+        );
         Ok(Self {
             docker,
             config,
