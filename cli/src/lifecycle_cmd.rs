@@ -68,6 +68,44 @@ pub(crate) struct LifecycleArgs {
     /// (default: --publish-host-ip).
     #[arg(long, env = "SANDBOLT_ENDPOINT_HOST")]
     endpoint_host: Option<String>,
+    #[command(flatten)]
+    docker_network: DockerNetworkArgs,
+}
+
+/// On or off (a flag that reads as a setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Switch {
+    On,
+    Off,
+}
+
+/// Sandbox networking of the Docker backend: the same flags on `up` and
+/// `lifecycle`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DockerNetworkArgs {
+    /// Docker backend: isolate sandboxes from each other, this host and
+    /// private/link-local ranges (a sandbolt bridge network plus nftables
+    /// rules; needs root and `nft` in the engine's network namespace).
+    /// `off` runs sandboxes on Docker's networking without isolation.
+    #[arg(
+        long,
+        env = "SANDBOLT_DOCKER_ISOLATION",
+        value_enum,
+        default_value = "on"
+    )]
+    docker_isolation: Switch,
+    /// Docker backend: IPv4 subnet (CIDR) of the sandbox network when it is
+    /// created (default: Docker picks one).
+    #[arg(long, env = "SANDBOLT_DOCKER_NETWORK_SUBNET")]
+    docker_network_subnet: Option<String>,
+}
+
+impl DockerNetworkArgs {
+    /// Writes the networking settings into a Docker backend config.
+    pub(crate) fn apply(&self, config: &mut DockerConfig) {
+        config.isolation = self.docker_isolation == Switch::On;
+        config.network_subnet = self.docker_network_subnet.clone();
+    }
 }
 
 /// How clients authenticate to the lifecycle API: the same flags on `up` and
@@ -130,6 +168,7 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
                 .endpoint_host
                 .unwrap_or_else(|| args.publish_host_ip.clone());
             d.publish_host_ip = args.publish_host_ip;
+            args.docker_network.apply(&mut d);
             BackendConfig::Docker(d)
         }
     };

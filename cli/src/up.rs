@@ -44,6 +44,8 @@ pub(crate) struct UpArgs {
         default_value = "/var/run/docker.sock"
     )]
     docker_socket: PathBuf,
+    #[command(flatten)]
+    docker_network: lifecycle_cmd::DockerNetworkArgs,
     /// FastPath v1 + v2 and native API gRPC address (token required, see
     /// --fastpath-token).
     #[arg(
@@ -299,10 +301,12 @@ async fn run_on_containerd(
 }
 
 async fn run_on_docker(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> {
+    let mut docker = DockerConfig::new(&args.docker_socket, execd);
+    args.docker_network.apply(&mut docker);
     let config = lifecycle_cmd::config(
         args.lifecycle_listen,
         &args.access,
-        BackendConfig::Docker(DockerConfig::new(&args.docker_socket, execd)),
+        BackendConfig::Docker(docker),
         args.data_dir.join("lifecycle"),
         args.allow_host_path.clone(),
     );

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use sandbolt_proto::egress::NetworkPolicy;
 
 use crate::backend::{Backend, Route, paused_sandbox};
+use crate::docker_network;
 use crate::egress::{ENFORCEMENT_NONE, PolicyChange, PolicyStatus};
 use crate::error::{ApiError, ApiResult, StartError};
 use crate::model::{SandboxRecord, State};
@@ -72,6 +73,13 @@ pub struct DockerConfig {
     /// Process limit of a sandbox whose request names none (the agent's
     /// default on the containerd path, so both paths bound fork bombs alike).
     pub pids_limit: i64,
+    /// Isolate sandboxes as the fast path does (own bridge network and
+    /// nftables rules; needs root and `nft` in the engine's network
+    /// namespace). Off: Docker's networking as is.
+    pub isolation: bool,
+    /// IPv4 subnet of the sandbox network when it is created (CIDR);
+    /// `None` lets Docker pick.
+    pub network_subnet: Option<String>,
 }
 
 impl DockerConfig {
@@ -82,6 +90,8 @@ impl DockerConfig {
             publish_host_ip: "127.0.0.1".into(),
             endpoint_host: "127.0.0.1".into(),
             pids_limit: 4096,
+            isolation: true,
+            network_subnet: None,
         }
     }
 }
@@ -103,6 +113,8 @@ pub struct DockerBackend {
     /// Endpoint facts cached from create so the SDK's endpoint lookups right
     /// after create need no engine round trip.
     reach: Mutex<HashMap<String, Reach>>,
+    /// The isolated sandbox network, when isolation is on.
+    network_mode: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -416,20 +428,27 @@ impl DockerBackend {
         std::fs::create_dir_all(data_dir.join("metadata"))
             .and_then(|_| std::fs::create_dir_all(data_dir.join("expiry")))
             .map_err(|e| StartError::Config(format!("data dir {}: {e}", data_dir.display())))?;
-        // Said once, loudly: the fast path isolates sandboxes, this one does not.
-        tracing::warn!(
-            socket = %socket,
-            "docker runtime: sandboxes use Docker's networking, without sandbolt's isolation \
-             (they can reach each other, this host and link-local/cloud-metadata addresses) \
-             and without egress policy (a networkPolicy that restricts egress is refused); \
-             use the containerd runtime for isolated sandboxes"
-        );
+        // Before any sandbox can start, so there is never a window.
+        let network_mode = if config.isolation {
+            docker_network::ensure_isolated(&docker, config.network_subnet.as_deref()).await?;
+            Some(docker_network::NETWORK_NAME.to_string())
+        } else {
+            // Said once, loudly: the fast path isolates sandboxes.
+            tracing::warn!(
+                socket = %socket,
+                "docker runtime with isolation off: sandboxes use Docker's networking \
+                 (they can reach each other, this host and link-local/cloud-metadata addresses); \
+                 turn isolation on (--docker-isolation on) or use the containerd runtime"
+            );
+            None
+        };
         Ok(Self {
             docker,
             config,
             execd_tar,
             data_dir: data_dir.to_path_buf(),
             reach: Mutex::new(HashMap::new()),
+            network_mode,
         })
     }
 
@@ -613,6 +632,7 @@ impl DockerBackend {
             privileged: Some(false),
             mounts: Some(self.mounts(&plan.volumes)?),
             init: Some(false),
+            network_mode: self.network_mode.clone(),
             ..limits(plan, self.config.pids_limit)?
         })
     }

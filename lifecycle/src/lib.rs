@@ -7,6 +7,7 @@ pub mod api;
 pub mod backend;
 pub mod controller;
 pub mod docker;
+pub mod docker_network;
 pub mod egress;
 pub mod error;
 pub mod expiry;

@@ -150,6 +150,10 @@ async fn lifecycle_in_a_container_with_only_the_docker_socket() {
         // (on the host) and this container (for the proxy) both reach it.
         "--publish-host-ip",
         &gateway,
+        // The lifecycle is not in the engine's network namespace here: it
+        // cannot install the isolation rules.
+        "--docker-isolation",
+        "off",
     ]
     .iter()
     .map(|s| s.to_string())

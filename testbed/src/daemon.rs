@@ -297,8 +297,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 
     fn stop(&mut self) {
         if let Some(mut docker) = self.docker.take() {
+            // Networks a test made on this dockerd (the Docker fallback's
+            // `sandbolt` network) have bridges that outlive the daemon, and
+            // the lifecycle's isolation tables for them outlive both.
+            let bridges = teardown::docker_network_bridges(&docker.socket, &docker.bridge);
             teardown::stop_child(&mut docker.child, Duration::from_secs(10));
             delete_bridge(&docker.bridge);
+            for bridge in bridges {
+                delete_bridge(&bridge);
+                teardown::delete_isolation_tables(&bridge);
+            }
         }
         if self.containerd.is_some() {
             teardown::remove_all_tasks(self);

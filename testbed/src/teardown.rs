@@ -164,13 +164,61 @@ pub fn leftovers() -> Vec<String> {
     if let Ok(entries) = fs::read_dir("/sys/class/net") {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("sbtb") {
+            // Test beds' dockerd bridges, and the Docker fallback's network.
+            if name.starts_with("sbtb") || name.starts_with("sbd") {
                 found.push(format!("bridge {name}"));
             }
         }
     }
     found.extend(network_leftovers());
     found
+}
+
+/// The bridges of the networks on the dockerd at `socket` other than the
+/// bed's own `bed_bridge`, read while it still runs.
+pub(crate) fn docker_network_bridges(socket: &Path, bed_bridge: &str) -> Vec<String> {
+    let host = format!("unix://{}", socket.display());
+    let ids = Command::new("docker")
+        .args([
+            "-H",
+            &host,
+            "network",
+            "ls",
+            "-q",
+            "--filter",
+            "driver=bridge",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    ids.split_whitespace()
+        .filter_map(|id| {
+            let out = Command::new("docker")
+                .args(["-H", &host, "network", "inspect", "-f"])
+                .arg(r#"{{index .Options "com.docker.network.bridge.name"}}"#)
+                .arg(id)
+                .output()
+                .ok()?;
+            let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (!name.is_empty() && name != "<no value>" && name != bed_bridge).then_some(name)
+        })
+        .collect()
+}
+
+/// Deletes the Docker fallback's isolation tables for `bridge` (both
+/// families), if they exist.
+pub(crate) fn delete_isolation_tables(bridge: &str) {
+    for family in ["inet", "bridge"] {
+        let _ = Command::new("nft")
+            .args([
+                "delete",
+                "table",
+                family,
+                &format!("sandbolt_docker_{bridge}"),
+            ])
+            .stderr(Stdio::null())
+            .status();
+    }
 }
 
 /// What sandbox networking leaves when something was not released: network

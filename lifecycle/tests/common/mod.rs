@@ -366,8 +366,49 @@ impl DockerEnv {
         self.bed.docker_socket().expect("bed started with docker")
     }
 
+    /// The sandbox network's subnet, unique per bed (so parallel test
+    /// processes never collide): the bed's bridge 10.213.X.0/24 becomes
+    /// 10.214.X.0/24.
+    pub fn sandbox_subnet(&self) -> String {
+        let bridge = self.bed.docker_bridge().expect("bed started with docker");
+        let out = Command::new("ip")
+            .args(["-4", "-o", "addr", "show", "dev", bridge])
+            .output()
+            .expect("ip runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let third = text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("10.213."))
+            .and_then(|rest| rest.split('.').next())
+            .unwrap_or_else(|| panic!("bed bridge {bridge} has no 10.213.X address: {text}"));
+        format!("10.214.{third}.0/24")
+    }
+
+    /// The sandbox network's bridge on this bed's engine.
+    pub fn sandbox_bridge(&self) -> String {
+        self.engine_bridge()
+            .expect("docker info gives the engine ID")
+    }
+
+    fn engine_bridge(&self) -> Option<String> {
+        let out = Command::new("docker")
+            .args([
+                "-H",
+                &format!("unix://{}", self.socket().display()),
+                "info",
+                "--format",
+                "{{.ID}}\n{{.DockerRootDir}}",
+            ])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (id, root) = text.trim().split_once('\n')?;
+        (!id.is_empty()).then(|| sandbolt_lifecycle::docker_network::bridge_name(id, root))
+    }
+
     pub fn config(&self) -> LifecycleConfig {
-        let docker = DockerConfig::new(self.socket(), &self.execd);
+        let mut docker = DockerConfig::new(self.socket(), &self.execd);
+        docker.network_subnet = Some(self.sandbox_subnet());
         let mut c = LifecycleConfig::new(
             "127.0.0.1:0".parse().unwrap(),
             BackendConfig::Docker(docker),
@@ -399,6 +440,37 @@ impl DockerEnv {
             .expect("docker CLI runs");
         let v: Value = serde_json::from_slice(&out.stdout).expect("docker inspect answers JSON");
         v[0].clone()
+    }
+}
+
+impl Drop for DockerEnv {
+    /// The sandbox network's bridge outlives dockerd and the isolation
+    /// tables outlive the lifecycle: both go here, before the bed stops.
+    fn drop(&mut self) {
+        let Some(bridge) = self.engine_bridge() else {
+            eprintln!("dockerd gave no engine ID: sandbox network left to the bed");
+            return;
+        };
+        let host = format!("unix://{}", self.socket().display());
+        let ids = Command::new("docker")
+            .args(["-H", &host, "ps", "-aq"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        for id in ids.split_whitespace() {
+            let _ = Command::new("docker")
+                .args(["-H", &host, "rm", "-f", "-v", id])
+                .output();
+        }
+        let _ = Command::new("docker")
+            .args(["-H", &host, "network", "rm", "sandbolt"])
+            .output();
+        if Path::new("/sys/class/net").join(&bridge).exists() {
+            let _ = Command::new("ip").args(["link", "del", &bridge]).output();
+        }
+        if let Err(e) = sandbolt_lifecycle::docker_network::remove_isolation(&bridge) {
+            eprintln!("removing the isolation tables of {bridge}: {e}");
+        }
     }
 }
 
