@@ -24,20 +24,6 @@ pub const NETWORK_NAME: &str = "sandbolt";
 const ISOLATION_OFF_HINT: &str = "set `isolation: false` in the Docker config \
      (CLI: --docker-isolation off) to run sandboxes without isolation";
 
-/// Destinations a sandbox never reaches (besides its own network's subnet):
-/// "this" network, private, shared (CGNAT), loopback, link-local (cloud
-/// metadata), multicast and reserved ranges.
-const BLOCKED_V4: &[&str] = &[
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "224.0.0.0/3",
-];
-
 /// The network as the engine made it: what the rules need.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxNetwork {
@@ -261,7 +247,7 @@ pub fn ruleset(network: &SandboxNetwork, resolvers: &[Ipv4Addr]) -> String {
     let table = table_name(&network.bridge);
     let br = &network.bridge;
     let subnet = &network.subnet;
-    let mut blocked: Vec<&str> = BLOCKED_V4.to_vec();
+    let mut blocked: Vec<&str> = sandbolt_proto::egress::ISOLATED_RANGES.to_vec();
     blocked.push(&network.subnet);
     let blocked = blocked.join(", ");
     let dns = if resolvers.is_empty() {

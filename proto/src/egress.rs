@@ -28,6 +28,20 @@ use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
+/// Destinations sandbox isolation blocks on every runtime unless a pool
+/// allows them: "this" network, private, shared (CGNAT), loopback,
+/// link-local (cloud metadata), multicast and reserved ranges.
+pub const ISOLATED_RANGES: [&str; 8] = [
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/3",
+];
+
 /// Most rules one policy may carry: every rule is walked for every DNS
 /// question, and nftables holds one set element per resolved address.
 pub const MAX_RULES: usize = 1024;

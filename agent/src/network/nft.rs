@@ -18,21 +18,9 @@ use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use sandbolt_proto::egress::{Action, NetworkPolicy};
+use sandbolt_proto::egress::{Action, ISOLATED_RANGES, NetworkPolicy};
 
 use super::subnet::Ipv4Net;
-
-/// Ranges no sandbox reaches unless the pool allows them.
-const BLOCKED: [&str; 8] = [
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "224.0.0.0/3",
-];
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -138,10 +126,10 @@ impl Table {
         s
     }
 
-    /// [`BLOCKED`], plus the agent's subnet when it lies outside them.
+    /// [`ISOLATED_RANGES`], plus the agent's subnet when it lies outside them.
     fn blocked(&self) -> String {
-        let mut ranges: Vec<String> = BLOCKED.iter().map(|r| r.to_string()).collect();
-        let inside = BLOCKED
+        let mut ranges: Vec<String> = ISOLATED_RANGES.iter().map(|r| r.to_string()).collect();
+        let inside = ISOLATED_RANGES
             .iter()
             .filter_map(|r| r.parse::<Ipv4Net>().ok())
             .any(|r| r.contains(self.subnet.addr()) && r.prefix() <= self.subnet.prefix());
