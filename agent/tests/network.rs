@@ -772,3 +772,31 @@ async fn a_container_removed_behind_the_agents_back_gets_its_network_released_in
         .await
         .unwrap();
 }
+
+#[test]
+fn a_pool_allowed_private_range_is_reachable_and_only_that_one() {
+    cleaning_up(a_pool_allowed_private_range_is_reachable_and_only_that_one_in);
+}
+
+/// `--network-allow-cidr` opens one private range (an in-cluster service)
+/// and nothing else of the blocked space.
+async fn a_pool_allowed_private_range_is_reachable_and_only_that_one_in(state: PathBuf) {
+    let allowed = TestHost::with_address(Ipv4Addr::new(10, 123, 46, 7));
+    let blocked = TestHost::with_address(Ipv4Addr::new(10, 123, 47, 7));
+    let bed = tokio::task::spawn_blocking(bed).await.unwrap();
+    let mut cfg = net_agent_config(&bed, &state);
+    cfg.network.as_mut().unwrap().allow_cidrs = vec!["10.123.46.0/24".parse().unwrap()];
+    let agent = Agent::start(cfg).await.expect("agent starts");
+    let mut client = client_for(&agent).await;
+    let sb = env_create(&mut client, policy_spec("sb-allowcidr", "")).await;
+    assert_eq!(
+        fetch(&sb, at(allowed.extra().unwrap())).await,
+        Some(allowed.line())
+    );
+    assert_eq!(fetch(&sb, at(blocked.extra().unwrap())).await, None);
+    delete(&mut client, "sb-allowcidr", 1).await;
+    agent.shutdown().await;
+    tokio::task::spawn_blocking(move || drop(bed))
+        .await
+        .unwrap();
+}
