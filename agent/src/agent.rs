@@ -19,6 +19,7 @@ use crate::error::{AgentError, Result};
 use crate::heartbeat::Heartbeat;
 use crate::sandbox::Sandboxes;
 use crate::server::{AgentApi, Identity};
+use crate::volume_mounts::VolumeMounts;
 use crate::{events, proxy, runtime, warm};
 
 /// How long `Agent::start` waits for containerd to answer.
@@ -84,13 +85,10 @@ impl Agent {
                 return Err(e);
             }
         }
-        if network.is_some() {
+        if network.is_some() || sandboxes.volumes().enabled() {
             tasks.push((
-                "network-gc",
-                tokio::spawn(release_orphaned_networks(
-                    sandboxes.clone(),
-                    shutdown_rx.clone(),
-                )),
+                "orphan-gc",
+                tokio::spawn(release_orphans(sandboxes.clone(), shutdown_rx.clone())),
             ));
         }
         // Warm images are ensured in the background: a slow or unreachable
@@ -148,6 +146,7 @@ fn validate(config: &AgentConfig) -> Result<()> {
         )));
     }
     warm::validate(config)?;
+    validate_volume_root(config)?;
     config
         .pool_default_limits
         .validate("pool default")
@@ -155,6 +154,27 @@ fn validate(config: &AgentConfig) -> Result<()> {
         .map_err(AgentError::InvalidArgument)?;
     let logs = config.logs_dir();
     std::fs::create_dir_all(&logs).map_err(AgentError::io(format!("creating {}", logs.display())))
+}
+
+/// Refuses a volume root that host-path bindings could reach (or that
+/// holds an allowed host path): a binding would bypass the volumes' access
+/// modes, or mount another sandbox's volume.
+fn validate_volume_root(config: &AgentConfig) -> Result<()> {
+    let Some(v) = &config.volumes else {
+        return Ok(());
+    };
+    let clash = config
+        .allowed_host_paths
+        .iter()
+        .find(|h| v.root.starts_with(h) || h.starts_with(&v.root));
+    match clash {
+        Some(h) => Err(AgentError::InvalidArgument(format!(
+            "the volume root {} and the allowed host path {} overlap: host-path bindings could reach named volumes' data; choose a volume root outside every --allow-host-path",
+            v.root.display(),
+            h.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Connects to containerd, probes the OCI runtimes and rebuilds the sandbox
@@ -170,7 +190,10 @@ async fn recover_sandboxes(cfg: &Arc<AgentConfig>, instance_id: &str) -> Result<
     for r in &runtimes {
         tracing::info!(runtime = %r.name, available = r.available, reason = %r.reason, "OCI runtime");
     }
-    let sandboxes = Arc::new(Sandboxes::new(cfg.clone(), ctrd, runtimes));
+    // Before recovery: recovered sandboxes hold their volumes again.
+    let volumes =
+        Arc::new(VolumeMounts::open(cfg.volumes.as_ref(), &cfg.agent_id, &cfg.node_name).await?);
+    let sandboxes = Arc::new(Sandboxes::new(cfg.clone(), ctrd, runtimes, volumes));
     let recovered = sandboxes.recover().await?;
     // Recovery also re-labelled adopted containers with this pod's UID;
     // only now may the agent serve (and so turn its pod Ready).
@@ -284,21 +307,24 @@ fn serve_proxy(
     })
 }
 
-/// The heartbeat task, when a controller is configured.
-/// How often the agent looks for networks whose container went away
-/// without a delete (see [`Sandboxes::release_orphaned_networks`]).
-const NETWORK_GC_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the agent looks for networks and volume holds whose
+/// container went away without a delete (see
+/// [`Sandboxes::release_orphaned_networks`] and
+/// [`Sandboxes::release_orphaned_volumes`]).
+const ORPHAN_GC_INTERVAL: Duration = Duration::from_secs(30);
 
-async fn release_orphaned_networks(sandboxes: Arc<Sandboxes>, mut shutdown: watch::Receiver<bool>) {
+async fn release_orphans(sandboxes: Arc<Sandboxes>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
-            () = tokio::time::sleep(NETWORK_GC_INTERVAL) => {}
+            () = tokio::time::sleep(ORPHAN_GC_INTERVAL) => {}
         }
         sandboxes.release_orphaned_networks().await;
+        sandboxes.release_orphaned_volumes().await;
     }
 }
 
+/// The heartbeat task, when a controller is configured.
 fn start_heartbeat(
     cfg: &AgentConfig,
     api: Arc<AgentApi>,
@@ -353,6 +379,39 @@ impl AgentHandle {
         if let Some(network) = self.network {
             network.shutdown().await;
         }
+        // The store's lock on the volume root goes, so a new agent can open
+        // it; the root itself stays mounted while sandboxes mount volumes.
+        self.sandboxes.volumes().close();
+        self.sandboxes.volumes().unmount_unused_root().await;
         tracing::info!("agent stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_volume_root_host_paths_can_reach_is_refused() {
+        let mut cfg = AgentConfig::new("a", "/run/c.sock", "/bin/true", "/st", "t");
+        let volumes = |root: &str| crate::volume_store::VolumeStoreConfig {
+            root: root.into(),
+            backend: Default::default(),
+            loop_image: "/st/volumes.btrfs.img".into(),
+            loop_size_bytes: 0,
+        };
+        cfg.allowed_host_paths = vec!["/data".into()];
+        assert!(validate_volume_root(&cfg).is_ok(), "no volume root");
+        for (root, ok) in [
+            ("/srv/volumes", true),
+            ("/data-other", true),
+            ("/data", false),
+            ("/data/volumes", false),
+            ("/", false),
+        ] {
+            cfg.volumes = Some(volumes(root));
+            let r = validate_volume_root(&cfg);
+            assert_eq!(r.is_ok(), ok, "{root}: {r:?}");
+        }
     }
 }

@@ -84,6 +84,10 @@ pub struct AgentConfig {
     /// get a namespace with loopback only, and creates with a policy other
     /// than allow-all are refused.
     pub network: Option<NetworkConfig>,
+    /// The node's named volumes (see [`crate::volume_mounts`]); `None`: no
+    /// volume root, and every volume call (and a create that mounts a named
+    /// volume) answers UNAVAILABLE. Opened at start, before recovery.
+    pub volumes: Option<crate::volume_store::VolumeStoreConfig>,
 }
 
 /// How the agent networks its sandboxes (see [`crate::network`]).
@@ -198,6 +202,7 @@ impl AgentConfig {
             pool_default_limits: PoolLimits::default(),
             pool_max_limits: PoolLimits::default(),
             network: None,
+            volumes: None,
         }
     }
 

@@ -42,6 +42,29 @@ pub enum AgentError {
     /// Setting up or changing a sandbox's network failed on the host.
     #[error("sandbox network: {0}")]
     Network(#[from] crate::network::NetworkError),
+    /// The node's volume store refused or failed (its own code: NOT_FOUND,
+    /// ALREADY_EXISTS, RESOURCE_EXHAUSTED for a full root, ...).
+    #[error("{0}")]
+    VolumeStore(#[source] crate::volume_store::VolumeStoreError),
+    /// This agent runs without a volume root.
+    #[error(
+        "node {node} has no volume root (its agent runs with --volume-backend none): named volumes are unavailable there"
+    )]
+    VolumesUnavailable { node: String },
+    /// The access mode (or "once per sandbox") forbids this mount now.
+    #[error("volume {volume:?} cannot be mounted: {reason}")]
+    VolumeAccess { volume: String, reason: String },
+    /// Restore and delete wait until no sandbox mounts the volume.
+    #[error(
+        "cannot {action} volume {volume:?} while it is mounted (by {holders}); detach it or delete those sandboxes first"
+    )]
+    VolumeInUse {
+        volume: String,
+        action: &'static str,
+        holders: String,
+    },
+    #[error("volume {volume:?} is not mounted in sandbox {sandbox}")]
+    VolumeNotMounted { sandbox: String, volume: String },
 }
 
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
@@ -89,6 +112,12 @@ impl AgentError {
             AgentError::Node(e) => node_code(e),
             AgentError::NetworkUnavailable(_) => Code::FailedPrecondition,
             AgentError::Network(e) => network_code(e),
+            AgentError::VolumeStore(e) => e.grpc_code(),
+            AgentError::VolumesUnavailable { .. } => Code::Unavailable,
+            AgentError::VolumeAccess { .. } | AgentError::VolumeInUse { .. } => {
+                Code::FailedPrecondition
+            }
+            AgentError::VolumeNotMounted { .. } => Code::NotFound,
         }
     }
 
@@ -226,6 +255,52 @@ mod tests {
                 Code::Internal,
             ),
             (AgentError::io("c")(io()), Code::Internal),
+            (
+                AgentError::VolumesUnavailable { node: s() },
+                Code::Unavailable,
+            ),
+            (
+                AgentError::VolumeAccess {
+                    volume: s(),
+                    reason: s(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                AgentError::VolumeInUse {
+                    volume: s(),
+                    action: "delete",
+                    holders: s(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                AgentError::VolumeNotMounted {
+                    sandbox: s(),
+                    volume: s(),
+                },
+                Code::NotFound,
+            ),
+            (
+                AgentError::VolumeStore(crate::volume_store::VolumeStoreError::NoSpace {
+                    what: s(),
+                }),
+                Code::ResourceExhausted,
+            ),
+            (
+                AgentError::VolumeStore(crate::volume_store::VolumeStoreError::NotFound {
+                    volume: s(),
+                    snapshot: None,
+                }),
+                Code::NotFound,
+            ),
+            (
+                AgentError::VolumeStore(crate::volume_store::VolumeStoreError::AlreadyExists {
+                    volume: s(),
+                    snapshot: None,
+                }),
+                Code::AlreadyExists,
+            ),
         ];
         for (e, want) in cases {
             let text = e.to_string();

@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod hardening;
 pub mod heartbeat;
+pub mod live_mount;
 pub mod netns;
 pub mod network;
 pub mod proxy;
@@ -19,6 +20,8 @@ pub mod runtime;
 pub mod sandbox;
 pub mod server;
 pub mod spec;
+pub mod volume_mounts;
+pub mod volume_store;
 pub mod volumes;
 pub mod warm;
 

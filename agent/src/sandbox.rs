@@ -18,7 +18,7 @@ use parking_lot::RwLock;
 use sandbolt_node::NodeError;
 use sandbolt_node::retry;
 use sandbolt_proto::agent::v1::{
-    CreateTimings, Resources, SandboxPhase, SandboxSpec, SandboxStatus,
+    CreateTimings, NamedVolumeMount, Resources, SandboxPhase, SandboxSpec, SandboxStatus,
 };
 use sandbolt_proto::egress::NetworkPolicy;
 use sandbolt_proto::quantity::QuantityError;
@@ -34,6 +34,7 @@ use crate::labels;
 use crate::network::{Attachment, Network};
 use crate::runtime::RuntimeInfo;
 use crate::teardown::{SnapshotRef, Stop, Teardown};
+use crate::volume_mounts::{self, VolumeMounts};
 use crate::{hardening, proxy, spec, volumes};
 use sandbolt_image_ref::normalize;
 
@@ -59,6 +60,9 @@ pub struct Entry {
     pub message: String,
     pub exposed_ports: Vec<u32>,
     pub token_sha256: [u8; 32],
+    /// Named volumes mounted now (the create's, then attached ones); kept
+    /// in the container's [`labels::VOLUME_MOUNTS`] label.
+    pub volume_mounts: Vec<NamedVolumeMount>,
 }
 
 impl Entry {
@@ -80,6 +84,7 @@ impl Entry {
             message: self.message.clone(),
             exposed_ports: self.exposed_ports.clone(),
             ip_address: String::new(),
+            volume_mounts: self.volume_mounts.clone(),
         }
     }
 
@@ -109,6 +114,8 @@ pub struct Sandboxes {
     /// Sandbox networking, once started (after recovery: it needs to know
     /// which sandboxes are alive); never set with `--network none`.
     network: std::sync::OnceLock<Network>,
+    /// The node's named volumes and who mounts them.
+    volumes: Arc<VolumeMounts>,
 }
 
 pub fn now_ms() -> i64 {
@@ -168,7 +175,7 @@ fn validate_request(spec: &SandboxSpec) -> Result<()> {
             labels::RESERVED_PREFIX
         )));
     }
-    Ok(())
+    volume_mounts::validate(&spec.volume_mounts, "volume_mounts")
 }
 
 /// `value`, or `default` when `value` is empty (proto3 strings have no
@@ -208,7 +215,12 @@ impl Sandboxes {
         }
     }
 
-    pub fn new(cfg: Arc<AgentConfig>, ctrd: Containerd, runtimes: Vec<RuntimeInfo>) -> Self {
+    pub fn new(
+        cfg: Arc<AgentConfig>,
+        ctrd: Containerd,
+        runtimes: Vec<RuntimeInfo>,
+        volumes: Arc<VolumeMounts>,
+    ) -> Self {
         Self {
             images: Images::new(ctrd.clone(), cfg.snapshotter.clone()),
             teardown: Teardown::new(ctrd.clone(), (!cfg.keep_logs).then(|| cfg.logs_dir())),
@@ -219,7 +231,13 @@ impl Sandboxes {
             locks: parking_lot::Mutex::new(HashMap::new()),
             swap_accounting: hardening::swap_accounting(),
             network: std::sync::OnceLock::new(),
+            volumes,
         }
+    }
+
+    /// The node's named volumes.
+    pub fn volumes(&self) -> &Arc<VolumeMounts> {
+        &self.volumes
     }
 
     /// Hands the started network to the table (once, at agent start).
@@ -320,6 +338,14 @@ impl Sandboxes {
             return Ok((s, CreateTimings::default()));
         }
         self.reserve_entry(&spec)?;
+        if let Err(e) = self
+            .reserve_volumes(&id, &spec.volume_mounts, "volume_mounts")
+            .await
+        {
+            self.table.write().remove(&id);
+            self.release_lock(&id, &lock);
+            return Err(e);
+        }
         let mut timings = CreateTimings::default();
         // Whether this create made the container: only then is cleaning up
         // after a failure ours to do (an id clash must not remove someone
@@ -349,6 +375,7 @@ impl Sandboxes {
                     self.cleanup(&id).await;
                 }
                 self.release_network(&id).await;
+                self.volumes.release(&id, None);
                 self.table.write().remove(&id);
                 self.release_lock(&id, &lock);
                 Err(e)
@@ -379,6 +406,7 @@ impl Sandboxes {
             message: String::new(),
             exposed_ports: spec.exposed_ports.clone(),
             token_sha256: sandbolt_proto::auth::token_digest(spec.access_token.as_bytes()),
+            volume_mounts: spec.volume_mounts.clone(),
         };
         table.insert(entry.id.clone(), entry);
         Ok(())
@@ -396,7 +424,10 @@ impl Sandboxes {
     ) -> Result<u32> {
         let runtime = self.runtime_for(spec)?;
         let limits = self.limits_for(spec.resources.clone().unwrap_or_default())?;
-        let binds = self.bind_mounts(spec)?;
+        // Held open until the task exists, then mounted into it (see
+        // `crate::live_mount`): what was checked is what gets mounted.
+        let held = self.bind_mounts(spec)?;
+        let held = self.with_named_volumes(spec, held).await?;
         let policy = self.network_policy(spec)?;
 
         // A prepared namespace is taken while the image resolves.
@@ -411,7 +442,7 @@ impl Sandboxes {
         // sandbox's until tasks.Start); both are done before the task starts.
         // Until then the namespace's traffic is dropped.
         let container = async {
-            let oci = self.runtime_spec(spec, &image, &binds, &limits, attachment.as_ref())?;
+            let oci = self.runtime_spec(spec, &image, &limits, attachment.as_ref())?;
             let labels = self.container_labels(spec, runtime)?;
             // The container first: it references the snapshot key, which keeps
             // containerd's GC off the snapshot from the moment it exists.
@@ -427,6 +458,8 @@ impl Sandboxes {
         let (pid, rules) = tokio::join!(container, self.apply_network(spec, &attachment));
         rules?;
         let pid = pid?;
+        // Before tasks.Start: none of the sandbox's code has run yet.
+        crate::live_mount::attach_held(pid, held).await?;
         self.start_task(&spec.sandbox_id).await?;
         Ok(pid)
     }
@@ -567,18 +600,11 @@ impl Sandboxes {
         Ok(limits)
     }
 
-    /// The host-path bindings, resolved against the allowlist.
-    fn bind_mounts(&self, spec: &SandboxSpec) -> Result<Vec<spec::BindMount>> {
-        let resolved = volumes::resolve(&spec.host_mounts, &self.cfg.allowed_host_paths)
-            .map_err(|e| AgentError::Volume(e.to_string()))?;
-        Ok(resolved
-            .into_iter()
-            .map(|m| spec::BindMount {
-                source: m.source.to_string_lossy().into_owned(),
-                destination: m.destination,
-                read_only: m.read_only,
-            })
-            .collect())
+    /// The host-path bindings, resolved against the allowlist and held
+    /// open (see [`volumes::HeldMount`]).
+    fn bind_mounts(&self, spec: &SandboxSpec) -> Result<Vec<volumes::HeldMount>> {
+        volumes::resolve(&spec.host_mounts, &self.cfg.allowed_host_paths)
+            .map_err(|e| AgentError::Volume(e.to_string()))
     }
 
     /// The image, pulled when missing, unpacked for the snapshotter.
@@ -604,7 +630,6 @@ impl Sandboxes {
         &self,
         spec: &SandboxSpec,
         image: &ResolvedImage,
-        binds: &[spec::BindMount],
         limits: &hardening::Options,
         network: Option<&Attachment>,
     ) -> Result<oci_spec::runtime::Spec> {
@@ -640,7 +665,6 @@ impl Sandboxes {
             env: &env,
             cwd,
             execd_host_path: &self.cfg.execd_binary,
-            binds,
             cgroups_path: &format!("/sandbolt/{id}"),
             network: network.map(|a| spec::NetworkInput {
                 netns_path: &a.netns_path,
@@ -687,6 +711,12 @@ impl Sandboxes {
         if !spec.exposed_ports.is_empty() {
             let ports: Vec<String> = spec.exposed_ports.iter().map(u32::to_string).collect();
             container_labels.insert(labels::EXPOSED_PORTS.into(), ports.join(","));
+        }
+        if !spec.volume_mounts.is_empty() {
+            container_labels.insert(
+                labels::VOLUME_MOUNTS.into(),
+                volume_mounts::to_label(&spec.volume_mounts)?,
+            );
         }
         Ok(container_labels)
     }
@@ -874,8 +904,10 @@ impl Sandboxes {
         let known = self.table.read().contains_key(id);
         let grace = grace.unwrap_or(self.cfg.stop_grace_period);
         let existed = self.stop_and_remove(id, grace, known).await? || known;
-        // Only once the container is gone: its processes used the namespace.
+        // Only once the container is gone: its processes used the namespace
+        // (and had the volumes mounted).
         self.release_network(id).await;
+        self.volumes.release(id, None);
         self.table.write().remove(id);
         self.release_lock(id, &lock);
         if existed {
@@ -1013,7 +1045,8 @@ impl Sandboxes {
                 }
             };
             self.refresh_from_task(&mut entry).await;
-            tracing::info!(sandbox = %entry.id, phase = ?entry.phase, pid = entry.pid, "recovered sandbox");
+            self.volumes.adopt(&entry.id, &entry.volume_mounts);
+            tracing::info!(sandbox = %entry.id, phase = ?entry.phase, pid = entry.pid, volumes = entry.volume_mounts.len(), "recovered sandbox");
             self.table.write().insert(entry.id.clone(), entry);
             n += 1;
         }
@@ -1153,6 +1186,235 @@ impl Sandboxes {
         released
     }
 
+    /// Releases the volume holds of sandboxes whose container is gone
+    /// although nobody deleted it through this agent (the janitor reaped
+    /// it, an operator removed it): an RWO volume would otherwise stay
+    /// taken, and its restore and delete refused, until the agent restarts.
+    /// Sandboxes with an operation in flight are left for the next round.
+    /// Returns how many holds were released.
+    pub async fn release_orphaned_volumes(&self) -> usize {
+        let mut released = 0;
+        for id in self.volumes.holding_sandboxes() {
+            let lock = self.lock_for(&id);
+            let Ok(_guard) = lock.try_lock() else {
+                continue;
+            };
+            let request = self.ctrd.req(GetContainerRequest { id: id.clone() });
+            match self.ctrd.containers().get(request).await {
+                Err(s) if s.code() == Code::NotFound => {
+                    tracing::info!(sandbox = %id, "container gone without a delete: releasing its volumes");
+                    released += self.volumes.release(&id, None);
+                    if let Some(e) = self.table.write().get_mut(&id) {
+                        e.volume_mounts.clear();
+                    }
+                }
+                Ok(_) => {}
+                Err(s) => tracing::warn!(sandbox = %id, error = %s, "containers.Get failed"),
+            }
+            self.release_lock(&id, &lock);
+        }
+        released
+    }
+
+    /// Reserves the sandbox's named volumes in the mount table. A refusal
+    /// because of another holder first releases the holds of sandboxes
+    /// whose container is gone, then tries once more: a sandbox removed
+    /// behind the agent's back must not keep a volume until the next round.
+    async fn reserve_volumes(
+        &self,
+        id: &str,
+        mounts: &[NamedVolumeMount],
+        field: &str,
+    ) -> Result<()> {
+        match self.volumes.reserve(id, mounts, field).await {
+            Err(AgentError::VolumeAccess { .. }) if self.release_orphaned_volumes().await > 0 => {
+                self.volumes.reserve(id, mounts, field).await
+            }
+            r => r,
+        }
+    }
+
+    /// The request's named volumes (reserved by the create), opened
+    /// beneath their data and held like the host-path bindings; no two
+    /// mounts may share a path.
+    async fn with_named_volumes(
+        &self,
+        spec: &SandboxSpec,
+        mut held: Vec<volumes::HeldMount>,
+    ) -> Result<Vec<volumes::HeldMount>> {
+        for (i, m) in spec.volume_mounts.iter().enumerate() {
+            let field = format!("volume_mounts[{i}]");
+            held.push(self.volumes.open_mount(m, &field).await?);
+        }
+        volumes::check_distinct(&held).map_err(|e| AgentError::Volume(e.to_string()))?;
+        Ok(held)
+    }
+
+    /// The pid and named volumes of a sandbox whose task runs (or is
+    /// paused): one a volume can be mounted into.
+    fn live_task(&self, id: &str, action: &'static str) -> Result<(u32, Vec<NamedVolumeMount>)> {
+        let table = self.table.read();
+        let e = table
+            .get(id)
+            .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))?;
+        if e.pid == 0 || !matches!(e.phase, SandboxPhase::Running | SandboxPhase::Paused) {
+            return Err(AgentError::WrongPhase {
+                id: id.to_string(),
+                phase: e.phase.as_str_name(),
+                action,
+            });
+        }
+        Ok((e.pid, e.volume_mounts.clone()))
+    }
+
+    /// Mounts a named volume into a running (or paused) sandbox, with the
+    /// access mode enforced as at create. The label is written before the
+    /// mount is made: a crash in between leaves the volume held (its
+    /// restore and delete refused), never mounted but unrecorded.
+    pub async fn attach_volume(
+        &self,
+        id: &str,
+        mount: Option<NamedVolumeMount>,
+    ) -> Result<SandboxStatus> {
+        let mount = mount.ok_or_else(|| AgentError::InvalidArgument("mount is required".into()))?;
+        volume_mounts::validate_one(&mount, "mount")?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let (pid, before) = self.live_task(id, "attach a volume")?;
+        if let Some(m) = before.iter().find(|m| m.mount_path == mount.mount_path) {
+            return Err(AgentError::InvalidArgument(format!(
+                "mount.mount_path: {:?} is already used by volume {:?}",
+                mount.mount_path, m.volume
+            )));
+        }
+        self.reserve_volumes(id, std::slice::from_ref(&mount), "mount")
+            .await?;
+        if let Err(e) = self.attach_reserved(id, pid, &before, &mount).await {
+            self.volumes.release(id, Some(&mount.volume));
+            return Err(e);
+        }
+        tracing::info!(sandbox = %id, volume = %mount.volume, mount_path = %mount.mount_path, read_only = mount.read_only, "volume attached");
+        self.get(id)
+    }
+
+    /// Label, then mount, of a reserved volume; the label is put back when
+    /// the mount fails.
+    async fn attach_reserved(
+        &self,
+        id: &str,
+        pid: u32,
+        before: &[NamedVolumeMount],
+        mount: &NamedVolumeMount,
+    ) -> Result<()> {
+        let held = self.volumes.open_mount(mount, "mount").await?;
+        let mut after = before.to_vec();
+        after.push(mount.clone());
+        volume_mounts::to_label(&after)?;
+        self.write_volume_label(id, &after).await?;
+        let attached = tokio::task::spawn_blocking(move || {
+            crate::live_mount::attach(pid, held.fd(), &held.destination, held.read_only)
+        })
+        .await
+        .map_err(|e| AgentError::io("mounting a volume")(e.into()))?;
+        if let Err(e) = attached {
+            if let Err(undo) = self.write_volume_label(id, before).await {
+                tracing::warn!(sandbox = %id, error = %undo, "could not put the volume label back after a failed attach");
+            }
+            return Err(e.into());
+        }
+        if let Some(e) = self.table.write().get_mut(id) {
+            e.volume_mounts = after;
+        }
+        Ok(())
+    }
+
+    /// Unmounts a named volume from a sandbox (lazily: files open inside
+    /// stay usable until closed) and releases it. A sandbox whose task is
+    /// gone has nothing mounted any more: only its record changes.
+    pub async fn detach_volume(&self, id: &str, volume: &str) -> Result<SandboxStatus> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let entry = self
+            .table
+            .read()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))?;
+        let mount = entry
+            .volume_mounts
+            .iter()
+            .find(|m| m.volume == volume)
+            .cloned()
+            .ok_or_else(|| AgentError::VolumeNotMounted {
+                sandbox: id.to_string(),
+                volume: volume.to_string(),
+            })?;
+        if entry.pid != 0 && matches!(entry.phase, SandboxPhase::Running | SandboxPhase::Paused) {
+            self.unmount_in_task(entry.pid, &mount.mount_path).await?;
+        }
+        let after: Vec<NamedVolumeMount> = entry
+            .volume_mounts
+            .into_iter()
+            .filter(|m| m.volume != volume)
+            .collect();
+        match self.write_volume_label(id, &after).await {
+            // The container went away meanwhile: there is no label to fix.
+            Err(e) if e.is_not_found() => {}
+            r => r?,
+        }
+        if let Some(e) = self.table.write().get_mut(id) {
+            e.volume_mounts = after;
+        }
+        self.volumes.release(id, Some(volume));
+        tracing::info!(sandbox = %id, volume, mount_path = %mount.mount_path, "volume detached");
+        self.get(id)
+    }
+
+    /// Unmounts `mount_path` in the task's mount namespace; already
+    /// unmounted, or the task gone, count as done.
+    async fn unmount_in_task(&self, pid: u32, mount_path: &str) -> Result<()> {
+        use crate::live_mount::LiveMountError;
+        let path = mount_path.to_string();
+        let res = tokio::task::spawn_blocking(move || crate::live_mount::detach(pid, &path))
+            .await
+            .map_err(|e| AgentError::io("unmounting a volume")(e.into()))?;
+        match res {
+            // NotASandbox: the pid now names a process of the agent's own
+            // mount namespace, i.e. the task is gone and its pid reused.
+            Ok(())
+            | Err(
+                LiveMountError::NotMounted { .. }
+                | LiveMountError::TaskGone { .. }
+                | LiveMountError::NotASandbox { .. },
+            ) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Rewrites the container's [`labels::VOLUME_MOUNTS`] label (only it:
+    /// the mask keeps every other field and label as containerd has it).
+    async fn write_volume_label(&self, id: &str, mounts: &[NamedVolumeMount]) -> Result<()> {
+        let update = Container {
+            id: id.to_string(),
+            labels: HashMap::from([(
+                labels::VOLUME_MOUNTS.to_string(),
+                volume_mounts::to_label(mounts)?,
+            )]),
+            ..Default::default()
+        };
+        self.ctrd
+            .containers()
+            .update(self.ctrd.req(UpdateContainerRequest {
+                container: Some(update),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec![format!("labels.{}", labels::VOLUME_MOUNTS)],
+                }),
+            }))
+            .await
+            .map_err(AgentError::containerd("containers.Update"))?;
+        Ok(())
+    }
+
     /// A task's init process exited.
     pub fn on_exit(&self, container_id: &str, exit_status: u32) {
         if let Some(e) = self.table.write().get_mut(container_id) {
@@ -1250,6 +1512,21 @@ fn entry_from_labels(c: &Container) -> Option<Entry> {
             .filter_map(|p| p.parse().ok())
             .collect(),
         token_sha256,
+        volume_mounts: volume_mounts_from_labels(c),
+    })
+}
+
+/// The sandbox's named volume mounts from its label. An unreadable label
+/// (only the agent writes it) is logged and read as none: the sandbox is
+/// still recovered, and deleting it stays possible.
+fn volume_mounts_from_labels(c: &Container) -> Vec<NamedVolumeMount> {
+    let value = c
+        .labels
+        .get(labels::VOLUME_MOUNTS)
+        .map_or("", String::as_str);
+    volume_mounts::from_label(value).unwrap_or_else(|e| {
+        tracing::warn!(container = %c.id, error = %e, value, "unreadable volume mounts label; its volumes are not held");
+        Vec::new()
     })
 }
 
@@ -1286,6 +1563,22 @@ mod tests {
         assert_eq!(e.token_sha256, token);
         assert_eq!(e.created_at_ms, 42);
         assert_eq!(e.exposed_ports, vec![8080, 9000]);
+        assert!(e.volume_mounts.is_empty());
+        let mut with_volume = c.clone();
+        let mounts = vec![NamedVolumeMount {
+            volume: "data".into(),
+            sub_path: "a".into(),
+            mount_path: "/data".into(),
+            read_only: true,
+        }];
+        with_volume.labels.insert(
+            labels::VOLUME_MOUNTS.to_string(),
+            volume_mounts::to_label(&mounts).unwrap(),
+        );
+        assert_eq!(
+            entry_from_labels(&with_volume).unwrap().volume_mounts,
+            mounts
+        );
         let mut no_token = c.clone();
         no_token.labels.remove(labels::TOKEN_SHA256);
         assert!(entry_from_labels(&no_token).is_none());

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sandbolt_proto::agent::v1;
 use sandbolt_proto::agent::v1::agent_service_server::AgentService;
 use sandbolt_proto::agent::v1::{
     CreateSandboxRequest, CreateSandboxResponse, DeleteSandboxRequest, DeleteSandboxResponse,
@@ -26,7 +27,7 @@ pub struct Identity {
     pub api_endpoint: String,
     pub proxy_endpoint: String,
     /// This agent's Kubernetes pod (see `heartbeat::agent_pod`).
-    pub pod: Option<sandbolt_proto::agent::v1::AgentPod>,
+    pub pod: Option<v1::AgentPod>,
 }
 
 pub struct AgentApi {
@@ -76,7 +77,13 @@ impl AgentApi {
             namespace: id.namespace.clone(),
             pool_policy: Some(self.sandboxes.pool_policy()),
             pod: id.pod.clone(),
+            volumes: self.volumes().inventory().await,
+            volume_capabilities: self.volumes().capabilities(),
         })
+    }
+
+    fn volumes(&self) -> &crate::volume_mounts::VolumeMounts {
+        self.sandboxes.volumes()
     }
 }
 
@@ -149,7 +156,7 @@ impl AgentService for AgentApi {
     #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id))]
     async fn update_network_policy(
         &self,
-        request: Request<sandbolt_proto::agent::v1::UpdateNetworkPolicyRequest>,
+        request: Request<v1::UpdateNetworkPolicyRequest>,
     ) -> Result<Response<SandboxStatus>, Status> {
         let r = request.into_inner();
         let status = self
@@ -165,5 +172,109 @@ impl AgentService for AgentApi {
         _request: Request<GetInventoryRequest>,
     ) -> Result<Response<Inventory>, Status> {
         Ok(Response::new(self.inventory().await?))
+    }
+    // Named volumes (see `crate::volume_mounts`). Errors: INVALID_ARGUMENT
+    // naming the field, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION
+    // (mounted, or the access mode forbids the mount), RESOURCE_EXHAUSTED
+    // (the volume root is full), UNAVAILABLE (no volume root here).
+    #[tracing::instrument(skip_all, fields(volume = request.get_ref().spec.as_ref().map_or("", |s| s.name.as_str())))]
+    async fn create_volume(
+        &self,
+        request: Request<v1::CreateVolumeRequest>,
+    ) -> Result<Response<v1::VolumeInfo>, Status> {
+        let info = self.volumes().create(request.into_inner().spec).await?;
+        Ok(Response::new(info))
+    }
+
+    async fn get_volume(
+        &self,
+        request: Request<v1::VolumeRef>,
+    ) -> Result<Response<v1::VolumeInfo>, Status> {
+        Ok(Response::new(
+            self.volumes().get(&request.get_ref().name).await?,
+        ))
+    }
+
+    async fn list_volumes(
+        &self,
+        _request: Request<v1::ListVolumesRequest>,
+    ) -> Result<Response<v1::ListVolumesResponse>, Status> {
+        let volumes = self.volumes().list().await?;
+        Ok(Response::new(v1::ListVolumesResponse { volumes }))
+    }
+
+    #[tracing::instrument(skip_all, fields(volume = %request.get_ref().name))]
+    async fn delete_volume(
+        &self,
+        request: Request<v1::VolumeRef>,
+    ) -> Result<Response<v1::DeleteVolumeResponse>, Status> {
+        let existed = self.volumes().delete(&request.get_ref().name).await?;
+        Ok(Response::new(v1::DeleteVolumeResponse { existed }))
+    }
+
+    #[tracing::instrument(skip_all, fields(volume = %request.get_ref().volume, snapshot = %request.get_ref().name))]
+    async fn create_volume_snapshot(
+        &self,
+        request: Request<v1::CreateVolumeSnapshotRequest>,
+    ) -> Result<Response<v1::VolumeSnapshot>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.volumes().snapshot(&r.volume, &r.name).await?,
+        ))
+    }
+
+    #[tracing::instrument(skip_all, fields(volume = %request.get_ref().volume, snapshot = %request.get_ref().name))]
+    async fn delete_volume_snapshot(
+        &self,
+        request: Request<v1::VolumeSnapshotRef>,
+    ) -> Result<Response<v1::DeleteVolumeResponse>, Status> {
+        let r = request.into_inner();
+        let existed = self.volumes().delete_snapshot(&r.volume, &r.name).await?;
+        Ok(Response::new(v1::DeleteVolumeResponse { existed }))
+    }
+
+    #[tracing::instrument(skip_all, fields(volume = %request.get_ref().volume, snapshot = %request.get_ref().snapshot))]
+    async fn restore_volume(
+        &self,
+        request: Request<v1::RestoreVolumeRequest>,
+    ) -> Result<Response<v1::VolumeInfo>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.volumes().restore(&r.volume, &r.snapshot).await?,
+        ))
+    }
+
+    #[tracing::instrument(skip_all, fields(source = %request.get_ref().source, snapshot = %request.get_ref().snapshot))]
+    async fn fork_volume(
+        &self,
+        request: Request<v1::ForkVolumeRequest>,
+    ) -> Result<Response<v1::VolumeInfo>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.volumes().fork(&r.source, &r.snapshot, r.spec).await?,
+        ))
+    }
+
+    #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id))]
+    async fn attach_volume(
+        &self,
+        request: Request<v1::AttachVolumeRequest>,
+    ) -> Result<Response<SandboxStatus>, Status> {
+        let r = request.into_inner();
+        let status = self.sandboxes.attach_volume(&r.sandbox_id, r.mount).await?;
+        Ok(Response::new(status))
+    }
+
+    #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id, volume = %request.get_ref().volume))]
+    async fn detach_volume(
+        &self,
+        request: Request<v1::DetachVolumeRequest>,
+    ) -> Result<Response<SandboxStatus>, Status> {
+        let r = request.into_inner();
+        let status = self
+            .sandboxes
+            .detach_volume(&r.sandbox_id, &r.volume)
+            .await?;
+        Ok(Response::new(status))
     }
 }

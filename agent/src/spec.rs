@@ -23,14 +23,6 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// The OCI runtime spec version the agent writes.
 const OCI_VERSION: &str = "1.0.2";
 
-/// A host path bound into the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BindMount {
-    pub source: String,
-    pub destination: String,
-    pub read_only: bool,
-}
-
 /// Everything that varies per sandbox.
 #[derive(Debug, Clone)]
 pub struct SpecInput<'a> {
@@ -41,7 +33,6 @@ pub struct SpecInput<'a> {
     pub env: &'a [String],
     pub cwd: &'a str,
     pub execd_host_path: &'a Path,
-    pub binds: &'a [BindMount],
     pub cgroups_path: &'a str,
     /// The sandbox's prepared network; None: a fresh namespace with
     /// loopback only.
@@ -169,13 +160,10 @@ fn mounts(input: &SpecInput<'_>) -> Vec<Mount> {
             &["rbind", "ro", "nosuid", "nodev"],
         ),
     ];
-    for b in input.binds {
-        let mut opts = vec!["rbind", "nosuid", "nodev"];
-        if b.read_only {
-            opts.push("ro");
-        }
-        mounts.push(mount(&b.destination, "bind", &b.source, &opts));
-    }
+    // Volumes (host paths, named volumes) are not in the spec: runc would
+    // look their sources up by path again. The agent mounts the directories
+    // it checked and holds open into the task before it starts (see
+    // `crate::live_mount`).
     if let Some(net) = input.network {
         // The agent's DNS proxy is the only resolver a sandbox can reach.
         mounts.push(mount(
@@ -293,14 +281,13 @@ mod tests {
         serde_json::to_value(build(input)).unwrap()
     }
 
-    fn input<'a>(cmd: &'a [String], binds: &'a [BindMount]) -> SpecInput<'a> {
+    fn input(cmd: &[String]) -> SpecInput<'_> {
         SpecInput {
             hostname: "sb1",
             user_command: cmd,
             env: &[],
             cwd: "/",
             execd_host_path: Path::new("/usr/lib/sandbolt/execd"),
-            binds,
             cgroups_path: "/sandbolt/sb1",
             network: None,
         }
@@ -308,7 +295,7 @@ mod tests {
 
     #[test]
     fn a_prepared_network_is_joined_and_resolv_conf_bound_read_only() {
-        let mut i = input(&[], &[]);
+        let mut i = input(&[]);
         i.network = Some(NetworkInput {
             netns_path: Path::new("/state/network/netns/m1"),
             resolv_conf: Path::new("/state/network/resolv.conf"),
@@ -330,7 +317,7 @@ mod tests {
     #[test]
     fn execd_is_pid1_and_mounted_read_only() {
         let cmd = vec!["sleep".to_string(), "1".to_string()];
-        let s = built(&input(&cmd, &[]));
+        let s = built(&input(&cmd));
         assert_eq!(
             s["process"]["args"],
             json!([
@@ -354,7 +341,7 @@ mod tests {
 
     #[test]
     fn own_netns_and_cgroup_path() {
-        let s = built(&input(&[], &[]));
+        let s = built(&input(&[]));
         assert_eq!(s["linux"]["cgroupsPath"], "/sandbolt/sb1");
         let ns = s["linux"]["namespaces"].as_array().unwrap();
         let net = ns.iter().find(|n| n["type"] == "network").unwrap();
@@ -362,47 +349,18 @@ mod tests {
     }
 
     #[test]
-    fn binds_carry_ro() {
-        let binds = vec![
-            BindMount {
-                source: "/data/a".into(),
-                destination: "/a".into(),
-                read_only: true,
-            },
-            BindMount {
-                source: "/data/b".into(),
-                destination: "/b".into(),
-                read_only: false,
-            },
-        ];
-        let s = built(&input(&[], &binds));
-        let find = |d: &str| {
-            s["mounts"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|m| m["destination"] == d)
-                .unwrap()
-                .clone()
-        };
-        assert!(
-            find("/a")["options"]
-                .as_array()
-                .unwrap()
-                .contains(&json!("ro"))
-        );
-        assert!(
-            !find("/b")["options"]
-                .as_array()
-                .unwrap()
-                .contains(&json!("ro"))
-        );
-        assert!(
-            find("/b")["options"]
-                .as_array()
-                .unwrap()
-                .contains(&json!("rbind"))
-        );
+    fn only_the_agents_own_binds_are_in_the_spec() {
+        // Volumes are mounted by the agent from held descriptors, never by
+        // runc from a path (see `crate::live_mount`).
+        let s = built(&input(&[]));
+        let binds: Vec<&str> = s["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["type"] == "bind")
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        assert_eq!(binds, [EXECD_PATH]);
     }
 
     #[test]

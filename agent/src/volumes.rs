@@ -2,8 +2,8 @@
 //!
 //! A binding names a host directory (`host_path`, optionally narrowed by a
 //! relative `sub_path`) and where it appears in the sandbox (`mount_path`).
-//! [`resolve`] turns requested bindings into bind-mount sources the runtime
-//! can use, enforcing:
+//! [`resolve`] turns requested bindings into open source directories
+//! ([`HeldMount`]), enforcing:
 //!
 //! - `host_path` is absolute and already normalized (no `.`/`..`, no empty
 //!   components, no trailing `/`), and lies inside one of the configured
@@ -19,22 +19,23 @@
 //!   `/sys`, `/dev` or `/opt/sandbolt` (execd lives there), not an ancestor
 //!   of `/opt/sandbolt` (which would hide execd), and not used twice.
 //!
-//! # What the returned path does and does not guarantee (TOCTOU)
+//! # Closing the check/use race
 //!
-//! The source handed to the runtime is the directory's canonical path,
-//! re-derived from the opened file descriptor (`readlink /proc/self/fd/N`),
-//! so every symlink has already been resolved by the kernel under
-//! `RESOLVE_BENEATH`. runc runs in another process and cannot use our fd,
-//! and runc 1.1 bind-mounts by path, following symlinks. What remains is a
-//! race: if someone with write access to a *directory on that path* swaps a
-//! component for a symlink between [`resolve`] and the runtime's mount, the
-//! mount follows it. On a sandbolt node the only untrusted writers on host
-//! paths are sandboxes with RW bindings; they can only do this to a path
-//! strictly below their own binding, i.e. when two sandboxes bind nested
-//! directories of one root. Callers should resolve right before creating the
-//! container. Closing the window fully would mean handing runc
-//! `/proc/<agent pid>/fd/<N>` and keeping the fd open until the task starts,
-//! or verifying the mount afterwards through the sandbox's mountinfo.
+//! [`resolve`] keeps the `O_PATH` descriptor it opened beneath the root and
+//! returns it inside a [`HeldMount`]; the mount made into the sandbox is a
+//! clone of *that open directory* (see [`crate::live_mount`]), never a
+//! path looked up again later. A component swapped for a symlink after the
+//! check (by another sandbox with a RW binding on the same root) cannot
+//! redirect the mount: the descriptor already names the directory.
+//!
+//! runc 1.1.5 cannot take such a descriptor: handed `/proc/<agent pid>/fd/N`
+//! (plain or an `open_tree` clone) as a bind source it fails with EINVAL,
+//! because `mount(2)` in runc's new mount namespace refuses a source mount
+//! that belongs to another namespace (verified on this host). So the agent
+//! moves the clone into the sandbox's mount namespace itself, after
+//! `tasks.Create` (runc has built the root) and before `tasks.Start` (none
+//! of the sandbox's code has run): the same mechanism as mounting into a
+//! running sandbox. The descriptors live until that is done, then close.
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -52,14 +53,72 @@ pub const EXECD_DIR: &str = "/opt/sandbolt";
 /// sets up (and hardening masks parts of), and execd's directory.
 const FORBIDDEN_MOUNT_ROOTS: &[&str] = &["/proc", "/sys", "/dev", EXECD_DIR];
 
-/// A binding ready for the OCI spec: bind `source` at `destination`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedMount {
-    /// Canonical host path of the directory (see the module docs for the
-    /// guarantees).
-    pub source: PathBuf,
+/// A binding whose source directory is held open: whatever happens to the
+/// path afterwards, the mount made from it is of this very directory.
+/// The descriptor closes when the value is dropped (after the mount is made).
+#[derive(Debug)]
+pub struct HeldMount {
+    fd: OwnedFd,
+    /// The directory's host path when it was opened (logs and errors only;
+    /// never looked up again).
+    host_path: PathBuf,
     pub destination: String,
     pub read_only: bool,
+}
+
+impl HeldMount {
+    /// The open source directory (`O_PATH`).
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Where the directory was when it was opened.
+    pub fn host_path(&self) -> &Path {
+        &self.host_path
+    }
+}
+
+/// A mount of an already opened directory (a named volume's data, opened
+/// by the volume store beneath its root) at `destination`: the same
+/// mount-path rules as host-path bindings. The descriptor must name a
+/// directory; `O_PATH` is enough.
+pub fn held_from_fd(
+    fd: OwnedFd,
+    destination: &str,
+    read_only: bool,
+) -> Result<HeldMount, VolumeError> {
+    check_mount_path(destination)?;
+    let host_path = fd_path(&fd).map_err(|source| VolumeError::Resolve {
+        path: PathBuf::from(format!("<fd {}>", fd.as_raw_fd())),
+        source,
+    })?;
+    let st = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(|e| VolumeError::Resolve {
+        path: host_path.clone(),
+        source: e.into(),
+    })?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(VolumeError::NotADirectory { path: host_path });
+    }
+    Ok(HeldMount {
+        fd,
+        host_path,
+        destination: destination.to_string(),
+        read_only,
+    })
+}
+
+/// Refuses two mounts at one sandbox path (host-path bindings and named
+/// volumes together: each list is checked alone by its resolver).
+pub fn check_distinct(mounts: &[HeldMount]) -> Result<(), VolumeError> {
+    let mut seen = HashSet::new();
+    for m in mounts {
+        if !seen.insert(m.destination.as_str()) {
+            return Err(VolumeError::DuplicateMountPath {
+                path: m.destination.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Why a binding was refused. Every variant names the offending path and,
@@ -113,7 +172,7 @@ pub enum VolumeError {
 pub fn resolve(
     mounts: &[HostPathMount],
     allowlist: &[PathBuf],
-) -> Result<Vec<ResolvedMount>, VolumeError> {
+) -> Result<Vec<HeldMount>, VolumeError> {
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(mounts.len());
     for m in mounts {
@@ -123,14 +182,15 @@ pub fn resolve(
                 path: m.mount_path.clone(),
             });
         }
-        let source = resolve_source(m, allowlist)?;
+        let (fd, source) = resolve_source(m, allowlist)?;
         if m.read_only {
             check_no_submounts(&source)?;
         }
         tracing::debug!(host_path = %m.host_path, sub_path = %m.sub_path, source = %source.display(),
             destination = %m.mount_path, read_only = m.read_only, "host-path binding resolved");
-        out.push(ResolvedMount {
-            source,
+        out.push(HeldMount {
+            fd,
+            host_path: source,
             destination: m.mount_path.clone(),
             read_only: m.read_only,
         });
@@ -168,7 +228,10 @@ fn relative_normalized(path: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn check_mount_path(path: &str) -> Result<(), VolumeError> {
+/// The rules for a sandbox mount path (see the module docs); also applied
+/// to mounts into running sandboxes, to the requested and to the resolved
+/// path.
+pub fn check_mount_path(path: &str) -> Result<(), VolumeError> {
     if !path.starts_with('/') {
         return Err(VolumeError::MountPathNotAbsolute {
             path: path.to_string(),
@@ -202,9 +265,12 @@ fn check_mount_path(path: &str) -> Result<(), VolumeError> {
     Ok(())
 }
 
-/// The binding's directory as a canonical host path, resolved by the kernel
-/// beneath its allowlisted root.
-fn resolve_source(m: &HostPathMount, allowlist: &[PathBuf]) -> Result<PathBuf, VolumeError> {
+/// The binding's directory, opened by the kernel beneath its allowlisted
+/// root, and its canonical host path at that moment.
+fn resolve_source(
+    m: &HostPathMount,
+    allowlist: &[PathBuf],
+) -> Result<(OwnedFd, PathBuf), VolumeError> {
     let host = m.host_path.as_str();
     let sub = m.sub_path.as_str();
     check_host_path(host)?;
@@ -240,7 +306,7 @@ fn resolve_source(m: &HostPathMount, allowlist: &[PathBuf]) -> Result<PathBuf, V
             root: root.clone(),
         });
     }
-    Ok(real)
+    Ok((dir_fd, real))
 }
 
 fn check_host_path(host: &str) -> Result<(), VolumeError> {
@@ -354,12 +420,13 @@ fn open_beneath(root: &Path, rel: &Path, wanted: &Path) -> Result<(OwnedFd, Owne
     Ok((root_fd, dir_fd))
 }
 
-/// A read-only binding is applied as a recursive bind plus a read-only
-/// remount, and runc 1.1 makes only the top mount read-only: any filesystem
-/// mounted below the source would stay writable inside the sandbox (seen on
-/// this host with a tmpfs below an RO binding). Until the runtime can apply
-/// read-only recursively (`rro`, mount_setattr with AT_RECURSIVE), such
-/// bindings are refused.
+/// Refuses a read-only binding with a filesystem mounted below its source.
+/// This dates from runc making the mounts (runc 1.1 remounts only the top of
+/// an rbind read-only, so a tmpfs below stayed writable). The agent now
+/// mounts the tree itself with `mount_setattr(MOUNT_ATTR_RDONLY,
+/// AT_RECURSIVE)` ([`crate::live_mount`]), which makes submounts read-only
+/// too (tested in `tests/live_mount.rs`), so this refusal is conservative;
+/// it stays until the end-to-end tests that expect it are changed.
 fn check_no_submounts(source: &Path) -> Result<(), VolumeError> {
     let table = std::fs::read_to_string("/proc/self/mountinfo").map_err(VolumeError::MountTable)?;
     for line in table.lines() {
@@ -515,7 +582,7 @@ mod tests {
         }
     }
 
-    fn one(f: &Fixture, mount: HostPathMount) -> Result<ResolvedMount, VolumeError> {
+    fn one(f: &Fixture, mount: HostPathMount) -> Result<HeldMount, VolumeError> {
         resolve(&[mount], std::slice::from_ref(&f.root)).map(|mut v| v.remove(0))
     }
 
@@ -531,24 +598,21 @@ mod tests {
     fn accepts_valid_bindings() {
         let f = fixture();
         let r = one(&f, m(&host(&f, "data"), "task-1", "/workspace", false)).unwrap();
-        assert_eq!(
-            r,
-            ResolvedMount {
-                source: f.root.join("data/task-1"),
-                destination: "/workspace".into(),
-                read_only: false
-            }
-        );
+        assert_eq!(r.host_path(), f.root.join("data/task-1"));
+        assert_eq!(r.destination, "/workspace");
+        assert!(!r.read_only);
+        // The held descriptor is the directory itself.
+        assert_eq!(fd_path(r.fd()).unwrap(), f.root.join("data/task-1"));
         let r = one(&f, m(&host(&f, ""), "", "/mnt/all", true)).unwrap();
-        assert_eq!(r.source, f.root);
+        assert_eq!(r.host_path(), f.root);
         assert!(r.read_only);
         let r = one(&f, m(&host(&f, "data"), "", "/data", true)).unwrap();
-        assert_eq!(r.source, f.root.join("data"));
+        assert_eq!(r.host_path(), f.root.join("data"));
         // A symlink that stays inside the root is followed to its real path.
         let r = one(&f, m(&host(&f, "link-in"), "task-1", "/w", false)).unwrap();
-        assert_eq!(r.source, f.root.join("data/task-1"));
+        assert_eq!(r.host_path(), f.root.join("data/task-1"));
         let r = one(&f, m(&host(&f, ""), "link-in", "/w", false)).unwrap();
-        assert_eq!(r.source, f.root.join("data"));
+        assert_eq!(r.host_path(), f.root.join("data"));
         // Several bindings at once, in order.
         let all = resolve(
             &[
@@ -754,6 +818,56 @@ mod tests {
     }
 
     #[test]
+    fn the_held_directory_stays_the_checked_one() {
+        let f = fixture();
+        std::fs::write(f.root.join("data/task-1/inside.txt"), b"in").unwrap();
+        let r = one(&f, m(&host(&f, "data"), "task-1", "/w", false)).unwrap();
+        // The path is swapped for a symlink out of the root after the check.
+        std::fs::rename(f.root.join("data"), f.root.join("moved")).unwrap();
+        symlink("/", f.root.join("data")).unwrap();
+        let through_fd = format!("/proc/self/fd/{}/inside.txt", r.fd().as_raw_fd());
+        assert_eq!(std::fs::read(through_fd).unwrap(), b"in");
+        assert_eq!(fd_path(r.fd()).unwrap(), f.root.join("moved/task-1"));
+        // Resolving again now refuses the symlink.
+        let e = err(&f, m(&host(&f, "data"), "task-1", "/w", false));
+        assert!(matches!(e, VolumeError::Escapes { .. }), "{e}");
+    }
+
+    #[test]
+    fn held_from_fd_checks_mount_path_and_type() {
+        let f = fixture();
+        let dir = open_dir(&f.root.join("data")).unwrap();
+        let h = held_from_fd(dir, "/vol", true).unwrap();
+        assert_eq!(h.host_path(), f.root.join("data"));
+        assert_eq!(h.destination, "/vol");
+        assert!(h.read_only);
+        for bad in ["/", "/proc/x", "relative", "/opt", "/a//b"] {
+            let dir = open_dir(&f.root.join("data")).unwrap();
+            assert!(held_from_fd(dir, bad, false).is_err(), "{bad}");
+        }
+        let file = std::fs::File::open(f.root.join("file.txt")).unwrap();
+        let e = held_from_fd(file.into(), "/vol", false).unwrap_err();
+        assert!(matches!(e, VolumeError::NotADirectory { .. }), "{e}");
+    }
+
+    #[test]
+    fn check_distinct_refuses_one_path_twice() {
+        let f = fixture();
+        let a = held_from_fd(open_dir(&f.root).unwrap(), "/a", false).unwrap();
+        let b = held_from_fd(open_dir(&f.root).unwrap(), "/b", false).unwrap();
+        let a2 = held_from_fd(open_dir(&f.root).unwrap(), "/a", true).unwrap();
+        check_distinct(&[a, b]).unwrap();
+        let b = held_from_fd(open_dir(&f.root).unwrap(), "/b", false).unwrap();
+        let e = check_distinct(&[
+            a2,
+            b,
+            held_from_fd(open_dir(&f.root).unwrap(), "/a", false).unwrap(),
+        ])
+        .unwrap_err();
+        assert!(matches!(e, VolumeError::DuplicateMountPath { .. }), "{e}");
+    }
+
+    #[test]
     fn mountinfo_unescape() {
         assert_eq!(
             unescape_mountinfo("/a\\040b\\011c\\134d"),
@@ -829,6 +943,6 @@ mod tests {
             &allow,
         )
         .unwrap();
-        assert_eq!(r[0].source, f.root.join("other"));
+        assert_eq!(r[0].host_path(), f.root.join("other"));
     }
 }

@@ -1,13 +1,21 @@
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use sandbolt_agent::config::{DEFAULT_CNI_BIN_DIR, Ipv4Net, NetworkConfig, SubnetChoice};
+use sandbolt_agent::volume_store::{BackendChoice, VolumeStoreConfig};
 use sandbolt_agent::{Agent, AgentConfig};
 
 /// Where the agent keeps per-sandbox logs and its state (the janitor reads
 /// the logs there too).
 pub(crate) const AGENT_STATE_DIR: &str = "/var/lib/sandbolt/agent";
+
+/// `sandbolt agent`'s volume root when --volume-root is not given.
+pub(crate) const VOLUME_ROOT: &str = "/var/lib/sandbolt/volumes";
+
+/// The loop image (made when the volume root is not on btrfs), in the
+/// agent's state dir.
+const VOLUME_IMAGE: &str = "volumes.btrfs.img";
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct AgentArgs {
@@ -88,6 +96,8 @@ pub(crate) struct AgentArgs {
     pool_limits: PoolLimitArgs,
     #[command(flatten)]
     network: NetworkArgs,
+    #[command(flatten)]
+    volumes: VolumeArgs,
     /// Remove everything sandbox networking made on this host for the agent
     /// of --state-dir (namespaces, veths, addresses, its nftables table,
     /// its subnet claim), then exit; for uninstall, or after the agent was
@@ -166,6 +176,94 @@ pub(crate) struct NetworkArgs {
     cni_bin_dir: PathBuf,
 }
 
+/// `--volume-backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum VolumeBackend {
+    /// btrfs when the root is on btrfs, else a loop-backed btrfs image of
+    /// --volume-pool-size (made and mounted at the root).
+    Auto,
+    /// Like auto, but never plain directories: start-up fails instead.
+    Btrfs,
+    /// Plain directories: snapshots and forks copy every byte, no quota.
+    Directory,
+    /// No named volumes on this node (their calls answer UNAVAILABLE).
+    None,
+}
+
+/// Named volumes (shared by `agent` and `up`).
+#[derive(Debug, clap::Args)]
+pub(crate) struct VolumeArgs {
+    /// Where this node's named volumes live: a btrfs filesystem, or where
+    /// the agent mounts its loop-backed btrfs image (made in the state dir
+    /// when the root is not btrfs). Keep it outside every
+    /// --allow-host-path. Default: /var/lib/sandbolt/volumes
+    /// (`sandbolt up`: <data-dir>/volumes).
+    #[arg(long, env = "SANDBOLT_VOLUME_ROOT", value_name = "DIR")]
+    volume_root: Option<PathBuf>,
+    /// `auto`, `btrfs`, `directory` or `none`.
+    #[arg(
+        long,
+        env = "SANDBOLT_VOLUME_BACKEND",
+        value_enum,
+        default_value = "auto"
+    )]
+    volume_backend: VolumeBackend,
+    /// Size of the loop image made when the volume root is not on btrfs
+    /// (a sparse file: only written data takes space), e.g. `20Gi`.
+    #[arg(
+        long,
+        env = "SANDBOLT_VOLUME_POOL_SIZE",
+        value_name = "SIZE",
+        default_value = "20Gi",
+        value_parser = parse_size
+    )]
+    volume_pool_size: u64,
+}
+
+/// A Kubernetes quantity of bytes (`20Gi`, `500M`).
+fn parse_size(s: &str) -> Result<u64, String> {
+    sandbolt_proto::quantity::bytes(s.trim()).map_err(|e| e.to_string())
+}
+
+impl VolumeArgs {
+    /// The agent's volume store; None with `--volume-backend none`.
+    /// `default_root` applies without --volume-root; the loop image goes
+    /// in `state_dir`.
+    pub(crate) fn config(
+        &self,
+        default_root: &Path,
+        state_dir: &Path,
+    ) -> Option<VolumeStoreConfig> {
+        let backend = match self.volume_backend {
+            VolumeBackend::None => return None,
+            VolumeBackend::Auto => BackendChoice::Auto,
+            VolumeBackend::Btrfs => BackendChoice::Btrfs,
+            VolumeBackend::Directory => BackendChoice::Directory,
+        };
+        Some(VolumeStoreConfig {
+            root: self
+                .volume_root
+                .clone()
+                .unwrap_or_else(|| default_root.to_path_buf()),
+            backend,
+            loop_image: state_dir.join(VOLUME_IMAGE),
+            loop_size_bytes: self.volume_pool_size,
+        })
+    }
+}
+
+/// The start-up error of an agent with named volumes says how to run
+/// without them (or on plain directories).
+pub(crate) fn agent_start_context(volumes: Option<&VolumeStoreConfig>) -> String {
+    match volumes {
+        Some(v) => format!(
+            "starting the agent (named volumes at {}: --volume-backend directory uses plain directories, --volume-backend none turns named volumes off)",
+            v.root.display()
+        ),
+        None => "starting the agent".to_string(),
+    }
+}
+
 fn parse_subnet(s: &str) -> Result<SubnetChoice, String> {
     s.parse()
 }
@@ -211,7 +309,7 @@ impl NetworkArgs {
         Ok(Some(config))
     }
 
-    pub(crate) fn cni_bin_dir(&self) -> &std::path::Path {
+    pub(crate) fn cni_bin_dir(&self) -> &Path {
         &self.cni_bin_dir
     }
 }
@@ -305,6 +403,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     }
     let host = crate::secrets::hostname();
     let execd = resolve_execd(args.execd_bin)?;
+    let volumes = args.volumes.config(Path::new(VOLUME_ROOT), &args.state_dir);
     let mut config = AgentConfig::new(
         args.agent_id.unwrap_or_else(|| host.clone()),
         args.containerd.socket,
@@ -330,7 +429,9 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.plain_http_registries = non_empty(args.plain_http_registry);
     args.pool_limits.apply(&mut config);
     config.network = args.network.config()?;
-    let handle = Agent::start(config).await.context("starting the agent")?;
+    let context = agent_start_context(volumes.as_ref());
+    config.volumes = volumes;
+    let handle = Agent::start(config).await.context(context)?;
     tracing::info!(grpc = %handle.grpc_addr(), proxy = %handle.proxy_addr(), "agent serving");
     crate::shutdown_signal().await;
     handle.shutdown().await;
@@ -379,6 +480,41 @@ mod tests {
             "--network-allow-cidr=10.0.0.0/40",
             "--network=bridge",
         ] {
+            let err = crate::try_parse_flags::<AgentArgs>(&["agent", "--token", "t", bad]);
+            assert!(err.is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn volume_flags_default_to_auto_with_a_sparse_pool_in_the_state_dir() {
+        let args = parse(&["--state-dir=/st"]);
+        let cfg = args
+            .volumes
+            .config(Path::new(VOLUME_ROOT), &args.state_dir)
+            .unwrap();
+        assert_eq!(cfg.root, Path::new("/var/lib/sandbolt/volumes"));
+        assert_eq!(cfg.backend, BackendChoice::Auto);
+        assert_eq!(cfg.loop_image, Path::new("/st/volumes.btrfs.img"));
+        assert_eq!(cfg.loop_size_bytes, 20 << 30);
+        let args = parse(&[
+            "--volume-root=/srv/vol",
+            "--volume-backend=directory",
+            "--volume-pool-size=512Mi",
+        ]);
+        let cfg = args
+            .volumes
+            .config(Path::new(VOLUME_ROOT), &args.state_dir)
+            .unwrap();
+        assert_eq!(cfg.root, Path::new("/srv/vol"));
+        assert_eq!(cfg.backend, BackendChoice::Directory);
+        assert_eq!(cfg.loop_size_bytes, 512 << 20);
+        let none = parse(&["--volume-backend=none"]);
+        assert!(
+            none.volumes
+                .config(Path::new(VOLUME_ROOT), &none.state_dir)
+                .is_none()
+        );
+        for bad in ["--volume-backend=zfs", "--volume-pool-size=lots"] {
             let err = crate::try_parse_flags::<AgentArgs>(&["agent", "--token", "t", bad]);
             assert!(err.is_err(), "{bad} was accepted");
         }

@@ -97,6 +97,11 @@ pub(crate) struct UpArgs {
     /// Sandbox networking of the containerd backend.
     #[command(flatten)]
     network: crate::agent_cmd::NetworkArgs,
+    /// Named volumes of the containerd backend (on by default: a
+    /// loop-backed btrfs image in <data-dir>/agent, mounted at
+    /// <data-dir>/volumes, unless that is on btrfs already).
+    #[command(flatten)]
+    volumes: crate::agent_cmd::VolumeArgs,
 }
 
 enum Engine {
@@ -192,7 +197,6 @@ async fn run_on_containerd(
 ) -> anyhow::Result<()> {
     // Components in one process still authenticate to each other.
     let agent_token = crate::secrets::random_token()?;
-    let host = crate::secrets::hostname();
     // FastPath and the native API are never open, even on loopback: any
     // local user could otherwise list every sandbox and resolve its endpoint.
     let fastpath_token =
@@ -210,27 +214,13 @@ async fn run_on_containerd(
         .with_context(|| format!("starting the controller on {}", args.fastpath_listen))?;
     let fastpath = controller.local_addr();
 
-    let mut agent_config = AgentConfig::new(
-        host.clone(),
-        &args.containerd.socket,
-        execd,
-        args.data_dir.join("agent"),
-        agent_token.clone(),
-    );
-    agent_config.node_name = host;
-    agent_config.containerd_namespace = args.containerd.namespace.clone();
-    agent_config.grpc_listen = args.agent_listen;
-    agent_config.proxy_listen = args.proxy_listen;
-    agent_config.controller_endpoint = Some(format!("http://{fastpath}"));
-    agent_config.controller_token = Some(agent_token.clone());
-    agent_config.max_sandboxes = args.max_sandboxes;
-    agent_config.allowed_host_paths = args.allow_host_path.clone();
-    agent_config.network = network;
+    let agent_config = agent_config(args, execd, network, &agent_token, fastpath);
+    let context = crate::agent_cmd::agent_start_context(agent_config.volumes.as_ref());
     let agent = match Agent::start(agent_config).await {
         Ok(a) => a,
         Err(e) => {
             controller.shutdown().await;
-            return Err(e).context("starting the agent");
+            return Err(e).context(context);
         }
     };
 
@@ -298,6 +288,38 @@ async fn run_on_containerd(
     agent.shutdown().await;
     controller.shutdown().await;
     Ok(())
+}
+
+/// The agent of `up`: this host, the controller beside it, named volumes
+/// under the data dir unless told otherwise.
+fn agent_config(
+    args: &UpArgs,
+    execd: PathBuf,
+    network: Option<sandbolt_agent::config::NetworkConfig>,
+    agent_token: &str,
+    fastpath: SocketAddr,
+) -> AgentConfig {
+    let host = crate::secrets::hostname();
+    let mut agent_config = AgentConfig::new(
+        host.clone(),
+        &args.containerd.socket,
+        execd,
+        args.data_dir.join("agent"),
+        agent_token,
+    );
+    agent_config.node_name = host;
+    agent_config.containerd_namespace = args.containerd.namespace.clone();
+    agent_config.grpc_listen = args.agent_listen;
+    agent_config.proxy_listen = args.proxy_listen;
+    agent_config.controller_endpoint = Some(format!("http://{fastpath}"));
+    agent_config.controller_token = Some(agent_token.to_string());
+    agent_config.max_sandboxes = args.max_sandboxes;
+    agent_config.allowed_host_paths = args.allow_host_path.clone();
+    agent_config.network = network;
+    agent_config.volumes = args
+        .volumes
+        .config(&args.data_dir.join("volumes"), &args.data_dir.join("agent"));
+    agent_config
 }
 
 async fn run_on_docker(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> {

@@ -82,6 +82,8 @@ fn bench(c: &mut Criterion) {
         ports: &[],
         exclude: &[],
         runtime: None,
+        pin: None,
+        volume_root: false,
     };
     for n in [100usize, 1_000, 10_000] {
         let reg = setup_registry(n);

@@ -183,6 +183,207 @@ impl AgentClients {
     }
 }
 
+/// Named-volume calls. Each returns the agent's answer; errors are
+/// [`Error::Agent`] (turn them into the client's code with
+/// [`Error::volume_agent`]).
+impl AgentClients {
+    pub async fn create_volume(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        spec: pb::VolumeSpec,
+        deadline: Duration,
+    ) -> Result<pb::VolumeInfo> {
+        let body = pb::CreateVolumeRequest { spec: Some(spec) };
+        self.call(
+            agent,
+            endpoint,
+            "create_volume",
+            deadline,
+            body,
+            |mut c, r| async move { c.create_volume(r).await },
+        )
+        .await
+    }
+
+    pub async fn get_volume(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        name: &str,
+        deadline: Duration,
+    ) -> Result<pb::VolumeInfo> {
+        let body = pb::VolumeRef { name: name.into() };
+        self.call(
+            agent,
+            endpoint,
+            "get_volume",
+            deadline,
+            body,
+            |mut c, r| async move { c.get_volume(r).await },
+        )
+        .await
+    }
+
+    /// True if the volume existed.
+    pub async fn delete_volume(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        name: &str,
+        deadline: Duration,
+    ) -> Result<bool> {
+        let body = pb::VolumeRef { name: name.into() };
+        let resp = self
+            .call(
+                agent,
+                endpoint,
+                "delete_volume",
+                deadline,
+                body,
+                |mut c, r| async move { c.delete_volume(r).await },
+            )
+            .await?;
+        Ok(resp.existed)
+    }
+
+    pub async fn create_volume_snapshot(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        volume: &str,
+        name: &str,
+        deadline: Duration,
+    ) -> Result<pb::VolumeSnapshot> {
+        let body = pb::CreateVolumeSnapshotRequest {
+            volume: volume.into(),
+            name: name.into(),
+        };
+        self.call(
+            agent,
+            endpoint,
+            "create_volume_snapshot",
+            deadline,
+            body,
+            |mut c, r| async move { c.create_volume_snapshot(r).await },
+        )
+        .await
+    }
+
+    /// True if the snapshot existed.
+    pub async fn delete_volume_snapshot(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        volume: &str,
+        name: &str,
+        deadline: Duration,
+    ) -> Result<bool> {
+        let body = pb::VolumeSnapshotRef {
+            volume: volume.into(),
+            name: name.into(),
+        };
+        let resp = self
+            .call(
+                agent,
+                endpoint,
+                "delete_volume_snapshot",
+                deadline,
+                body,
+                |mut c, r| async move { c.delete_volume_snapshot(r).await },
+            )
+            .await?;
+        Ok(resp.existed)
+    }
+
+    pub async fn restore_volume(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        volume: &str,
+        snapshot: &str,
+        deadline: Duration,
+    ) -> Result<pb::VolumeInfo> {
+        let body = pb::RestoreVolumeRequest {
+            volume: volume.into(),
+            snapshot: snapshot.into(),
+        };
+        self.call(
+            agent,
+            endpoint,
+            "restore_volume",
+            deadline,
+            body,
+            |mut c, r| async move { c.restore_volume(r).await },
+        )
+        .await
+    }
+
+    pub async fn fork_volume(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        body: pb::ForkVolumeRequest,
+        deadline: Duration,
+    ) -> Result<pb::VolumeInfo> {
+        self.call(
+            agent,
+            endpoint,
+            "fork_volume",
+            deadline,
+            body,
+            |mut c, r| async move { c.fork_volume(r).await },
+        )
+        .await
+    }
+
+    pub async fn attach_volume(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        sandbox_id: &SandboxId,
+        mount: pb::NamedVolumeMount,
+        deadline: Duration,
+    ) -> Result<pb::SandboxStatus> {
+        let body = pb::AttachVolumeRequest {
+            sandbox_id: sandbox_id.to_string(),
+            mount: Some(mount),
+        };
+        self.call(
+            agent,
+            endpoint,
+            "attach_volume",
+            deadline,
+            body,
+            |mut c, r| async move { c.attach_volume(r).await },
+        )
+        .await
+    }
+
+    pub async fn detach_volume(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        sandbox_id: &SandboxId,
+        volume: &str,
+        deadline: Duration,
+    ) -> Result<pb::SandboxStatus> {
+        let body = pb::DetachVolumeRequest {
+            sandbox_id: sandbox_id.to_string(),
+            volume: volume.into(),
+        };
+        self.call(
+            agent,
+            endpoint,
+            "detach_volume",
+            deadline,
+            body,
+            |mut c, r| async move { c.detach_volume(r).await },
+        )
+        .await
+    }
+}
+
 /// The agent calls that take a sandbox id and return its status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusRpc {

@@ -1,5 +1,5 @@
 //! `sandbolt.control.v1.SandboxService`: the native API, which carries the
-//! whole sandbox (limits, volumes, runtime, pool, times). Translation only;
+//! whole sandbox (limits, host and named volumes, runtime, pool, times). Translation only;
 //! the work is in [`crate::sandbox::Core`], which FastPath v1/v2 share.
 
 use std::sync::Arc;
@@ -17,8 +17,9 @@ use crate::sandbox::{
     Core, CreateRequest, EndpointTarget, Observed, Precondition, UpdateOp, UpdateSpec, page_size,
 };
 use crate::store::{
-    Consistency, FailurePolicy, HostVolume, Phase, Resources, SandboxRecord, SandboxSpec,
+    Consistency, FailurePolicy, HostVolume, Phase, PvcVolume, Resources, SandboxRecord, SandboxSpec,
 };
+use crate::volume::{access_mode_in, access_mode_out};
 
 pub struct ControlService {
     core: Arc<Core>,
@@ -71,23 +72,48 @@ fn resources_in(r: Option<&pb::Resources>) -> Result<Resources, Status> {
     })
 }
 
-fn volumes_in(vs: &[pb::Volume]) -> Result<Vec<HostVolume>, Status> {
-    vs.iter()
-        .enumerate()
-        .map(|(i, v)| match &v.source {
-            Some(pb::volume::Source::Host(h)) => Ok(HostVolume {
+/// The request's volumes: host paths, and named volumes (`pvc`).
+fn volumes_in(vs: &[pb::Volume]) -> Result<(Vec<HostVolume>, Vec<PvcVolume>), Status> {
+    let mut host = Vec::new();
+    let mut named = Vec::new();
+    for (i, v) in vs.iter().enumerate() {
+        match &v.source {
+            Some(pb::volume::Source::Host(h)) => host.push(HostVolume {
                 name: v.name.clone(),
                 host_path: h.path.clone(),
                 sub_path: v.sub_path.clone(),
                 mount_path: v.mount_path.clone(),
                 read_only: v.read_only,
             }),
-            Some(pb::volume::Source::Pvc(_)) => Err(invalid(format!(
-                "volumes[{i}].pvc is not supported on the containerd fast path yet; use a host volume"
-            ))),
-            None => Err(invalid(format!("volumes[{i}] names no source (host or pvc)"))),
-        })
-        .collect()
+            Some(pb::volume::Source::Pvc(p)) => named.push(pvc_in(&format!("volumes[{i}]"), v, p)?),
+            None => {
+                return Err(invalid(format!(
+                    "volumes[{i}] names no source (host or pvc)"
+                )));
+            }
+        }
+    }
+    Ok((host, named))
+}
+
+/// One named volume entry; `created_by_sandbox` is the controller's to set.
+fn pvc_in(field: &str, v: &pb::Volume, p: &pb::PvcSource) -> Result<PvcVolume, Status> {
+    crate::volume::check_name(&format!("{field}.pvc.claim_name"), &p.claim_name)?;
+    crate::volume::check_backend(&format!("{field}.pvc.backend"), &p.backend)?;
+    crate::volume::parse_size(&format!("{field}.pvc.size"), &p.size)?;
+    Ok(PvcVolume {
+        name: v.name.clone(),
+        claim_name: p.claim_name.clone(),
+        sub_path: v.sub_path.clone(),
+        mount_path: v.mount_path.clone(),
+        read_only: v.read_only,
+        create_if_missing: p.create_if_missing,
+        access_mode: access_mode_in(&format!("{field}.pvc.access_mode"), p.access_mode)?,
+        size: p.size.clone(),
+        backend: p.backend.clone(),
+        delete_on_sandbox_delete: p.delete_on_sandbox_delete,
+        created_by_sandbox: false,
+    })
 }
 
 fn failure_policy_in(p: i32) -> Result<FailurePolicy, Status> {
@@ -114,6 +140,7 @@ fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> 
         Ok(pb::Consistency::Strong) => Some(Consistency::Strong),
         Err(_) => return Err(invalid(format!("consistency {} is unknown", q.consistency))),
     };
+    let (volumes, pvc_volumes) = volumes_in(&spec.volumes)?;
     Ok(CreateRequest {
         request_id: q.request_id,
         name: q.name,
@@ -123,7 +150,8 @@ fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> 
         spec: SandboxSpec {
             failure_policy: failure_policy_in(spec.failure_policy)?,
             resources: resources_in(spec.resources.as_ref())?,
-            volumes: volumes_in(&spec.volumes)?,
+            volumes,
+            pvc_volumes,
             pool: spec.pool,
             image: spec.image,
             command: spec.command,
@@ -190,7 +218,12 @@ fn spec_out(s: &SandboxSpec) -> pb::SandboxSpec {
         env: s.envs.clone().into_iter().collect(),
         working_dir: s.working_dir.clone(),
         resources,
-        volumes: s.volumes.iter().map(volume_out).collect(),
+        volumes: s
+            .volumes
+            .iter()
+            .map(volume_out)
+            .chain(s.pvc_volumes.iter().map(pvc_out))
+            .collect(),
         runtime: s.runtime.clone(),
         pool: s.pool.clone(),
         failure_policy: match s.failure_policy {
@@ -211,6 +244,24 @@ fn volume_out(v: &HostVolume) -> pb::Volume {
         name: v.name.clone(),
         source: Some(pb::volume::Source::Host(pb::HostPathSource {
             path: v.host_path.clone(),
+        })),
+        mount_path: v.mount_path.clone(),
+        read_only: v.read_only,
+        sub_path: v.sub_path.clone(),
+    }
+}
+
+fn pvc_out(v: &PvcVolume) -> pb::Volume {
+    pb::Volume {
+        name: v.name.clone(),
+        source: Some(pb::volume::Source::Pvc(pb::PvcSource {
+            claim_name: v.claim_name.clone(),
+            create_if_missing: v.create_if_missing,
+            access_mode: access_mode_out(v.access_mode) as i32,
+            size: v.size.clone(),
+            backend: v.backend.clone(),
+            delete_on_sandbox_delete: v.delete_on_sandbox_delete,
+            created_by_sandbox: v.created_by_sandbox,
         })),
         mount_path: v.mount_path.clone(),
         read_only: v.read_only,
@@ -430,6 +481,39 @@ impl SandboxService for ControlService {
             .map(|p| Response::new(pool(p)))
             .ok_or_else(|| Error::NotFoundOther(format!("pool {name:?} has no agents")).into())
     }
+
+    #[tracing::instrument(name = "control.AttachVolume", skip_all, fields(namespace, sandbox))]
+    async fn attach_volume(
+        &self,
+        req: Request<pb::AttachVolumeRequest>,
+    ) -> Result<Response<pb::Sandbox>, Status> {
+        let q = req.into_inner();
+        let (key, expect) = reference(q.sandbox.as_ref())?;
+        let v = q.volume.ok_or_else(|| invalid("volume is required"))?;
+        let p = match &v.source {
+            Some(pb::volume::Source::Pvc(p)) => p,
+            Some(pb::volume::Source::Host(_)) => {
+                return Err(invalid(
+                    "volume.host: only named volumes (pvc) can be attached to a running sandbox",
+                ));
+            }
+            None => return Err(invalid("volume.pvc is required")),
+        };
+        let pvc = pvc_in("volume", &v, p)?;
+        let r = self.core.attach_volume(&key, &expect, pvc).await?;
+        Ok(Response::new(sandbox(&self.core, &r)))
+    }
+
+    #[tracing::instrument(name = "control.DetachVolume", skip_all, fields(namespace, sandbox, volume = %req.get_ref().volume))]
+    async fn detach_volume(
+        &self,
+        req: Request<pb::DetachVolumeRequest>,
+    ) -> Result<Response<pb::Sandbox>, Status> {
+        let q = req.get_ref();
+        let (key, expect) = reference(q.sandbox.as_ref())?;
+        let r = self.core.detach_volume(&key, &expect, &q.volume).await?;
+        Ok(Response::new(sandbox(&self.core, &r)))
+    }
 }
 
 #[cfg(test)]
@@ -447,6 +531,61 @@ mod tests {
         pb::SandboxSpec {
             image: "busybox".into(),
             ..Default::default()
+        }
+    }
+
+    fn pvc_spec(p: pb::PvcSource) -> pb::SandboxSpec {
+        pb::SandboxSpec {
+            volumes: vec![pb::Volume {
+                name: "v".into(),
+                source: Some(pb::volume::Source::Pvc(p)),
+                mount_path: "/data".into(),
+                ..Default::default()
+            }],
+            ..base()
+        }
+    }
+
+    #[test]
+    fn named_volumes_reach_the_core_with_every_field_and_come_back_out() {
+        let mut spec = pvc_spec(pb::PvcSource {
+            claim_name: "work".into(),
+            create_if_missing: true,
+            access_mode: pb::AccessMode::ReadOnlyMany as i32,
+            size: "1Gi".into(),
+            backend: "local".into(),
+            delete_on_sandbox_delete: true,
+            // The controller's mark: a request cannot set it.
+            created_by_sandbox: true,
+        });
+        spec.volumes[0].read_only = true;
+        spec.volumes[0].sub_path = "a".into();
+        spec.volumes.push(pb::Volume {
+            name: "h".into(),
+            source: Some(pb::volume::Source::Host(pb::HostPathSource {
+                path: "/srv/h".into(),
+            })),
+            mount_path: "/h".into(),
+            ..Default::default()
+        });
+        let s = create_request(request(spec)).unwrap();
+        assert_eq!(s.spec.volumes.len(), 1, "host volumes stay host volumes");
+        let v = &s.spec.pvc_volumes[0];
+        assert_eq!(v.claim_name, "work");
+        assert_eq!(v.access_mode, crate::store::AccessMode::ReadOnlyMany);
+        assert_eq!((v.size.as_str(), v.backend.as_str()), ("1Gi", "local"));
+        assert!(v.create_if_missing && v.delete_on_sandbox_delete && v.read_only);
+        assert!(!v.created_by_sandbox);
+        assert_eq!((v.mount_path.as_str(), v.sub_path.as_str()), ("/data", "a"));
+        let out = spec_out(&s.spec);
+        assert_eq!(out.volumes.len(), 2);
+        match &out.volumes[1].source {
+            Some(pb::volume::Source::Pvc(p)) => {
+                assert_eq!(p.claim_name, "work");
+                assert_eq!(p.access_mode, pb::AccessMode::ReadOnlyMany as i32);
+                assert!(p.create_if_missing && p.delete_on_sandbox_delete);
+            }
+            other => panic!("pvc expected, got {other:?}"),
         }
     }
 
@@ -474,18 +613,39 @@ mod tests {
                 "ephemeral_storage",
             ),
             (
-                pb::SandboxSpec {
-                    volumes: vec![pb::Volume {
-                        name: "v".into(),
-                        source: Some(pb::volume::Source::Pvc(pb::PvcSource {
-                            claim_name: "c".into(),
-                        })),
-                        mount_path: "/data".into(),
-                        ..Default::default()
-                    }],
-                    ..base()
-                },
-                "volumes[0].pvc",
+                pvc_spec(pb::PvcSource::default()),
+                "volumes[0].pvc.claim_name",
+            ),
+            (
+                pvc_spec(pb::PvcSource {
+                    claim_name: "Not_A_Label".into(),
+                    ..Default::default()
+                }),
+                "volumes[0].pvc.claim_name",
+            ),
+            (
+                pvc_spec(pb::PvcSource {
+                    claim_name: "work".into(),
+                    backend: "ceph".into(),
+                    ..Default::default()
+                }),
+                "volumes[0].pvc.backend",
+            ),
+            (
+                pvc_spec(pb::PvcSource {
+                    claim_name: "work".into(),
+                    size: "lots".into(),
+                    ..Default::default()
+                }),
+                "volumes[0].pvc.size",
+            ),
+            (
+                pvc_spec(pb::PvcSource {
+                    claim_name: "work".into(),
+                    access_mode: 9,
+                    ..Default::default()
+                }),
+                "volumes[0].pvc.access_mode",
             ),
         ];
         for (spec, field) in cases {

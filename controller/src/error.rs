@@ -21,6 +21,9 @@ pub enum Error {
     NotFoundOther(String),
     #[error("sandbox {0} already exists (created by another request)")]
     AlreadyExists(SandboxKey),
+    /// Another name is taken (a named volume's, a snapshot's).
+    #[error("{0}")]
+    AlreadyExistsOther(String),
     /// Optimistic-concurrency conflict (stale `expected_generation`, a
     /// concurrent writer): retry after reading again.
     #[error("{0}")]
@@ -31,8 +34,19 @@ pub enum Error {
     Placement(#[from] PlacementError),
     #[error("{0}")]
     Unavailable(String),
+    /// No room (no node with a volume root, a full volume root).
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("agent {agent}: {status}")]
     Agent { agent: String, status: Status },
+    /// An agent's answer to a volume call (see [`Error::volume_agent`]).
+    #[error("node {node} (agent {agent}): {message}")]
+    VolumeAgent {
+        agent: String,
+        node: String,
+        code: Code,
+        message: String,
+    },
     #[error("{0}")]
     Unimplemented(String),
     #[error(transparent)]
@@ -43,20 +57,57 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// A volume call's failure as the client should see it. Unlike a
+    /// sandbox call, what the agent says about the volume itself passes
+    /// through (NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION for a
+    /// mounted volume or a refused access mode, RESOURCE_EXHAUSTED for a
+    /// full volume root, INVALID_ARGUMENT); anything about the agent's
+    /// health is UNAVAILABLE. Other errors are kept as they are.
+    pub fn volume_agent(self, node: &str) -> Self {
+        match self {
+            Error::Agent { agent, status } => {
+                let code = match status.code() {
+                    c @ (Code::NotFound
+                    | Code::AlreadyExists
+                    | Code::FailedPrecondition
+                    | Code::ResourceExhausted
+                    | Code::InvalidArgument) => c,
+                    // An agent without volume support (older build).
+                    Code::Unimplemented => Code::FailedPrecondition,
+                    _ => Code::Unavailable,
+                };
+                Error::VolumeAgent {
+                    agent,
+                    node: node.to_string(),
+                    code,
+                    message: status.message().to_string(),
+                }
+            }
+            e => e,
+        }
+    }
+}
+
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         let code = match &e {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::NotFound(_) | Error::UidMismatch(..) | Error::NotFoundOther(_) => Code::NotFound,
-            Error::AlreadyExists(..) => Code::AlreadyExists,
+            Error::AlreadyExists(..) | Error::AlreadyExistsOther(_) => Code::AlreadyExists,
             Error::Aborted(_) => Code::Aborted,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Placement(PlacementError::AlreadyReserved(_)) => Code::Internal,
             // The request names a runtime the pool does not offer: the
             // caller's to change (the message names the field's value).
             Error::Placement(PlacementError::NoRuntime(..)) => Code::InvalidArgument,
+            // The sandbox's volumes pin it to a node that is silent: retry
+            // when it is back (it is never moved without its data).
+            Error::Placement(PlacementError::PinnedUnavailable(_)) => Code::Unavailable,
+            Error::Placement(PlacementError::PinnedPool { .. }) => Code::FailedPrecondition,
             Error::Placement(_) => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
+            Error::ResourceExhausted(_) => Code::ResourceExhausted,
             // What the agent said about the request itself passes through;
             // anything about the agent's health is "try again".
             Error::Agent { status, .. } => match status.code() {
@@ -65,6 +116,7 @@ impl From<Error> for Status {
                 Code::ResourceExhausted => Code::ResourceExhausted,
                 _ => Code::Unavailable,
             },
+            Error::VolumeAgent { code, .. } => *code,
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::Store(StoreError::NotFound(..)) => Code::NotFound,
             Error::Store(StoreError::Invalid(_)) => Code::InvalidArgument,

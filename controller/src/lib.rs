@@ -1,8 +1,8 @@
 //! sandbolt controller: the central scheduler.
 //!
-//! It serves sandbolt's native control API (the whole sandbox), FastPath v2
-//! (what the OpenSandbox server speaks), FastPath v1 (fast-sandbox's API)
-//! and sandbolt's RegistryService on one gRPC port,
+//! It serves sandbolt's native control API (the whole sandbox, and named
+//! volumes), FastPath v2 (what the OpenSandbox server speaks), FastPath v1
+//! (fast-sandbox's API) and sandbolt's RegistryService on one gRPC port,
 //! places sandboxes on agents in memory (image-affinity score, sub-linear
 //! index) and keeps a durable record per sandbox behind the [`Store`] trait.
 //!
@@ -25,6 +25,7 @@ pub mod error;
 pub mod fastpath;
 pub mod ha;
 pub mod ids;
+pub mod keyed_lock;
 pub mod leader;
 pub mod limits;
 pub mod placement;
@@ -33,6 +34,8 @@ pub mod registry;
 pub mod registry_server;
 pub mod sandbox;
 pub mod store;
+pub mod volume;
+pub mod volume_index;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,6 +44,7 @@ use std::time::{Duration, Instant};
 use sandbolt_proto::agent::v1::registry_service_server::RegistryServiceServer;
 use sandbolt_proto::auth::RequireBearer;
 use sandbolt_proto::control::v1::sandbox_service_server::SandboxServiceServer;
+use sandbolt_proto::control::v1::volume_service_server::VolumeServiceServer;
 use sandbolt_proto::fastpath::v1::fast_path_service_server::FastPathServiceServer as V1Server;
 use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathServiceServer as V2Server;
 use tokio::sync::watch;
@@ -112,6 +116,11 @@ impl Controller {
             // hand out sandboxes' access tokens (ResolveEndpoint).
             .add_service(SandboxServiceServer::with_interceptor(
                 control::ControlService::new(core.clone()),
+                fp_auth.clone(),
+            ))
+            // Named volumes: the same clients, the same token.
+            .add_service(VolumeServiceServer::with_interceptor(
+                volume::service::VolumeServer::new(core.clone()),
                 fp_auth,
             ))
             .add_service(RegistryServiceServer::with_interceptor(
@@ -156,7 +165,7 @@ impl Controller {
                 c.sweep_deletion_requests().await;
             }
         });
-        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving sandbolt.control.v1, fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
+        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving sandbolt.control.v1 (sandboxes, volumes), fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
         Ok(ControllerHandle {
             addr,
             core,
@@ -228,6 +237,9 @@ async fn serving_health()
         .await;
     reporter
         .set_serving::<SandboxServiceServer<control::ControlService>>()
+        .await;
+    reporter
+        .set_serving::<VolumeServiceServer<volume::service::VolumeServer>>()
         .await;
     reporter
         .set_serving::<RegistryServiceServer<registry_server::RegistryServer>>()

@@ -10,7 +10,7 @@ use sandbolt_proto::agent::v1 as pb;
 use sandbolt_proto::quantity;
 
 use crate::error::{Error, Result};
-use crate::store::{HostVolume, Resources};
+use crate::store::{HostVolume, PvcVolume, Resources};
 
 /// OCI runtimes an agent may know.
 pub const KNOWN_RUNTIMES: [&str; 3] = ["runc", "crun", "runsc"];
@@ -151,48 +151,76 @@ const RESERVED_MOUNTS: [&str; 5] = ["/proc", "/sys", "/dev", "/opt/sandbolt", "/
 /// Syntax of host volumes; the agent checks the path against its allowed
 /// roots on the node (only it sees the node's filesystem).
 pub fn check_volumes(volumes: &[HostVolume]) -> Result<()> {
+    check_all_volumes(volumes, &[])
+}
+
+/// Syntax of host and named volumes together: mount paths are unique
+/// across both, and a named volume is mounted at most once per sandbox.
+/// Named volumes are named in messages by their entry name
+/// (`volumes[data]`), host volumes by their index among host volumes.
+pub fn check_all_volumes(host: &[HostVolume], named: &[PvcVolume]) -> Result<()> {
     let mut seen = HashSet::new();
-    for (i, v) in volumes.iter().enumerate() {
+    for (i, v) in host.iter().enumerate() {
         let field = format!("volumes[{i}]");
-        if v.name.trim().is_empty() {
-            return Err(invalid(format!("{field}.name is required")));
-        }
         if !normalized_absolute(&v.host_path) {
             return Err(invalid(format!(
                 "{field}.host.path {:?} must be an absolute, normalized path",
                 v.host_path
             )));
         }
-        if !normalized_absolute(&v.mount_path) || v.mount_path == "/" {
+        check_mount(&field, &v.name, &v.mount_path, &v.sub_path, &mut seen)?;
+    }
+    let mut claims = HashSet::new();
+    for v in named {
+        let field = format!("volumes[{}]", v.name);
+        check_mount(&field, &v.name, &v.mount_path, &v.sub_path, &mut seen)?;
+        crate::volume::check_name(&format!("{field}.pvc.claimName"), &v.claim_name)?;
+        if !claims.insert(v.claim_name.as_str()) {
             return Err(invalid(format!(
-                "{field}.mountPath {:?} must be an absolute, normalized path other than /",
-                v.mount_path
+                "{field}.pvc.claimName {:?} is mounted by another entry; a volume is mounted at most once per sandbox",
+                v.claim_name
             )));
         }
-        if let Some(r) = RESERVED_MOUNTS
-            .iter()
-            .find(|r| v.mount_path == **r || v.mount_path.starts_with(&format!("{r}/")))
-        {
+    }
+    Ok(())
+}
+
+/// One mount's name, target and sub path; `seen` holds the targets so far.
+fn check_mount<'a>(
+    field: &str,
+    name: &str,
+    mount_path: &'a str,
+    sub_path: &str,
+    seen: &mut HashSet<&'a str>,
+) -> Result<()> {
+    if name.trim().is_empty() {
+        return Err(invalid(format!("{field}.name is required")));
+    }
+    if !normalized_absolute(mount_path) || mount_path == "/" {
+        return Err(invalid(format!(
+            "{field}.mountPath {mount_path:?} must be an absolute, normalized path other than /"
+        )));
+    }
+    if let Some(r) = RESERVED_MOUNTS
+        .iter()
+        .find(|r| mount_path == **r || mount_path.starts_with(&format!("{r}/")))
+    {
+        return Err(invalid(format!(
+            "{field}.mountPath {mount_path:?} lies under {r}, which sandbolt owns"
+        )));
+    }
+    if !sub_path.is_empty() {
+        let sub = Path::new(sub_path);
+        if sub.is_absolute() || !sub.components().all(|c| matches!(c, Component::Normal(_))) {
             return Err(invalid(format!(
-                "{field}.mountPath {:?} lies under {r}, which sandbolt owns",
-                v.mount_path
+                "{field}.subPath {sub_path:?} must be relative, without '.' or '..'"
             )));
         }
-        if !v.sub_path.is_empty() {
-            let sub = Path::new(&v.sub_path);
-            if sub.is_absolute() || !sub.components().all(|c| matches!(c, Component::Normal(_))) {
-                return Err(invalid(format!(
-                    "{field}.subPath {:?} must be relative, without '.' or '..'",
-                    v.sub_path
-                )));
-            }
-        }
-        if !seen.insert(v.mount_path.as_str()) {
-            return Err(invalid(format!(
-                "{field}.mountPath {:?} is used by another volume",
-                v.mount_path
-            )));
-        }
+    }
+    if !seen.insert(mount_path) {
+        return Err(invalid(format!(
+            "{field}.mountPath {mount_path:?} is used by another volume"
+        )));
     }
     Ok(())
 }
@@ -380,5 +408,70 @@ mod tests {
         }
         let e = check_volumes(&[ok.clone(), ok]).unwrap_err().to_string();
         assert!(e.contains("volumes[1].mountPath"), "{e}");
+    }
+
+    #[test]
+    fn named_volumes_share_mount_paths_with_host_volumes_and_mount_once() {
+        let host = HostVolume {
+            name: "h".into(),
+            host_path: "/srv/h".into(),
+            mount_path: "/data".into(),
+            ..Default::default()
+        };
+        let pvc = PvcVolume {
+            name: "w".into(),
+            claim_name: "work".into(),
+            mount_path: "/work".into(),
+            ..Default::default()
+        };
+        check_all_volumes(std::slice::from_ref(&host), std::slice::from_ref(&pvc)).unwrap();
+        let cases = [
+            (
+                PvcVolume {
+                    mount_path: "/data".into(),
+                    ..pvc.clone()
+                },
+                "volumes[w].mountPath \"/data\" is used by another volume",
+            ),
+            (
+                PvcVolume {
+                    mount_path: "/proc/x".into(),
+                    ..pvc.clone()
+                },
+                "volumes[w].mountPath",
+            ),
+            (
+                PvcVolume {
+                    sub_path: "../up".into(),
+                    ..pvc.clone()
+                },
+                "volumes[w].subPath",
+            ),
+            (
+                PvcVolume {
+                    claim_name: "Work".into(),
+                    ..pvc.clone()
+                },
+                "volumes[w].pvc.claimName",
+            ),
+            (
+                PvcVolume {
+                    name: String::new(),
+                    ..pvc.clone()
+                },
+                "volumes[].name is required",
+            ),
+        ];
+        for (bad, want) in cases {
+            let e = check_all_volumes(std::slice::from_ref(&host), &[bad]).unwrap_err();
+            assert!(e.to_string().contains(want), "{e} should say {want}");
+        }
+        let twice = PvcVolume {
+            name: "w2".into(),
+            mount_path: "/work2".into(),
+            ..pvc.clone()
+        };
+        let e = check_all_volumes(&[], &[pvc, twice]).unwrap_err();
+        assert!(e.to_string().contains("at most once per sandbox"), "{e}");
     }
 }

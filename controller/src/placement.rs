@@ -60,6 +60,8 @@ pub struct AgentState {
     pub used_ports: HashSet<u32>,
     /// OCI runtimes the agent can run.
     pub runtimes: HashSet<String>,
+    /// The agent has a volume root (it can hold named volumes).
+    pub volume_root: bool,
 }
 
 impl Default for PoolKey {
@@ -110,6 +112,13 @@ pub struct PlacementRequest<'a> {
     pub exclude: &'a [&'a str],
     /// Only agents that can run this OCI runtime; `None`: any agent.
     pub runtime: Option<&'a str>,
+    /// Volume affinity: the sandbox mounts named volumes that live on this
+    /// agent's node, so only this agent will do (a local volume's data
+    /// cannot follow the sandbox elsewhere).
+    pub pin: Option<&'a str>,
+    /// Only agents with a volume root (a named volume is to be created on
+    /// the chosen agent).
+    pub volume_root: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +138,26 @@ pub enum PlacementError {
     AlreadyReserved(String),
     #[error("no live agent in pool {0}/{1} can run OCI runtime {2:?}")]
     NoRuntime(String, String, String),
+    #[error("no live agent in pool {0}/{1} has a volume root for named volumes")]
+    NoVolumeRoot(String, String),
+    /// The pinned agent (its node holds the sandbox's volumes) is not
+    /// heartbeating.
+    #[error("agent {0}, whose node holds the sandbox's volumes, is not heartbeating")]
+    PinnedUnavailable(String),
+    /// The pinned agent has no free slot (or a requested port is taken).
+    #[error(
+        "agent {0}, whose node holds the sandbox's volumes, has no free slot (and free ports) for this sandbox"
+    )]
+    PinnedFull(String),
+    /// The pinned agent serves another pool than the sandbox asks for.
+    #[error(
+        "agent {agent}, whose node holds the sandbox's volumes, serves pool {have}, not {want}"
+    )]
+    PinnedPool {
+        agent: String,
+        have: String,
+        want: String,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -296,6 +325,9 @@ impl PlacementIndex {
 
     /// Picks without reserving (diagnostics, tests).
     pub fn choose(&self, req: &PlacementRequest<'_>) -> Result<Placement, PlacementError> {
+        if let Some(pin) = req.pin {
+            return self.choose_pinned(req, pin);
+        }
         let err = || {
             if self.live_per_pool.get(req.pool).copied().unwrap_or(0) == 0 {
                 PlacementError::NoAgents(req.pool.namespace.clone(), req.pool.pool.clone())
@@ -305,6 +337,7 @@ impl PlacementIndex {
         };
         let usable = |name: &Name| -> bool {
             !req.exclude.contains(&name.as_ref())
+                && (!req.volume_root || self.slots[name].state.volume_root)
                 && (req.ports.is_empty() || !self.slots[name].port_conflict(req.ports))
                 && req
                     .runtime
@@ -342,6 +375,18 @@ impl PlacementIndex {
                         rt.to_string(),
                     ));
                 }
+                if req.volume_root
+                    && !self
+                        .slots
+                        .values()
+                        .any(|s| &s.state.pool == req.pool && s.schedulable && s.state.volume_root)
+                    && self.live_per_pool.get(req.pool).copied().unwrap_or(0) > 0
+                {
+                    return Err(PlacementError::NoVolumeRoot(
+                        req.pool.namespace.clone(),
+                        req.pool.pool.clone(),
+                    ));
+                }
                 return Err(err());
             }
         };
@@ -366,6 +411,44 @@ impl PlacementIndex {
     pub fn release(&mut self, agent: &str, sandbox_id: &str) -> bool {
         self.with_reservations(agent, |r| r.remove(sandbox_id).is_some())
             .unwrap_or(false)
+    }
+
+    /// Volume affinity: the one agent whose node holds the sandbox's
+    /// volumes, if it can take the sandbox; never another one.
+    fn choose_pinned(
+        &self,
+        req: &PlacementRequest<'_>,
+        pin: &str,
+    ) -> Result<Placement, PlacementError> {
+        let slot = match self.slots.get(pin) {
+            Some(s) if s.schedulable && !req.exclude.contains(&pin) => s,
+            _ => return Err(PlacementError::PinnedUnavailable(pin.to_string())),
+        };
+        if &slot.state.pool != req.pool {
+            return Err(PlacementError::PinnedPool {
+                agent: pin.to_string(),
+                have: format!("{}/{}", slot.state.pool.namespace, slot.state.pool.pool),
+                want: format!("{}/{}", req.pool.namespace, req.pool.pool),
+            });
+        }
+        if let Some(rt) = req.runtime
+            && !slot.state.runtimes.contains(rt)
+        {
+            return Err(PlacementError::NoRuntime(
+                req.pool.namespace.clone(),
+                req.pool.pool.clone(),
+                rt.to_string(),
+            ));
+        }
+        if !slot.has_room() || (!req.ports.is_empty() && slot.port_conflict(req.ports)) {
+            return Err(PlacementError::PinnedFull(pin.to_string()));
+        }
+        let hit = slot.state.images.contains(req.image_key);
+        Ok(Placement {
+            agent: AgentId::from(pin),
+            score: slot.allocated as u64 + if hit { 0 } else { IMAGE_MISS_PENALTY },
+            image_cached: hit,
+        })
     }
 
     /// Adds a placeholder for an agent known only from the store, so its
@@ -479,6 +562,8 @@ mod tests {
             ports: &[],
             exclude: &[],
             runtime: None,
+            pin: None,
+            volume_root: false,
         }
     }
 
@@ -529,6 +614,8 @@ mod tests {
             ports: &[8080],
             exclude: &[],
             runtime: None,
+            pin: None,
+            volume_root: false,
         };
         assert_eq!(
             ix.choose(&r),
@@ -546,6 +633,8 @@ mod tests {
             ports: &[9000],
             exclude: &[],
             runtime: None,
+            pin: None,
+            volume_root: false,
         };
         assert_eq!(ix.allocate(&r, "s2").unwrap().agent, "d");
         assert!(ix.choose(&r).is_err());
@@ -574,6 +663,74 @@ mod tests {
                 "p".into(),
                 "crun".into()
             ))
+        );
+    }
+
+    #[test]
+    fn volume_affinity_pins_to_one_agent_and_never_elsewhere() {
+        let mut ix = PlacementIndex::new();
+        ix.upsert("a", state("p", 1, &["img"]));
+        ix.upsert("b", state("p", 5, &[]));
+        let pool = PoolKey::new("", "p");
+        let pinned = PlacementRequest {
+            pin: Some("b"),
+            ..req(&pool, "img")
+        };
+        // a has the image and room, but the volumes are on b.
+        let p = ix.allocate(&pinned, "s1").unwrap();
+        assert_eq!((p.agent.as_str(), p.score), ("b", IMAGE_MISS_PENALTY));
+        // b full: no other agent is taken.
+        let mut full = state("p", 1, &[]);
+        full.reported = ["s1".to_string()].into();
+        ix.upsert("b", full);
+        assert_eq!(
+            ix.choose(&pinned),
+            Err(PlacementError::PinnedFull("b".into()))
+        );
+        // b silent: unavailable, still not a.
+        ix.set_schedulable("b", false);
+        assert_eq!(
+            ix.choose(&pinned),
+            Err(PlacementError::PinnedUnavailable("b".into()))
+        );
+        // An agent nobody knows, or another pool.
+        let ghost = PlacementRequest {
+            pin: Some("ghost"),
+            ..req(&pool, "img")
+        };
+        assert_eq!(
+            ix.choose(&ghost),
+            Err(PlacementError::PinnedUnavailable("ghost".into()))
+        );
+        let q = PoolKey::new("", "q");
+        let other_pool = PlacementRequest {
+            pin: Some("a"),
+            ..req(&q, "img")
+        };
+        assert!(matches!(
+            ix.choose(&other_pool),
+            Err(PlacementError::PinnedPool { .. })
+        ));
+    }
+
+    #[test]
+    fn a_volume_root_is_required_when_a_volume_is_to_be_made() {
+        let mut ix = PlacementIndex::new();
+        ix.upsert("a", state("p", 5, &["img"]));
+        let mut rooted = state("p", 5, &[]);
+        rooted.volume_root = true;
+        ix.upsert("b", rooted);
+        let pool = PoolKey::new("", "p");
+        let r = PlacementRequest {
+            volume_root: true,
+            ..req(&pool, "img")
+        };
+        assert_eq!(ix.choose(&req(&pool, "img")).unwrap().agent, "a");
+        assert_eq!(ix.choose(&r).unwrap().agent, "b");
+        ix.set_schedulable("b", false);
+        assert_eq!(
+            ix.choose(&r),
+            Err(PlacementError::NoVolumeRoot("default".into(), "p".into()))
         );
     }
 

@@ -55,6 +55,9 @@ pub struct AgentInfo {
     pub pool_policy: Option<pb::PoolPolicy>,
     /// OCI runtimes the agent can run.
     pub runtimes: Vec<String>,
+    /// What its volume root can do; `None` without one (or until it
+    /// heartbeats).
+    pub volume_capabilities: Option<pb::VolumeCapabilities>,
 }
 
 #[derive(Debug, Default)]
@@ -132,6 +135,20 @@ pub struct SandboxView {
     pub observed: Option<pb::SandboxStatus>,
 }
 
+/// See [`Registry::volume_nodes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeNode {
+    pub agent_id: AgentId,
+    pub node_name: String,
+    pub pool: PoolKey,
+    /// Heartbeating (not marked lost).
+    pub live: bool,
+    /// Heard from since this controller started: its volumes are known.
+    pub heartbeated: bool,
+    pub volume_root: bool,
+    pub free_slots: u32,
+}
+
 /// Pool counts for GetPool/ListPools.
 #[derive(Debug, Clone, Default)]
 pub struct PoolSummary {
@@ -186,6 +203,7 @@ impl Registry {
             reported: inv.sandboxes.iter().map(|s| s.sandbox_id.clone()).collect(),
             used_ports: inv.used_ports.iter().copied().collect(),
             runtimes: available_runtimes(inv).collect(),
+            volume_root: inv.volume_capabilities.is_some(),
         };
         let mut g = self.inner.lock();
         g.index.upsert(&inv.agent_id, state);
@@ -222,6 +240,7 @@ impl Registry {
                 a.images = inv.images.clone();
                 a.pool_policy = inv.pool_policy.clone();
                 a.runtimes = available_runtimes(inv).collect();
+                a.volume_capabilities = inv.volume_capabilities.clone();
                 HeartbeatOutcome { persist, came_back }
             }
             None => {
@@ -243,6 +262,7 @@ impl Registry {
                         images: inv.images.clone(),
                         pool_policy: inv.pool_policy.clone(),
                         runtimes: available_runtimes(inv).collect(),
+                        volume_capabilities: inv.volume_capabilities.clone(),
                     },
                 );
                 HeartbeatOutcome {
@@ -286,6 +306,7 @@ impl Registry {
                 images: Vec::new(),
                 pool_policy: None,
                 runtimes: Vec::new(),
+                volume_capabilities: None,
             });
     }
 
@@ -427,6 +448,28 @@ impl Registry {
 
     pub fn agents(&self) -> Vec<AgentInfo> {
         self.inner.lock().agents.values().cloned().collect()
+    }
+
+    /// Every known agent as a home for named volumes, by agent id.
+    pub fn volume_nodes(&self) -> Vec<VolumeNode> {
+        let g = self.inner.lock();
+        let mut out: Vec<VolumeNode> = g
+            .agents
+            .values()
+            .map(|a| VolumeNode {
+                agent_id: a.agent_id.clone(),
+                node_name: a.node_name.clone(),
+                pool: a.pool.clone(),
+                live: !a.lost,
+                heartbeated: a.heartbeated,
+                volume_root: a.volume_capabilities.is_some(),
+                free_slots: a
+                    .capacity
+                    .saturating_sub(g.index.allocated(&a.agent_id).unwrap_or(0)),
+            })
+            .collect();
+        out.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        out
     }
 
     // ------------------------------------------------------- liveness --

@@ -14,8 +14,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use sandbolt_controller::SandboxKey;
 use sandbolt_controller::store::kube::{KubeStore, KubeStoreConfig, STATE_ANNOTATION};
 use sandbolt_controller::store::{
-    AgentPod, AgentRecord, Consistency, FailurePolicy, HostVolume, ListRange, Phase, Resources,
-    SandboxRecord, SandboxSpec, Store, StoreError,
+    AccessMode, AgentPod, AgentRecord, Consistency, FailurePolicy, HostVolume, ListRange, Phase,
+    PvcVolume, Resources, SandboxRecord, SandboxSpec, Store, StoreError,
 };
 use sandbolt_deploy::Sandbox;
 use sandbolt_deploy::sandbox::FINALIZER;
@@ -53,6 +53,17 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
                 sub_path: "x".into(),
                 mount_path: "/data".into(),
                 read_only: true,
+            }],
+            pvc_volumes: vec![PvcVolume {
+                name: "work".into(),
+                claim_name: "work-vol".into(),
+                mount_path: "/work".into(),
+                create_if_missing: true,
+                access_mode: AccessMode::ReadWriteMany,
+                size: "1Gi".into(),
+                delete_on_sandbox_delete: true,
+                created_by_sandbox: true,
+                ..Default::default()
             }],
             runtime: "runc".into(),
             network_policy_json:

@@ -242,6 +242,8 @@ fn thousand_threads_allocate_each_slot_once() {
                         ports: &[],
                         exclude: &[],
                         runtime: None,
+                        pin: None,
+                        volume_root: false,
                     },
                     &format!("s{i}").into(),
                 )

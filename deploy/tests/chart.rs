@@ -315,6 +315,15 @@ fn default_values_lint_render_and_validate() {
             .any(|v| v["hostPath"]["path"] == "/var/lib/sandbolt/volumes"),
         "volume root hostPath"
     );
+    // The image has no btrfs-progs: no named volumes by default, and no
+    // mount for them.
+    assert!(
+        args(a).contains(&"--volume-backend=none".into()),
+        "{:?}",
+        args(a)
+    );
+    assert!(!args(a).iter().any(|f| f.starts_with("--volume-root")));
+    assert!(!mounts(a).contains(&"/var/lib/sandbolt/named-volumes".into()));
     // Host paths keep their host path inside the pod (containerd resolves them).
     for m in mounts(a) {
         assert!(
@@ -398,7 +407,8 @@ fn non_default_values_lint_render_and_validate() {
             "persistence": {"enabled": true, "size": "5Gi", "storageClassName": "fast-ssd"}
         },
         "lifecycle": {"enabled": false},
-        "agent": {"hostNetwork": true, "proxyPort": 19092, "network": "egress"},
+        "agent": {"hostNetwork": true, "proxyPort": 19092, "network": "egress",
+                  "namedVolumes": {"backend": "auto", "root": "/srv/named", "poolSize": "50Gi"}},
         "networkPolicy": {"enabled": false},
         "pools": [
             {"name": "gpu", "nodeSelector": {"sandbolt.io/pool": "gpu"}, "maxSandboxesPerAgent": 8,
@@ -461,6 +471,31 @@ fn non_default_values_lint_render_and_validate() {
     );
     assert!(args(a).contains(&"--proxy-listen=0.0.0.0:19092".into()));
     assert!(args(a).contains(&"--network=egress".into()));
+    // Named volumes: the flags, and the root on the node, mounted with
+    // Bidirectional propagation (the loop-backed btrfs the agent mounts
+    // there outlives the agent pod).
+    for flag in [
+        "--volume-backend=auto",
+        "--volume-root=/srv/named",
+        "--volume-pool-size=50Gi",
+    ] {
+        assert!(args(a).contains(&flag.into()), "{flag}: {:?}", args(a));
+    }
+    let named = a["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/srv/named")
+        .expect("named volume root mounted");
+    assert_eq!(named["mountPropagation"], "Bidirectional");
+    assert!(
+        gpu["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["hostPath"]["path"] == "/srv/named"),
+        "named volume root hostPath"
+    );
     assert!(args(a).contains(&"--runtime=crun".into()), "{:?}", args(a));
     assert!(
         args(a).contains(&"--warm-image=docker.io/library/python:3.12".into()),
@@ -537,6 +572,15 @@ fn invalid_values_are_refused() {
         (
             json!({"agent": {"network": "egress"}}),
             "agent.network=egress needs agent.hostNetwork=true",
+        ),
+        (
+            json!({"agent": {"namedVolumes": {"backend": "zfs"}}}),
+            "agent.namedVolumes.backend must be auto, btrfs, directory or none",
+        ),
+        (
+            json!({"agent": {"namedVolumes": {"backend": "auto",
+                                               "root": "/var/lib/sandbolt/volumes/named"}}}),
+            "agent.namedVolumes.root must lie outside agent.volumeRoot",
         ),
     ] {
         let err = check(Some(values.clone()), &[]).expect_err(&format!("{values} was accepted"));

@@ -105,9 +105,24 @@ impl ApiError {
         Self::new(status, code, message)
     }
 
-    /// Maps a filesystem error on `path` to 404 / 400 / 500.
+    /// Maps a filesystem error on `path` to 404 / 400 / 403 / 507 / 500.
     pub fn fs(path: &std::path::Path, what: &str, err: &std::io::Error) -> Self {
         use std::io::ErrorKind::*;
+        // A full volume (ENOSPC) or one over its quota (EDQUOT: what btrfs
+        // qgroups answer) is the caller's storage running out, not a fault
+        // of execd: 507 with the cause spelled out.
+        let full = match err.raw_os_error() {
+            Some(libc::EDQUOT) => Some("disk quota exceeded"),
+            Some(libc::ENOSPC) => Some("no space left on device"),
+            _ => None,
+        };
+        if let Some(cause) = full {
+            return Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                code::RUNTIME_ERROR,
+                format!("{what} {}: {cause}", path.display()),
+            );
+        }
         let message = format!("{what} {}: {err}", path.display());
         match err.kind() {
             NotFound => Self::not_found(code::FILE_NOT_FOUND, message),
@@ -136,4 +151,29 @@ pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
         body,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+    use std::path::Path;
+
+    #[test]
+    fn a_full_volume_is_507_naming_path_and_cause() {
+        let p = Path::new("/data/out.bin");
+        let e = ApiError::fs(p, "write", &io::Error::from_raw_os_error(libc::EDQUOT));
+        assert_eq!(e.status, StatusCode::INSUFFICIENT_STORAGE);
+        assert_eq!(e.message, "write /data/out.bin: disk quota exceeded");
+        let e = ApiError::fs(p, "write", &io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(e.status, StatusCode::INSUFFICIENT_STORAGE);
+        assert_eq!(e.message, "write /data/out.bin: no space left on device");
+        // Other failures keep their mapping.
+        let e = ApiError::fs(p, "write", &io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let e = ApiError::fs(p, "write", &io::Error::from_raw_os_error(libc::EROFS));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        let e = ApiError::fs(p, "open", &io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(e.status, StatusCode::NOT_FOUND);
+    }
 }

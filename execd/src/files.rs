@@ -551,7 +551,8 @@ impl PendingFile {
             .create_new(true)
             .mode(0o644)
             .open(&temp)
-            .map_err(|e| ApiError::fs(&temp, "create", &e))?;
+            // Named by the target: the temporary sibling is ours, not the caller's.
+            .map_err(|e| ApiError::fs(&target, "create", &e))?;
         Ok((Self { target, temp, perm }, file))
     }
 
@@ -726,7 +727,7 @@ fn write_chunks(
     match res {
         Ok(()) => Ok(pending),
         Err(e) => {
-            let err = ApiError::fs(&pending.temp, "write", &e);
+            let err = ApiError::fs(&pending.target, "write", &e);
             pending.abort();
             Err(err)
         }
@@ -1035,6 +1036,50 @@ mod tests {
         );
         assert_eq!(replace_all(b"aaa", b"aa", b"x"), (b"xa".to_vec(), 1));
         assert_eq!(replace_all(b"abc", b"zz", b"x"), (b"abc".to_vec(), 0));
+    }
+
+    /// A tmpfs of a few pages; unmounted on drop (also when a test fails).
+    struct TinyTmpfs(tempfile::TempDir);
+
+    impl TinyTmpfs {
+        fn new() -> TinyTmpfs {
+            let dir = tempfile::tempdir().unwrap();
+            let st = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=16k", "execd-full-test"])
+                .arg(dir.path())
+                .status()
+                .expect("run mount (unit tests run as root)");
+            assert!(st.success(), "mount a tmpfs");
+            TinyTmpfs(dir)
+        }
+    }
+
+    impl Drop for TinyTmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg(self.0.path())
+                .status();
+        }
+    }
+
+    #[test]
+    fn an_upload_to_a_full_volume_answers_507_naming_the_target() {
+        let full = TinyTmpfs::new();
+        let target = full.0.path().join("big.bin");
+        let (tx, rx) = mpsc::channel(2);
+        tx.blocking_send(Bytes::from(vec![7u8; 1 << 20])).unwrap();
+        drop(tx);
+        let err = match write_chunks(target.clone(), Permission::default(), rx) {
+            Ok(_) => panic!("1 MiB fit into a 16 KiB filesystem"),
+            Err(e) => e,
+        };
+        assert_eq!(err.status, StatusCode::INSUFFICIENT_STORAGE);
+        assert_eq!(
+            err.message,
+            format!("write {}: no space left on device", target.display())
+        );
+        // Neither the target nor the temporary sibling is left behind.
+        assert_eq!(fs::read_dir(full.0.path()).unwrap().count(), 0);
     }
 
     #[test]

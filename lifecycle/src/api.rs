@@ -77,6 +77,7 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
         .route("/health", get(health))
         .route("/version", get(version))
         .route("/openapi.json", get(openapi))
+        .merge(crate::volume_routes::routes())
         .merge(not_implemented_routes())
         .with_state(app.clone());
     Router::new()

@@ -11,6 +11,9 @@ use sandbolt_proto::egress::NetworkPolicy;
 use crate::egress::{PolicyChange, PolicyStatus};
 use crate::error::{ApiError, ApiResult};
 use crate::model::SandboxRecord;
+use crate::named_volumes::{
+    SandboxVolume, Snapshot, Volume, VolumeCreate, VolumeFork, unsupported_route,
+};
 use crate::validate::{CreatePlan, Extensions};
 use crate::volumes::VolumeMount;
 
@@ -38,6 +41,14 @@ pub fn paused_sandbox(code: &'static str, id: &str) -> ApiError {
         code,
         format!("Sandbox {id} is paused; resume it before proxying to it."),
     )
+}
+
+/// The answer of a named-volume method on a runtime without named volumes.
+fn no_volumes<B: Backend + ?Sized, T>(
+    backend: &B,
+    route: &str,
+) -> std::future::Ready<ApiResult<T>> {
+    std::future::ready(Err(unsupported_route(route, backend.runtime_name())))
 }
 
 /// A sandbox runtime. Implementations map each lifecycle operation to their
@@ -114,6 +125,89 @@ pub trait Backend: Send + Sync + 'static {
 
     /// How to reach `port` of sandbox `id`.
     fn route(&self, id: &str, port: u16) -> impl Future<Output = ApiResult<Route>> + Send;
+
+    /// True when this runtime has no named volumes. The API layer then
+    /// answers every named-volume route (`/volumes...`,
+    /// `/sandboxes/{id}/volumes...`) with a 501 naming the route before it
+    /// reads the request. The volume methods below default to that same
+    /// 501, for runtimes without named volumes.
+    fn named_volumes_unsupported(&self) -> bool {
+        false
+    }
+
+    fn create_volume(&self, _: VolumeCreate) -> impl Future<Output = ApiResult<Volume>> + Send {
+        no_volumes(self, "POST /volumes")
+    }
+
+    fn get_volume(&self, _: &str) -> impl Future<Output = ApiResult<Volume>> + Send {
+        no_volumes(self, "GET /volumes/{name}")
+    }
+
+    fn list_volumes(&self) -> impl Future<Output = ApiResult<Vec<Volume>>> + Send {
+        no_volumes(self, "GET /volumes")
+    }
+
+    /// Removes the volume and its snapshots (its forks stay); 409 while
+    /// any sandbox mounts it.
+    fn delete_volume(&self, _: &str) -> impl Future<Output = ApiResult<()>> + Send {
+        no_volumes(self, "DELETE /volumes/{name}")
+    }
+
+    fn create_volume_snapshot(
+        &self,
+        _volume: &str,
+        _snapshot: &str,
+    ) -> impl Future<Output = ApiResult<Snapshot>> + Send {
+        no_volumes(self, "POST /volumes/{name}/snapshots")
+    }
+
+    fn list_volume_snapshots(
+        &self,
+        _volume: &str,
+    ) -> impl Future<Output = ApiResult<Vec<Snapshot>>> + Send {
+        no_volumes(self, "GET /volumes/{name}/snapshots")
+    }
+
+    fn delete_volume_snapshot(
+        &self,
+        _volume: &str,
+        _snapshot: &str,
+    ) -> impl Future<Output = ApiResult<()>> + Send {
+        no_volumes(self, "DELETE /volumes/{name}/snapshots/{snapshot}")
+    }
+
+    /// Replaces the volume's data with the snapshot's; 409 while mounted.
+    fn restore_volume(
+        &self,
+        _volume: &str,
+        _snapshot: &str,
+    ) -> impl Future<Output = ApiResult<Volume>> + Send {
+        no_volumes(self, "POST /volumes/{name}/restore")
+    }
+
+    fn fork_volume(&self, _: VolumeFork) -> impl Future<Output = ApiResult<Volume>> + Send {
+        no_volumes(self, "POST /volumes/{name}/fork")
+    }
+
+    /// Mounts a `pvc` volume into running sandbox `id`; answers every
+    /// volume the sandbox mounts afterwards.
+    fn attach_volume(
+        &self,
+        _id: &str,
+        _volume: VolumeMount,
+    ) -> impl Future<Output = ApiResult<Vec<SandboxVolume>>> + Send {
+        no_volumes(self, "POST /sandboxes/{id}/volumes")
+    }
+
+    /// Unmounts named volume `volume` (its claim name, or the name of the
+    /// sandbox's volume entry) from running sandbox `id`.
+    fn detach_volume(
+        &self,
+        _id: &str,
+        _volume: &str,
+    ) -> impl Future<Output = ApiResult<()>> + Send {
+        no_volumes(self, "DELETE /sandboxes/{id}/volumes/{volumeName}")
+    }
 
     /// The route the reverse proxy forwards to. Unlike [`Backend::route`]
     /// (endpoints are facts, valid while paused too), this refuses a sandbox

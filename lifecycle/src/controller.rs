@@ -23,10 +23,13 @@ use crate::backend::{Backend, Route, paused_sandbox};
 use crate::egress::{ENFORCEMENT_DNS_NFT, PolicyChange, PolicyStatus};
 use crate::error::{ApiError, ApiResult, StartError};
 use crate::model::{SandboxRecord, State};
+use crate::named_volumes::{
+    AccessMode, SandboxVolume, Snapshot, Volume, VolumeCreate, VolumeFork, check_backend,
+};
 use crate::validate::{
     ConsistencyMode, CreatePlan, Extensions, FailurePolicy, Quantity, ResourceSet,
 };
-use crate::volumes::{VolumeMount, VolumeSource, unsupported};
+use crate::volumes::{PvcClaim, VolumeMount, VolumeSource, unsupported};
 
 type Client =
     pb::sandbox_service_client::SandboxServiceClient<InterceptedService<Channel, BearerToken>>;
@@ -55,6 +58,8 @@ impl ControllerConfig {
 
 pub struct ControllerBackend {
     client: Client,
+    /// `VolumeService` on the same channel and token.
+    volumes: crate::controller_volumes::VolumeClient,
     namespace: String,
 }
 
@@ -159,7 +164,12 @@ where
     }
 }
 
-fn map_code(code: tonic::Code, id: &str, msg: String) -> ApiError {
+/// A refused create, in REST terms (see [`map_status`]).
+pub(crate) fn map_create_status(id: &str, s: tonic::Status) -> ApiError {
+    map_status(Call::Create, id, s)
+}
+
+pub(crate) fn map_code(code: tonic::Code, id: &str, msg: String) -> ApiError {
     use tonic::Code;
     match code {
         Code::NotFound => ApiError::not_found(id),
@@ -167,13 +177,16 @@ fn map_code(code: tonic::Code, id: &str, msg: String) -> ApiError {
         Code::AlreadyExists => ApiError::conflict("SANDBOX_ALREADY_EXISTS", msg),
         Code::Aborted => ApiError::conflict("SANDBOX_CONFLICT", msg),
         Code::FailedPrecondition => ApiError::conflict("SANDBOX_INVALID_STATE", msg),
+        // The document promises Retry-After with the 429.
         Code::ResourceExhausted => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "CONTROLLER::RESOURCE_EXHAUSTED",
             msg,
-        ),
+        )
+        .with_retry_after(crate::controller_volumes::RETRY_AFTER_SECS),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
             ApiError::unavailable(format!("controller unavailable: {msg}"))
+                .with_retry_after(crate::controller_volumes::RETRY_AFTER_SECS)
         }
         // The client did nothing wrong: this server is misconfigured. 502
         // says "the server behind me refused", and the message says which
@@ -251,14 +264,49 @@ fn resource_list(set: &ResourceSet) -> pb::ResourceList {
     }
 }
 
-fn volume(v: &VolumeMount) -> ApiResult<pb::Volume> {
+/// A `pvc` as the controller takes it: the named volume, created on the
+/// sandbox's node when missing (if asked) with the one access mode, the
+/// quota and the `local` backend the request names. Hints the controller
+/// cannot honour are refused, naming the field, never dropped.
+fn pvc_source(volume: &str, c: &PvcClaim) -> ApiResult<pb::PvcSource> {
+    check_backend(
+        &format!("volume '{volume}': pvc.storageClass"),
+        c.storage_class.as_deref(),
+    )?;
+    let access_mode = match c.access_modes.as_slice() {
+        [] => None,
+        [mode] => Some(AccessMode::parse(
+            &format!("volume '{volume}': pvc.accessModes[0]"),
+            mode,
+        )?),
+        many => {
+            return Err(ApiError::invalid_code(
+                "VOLUME::INVALID_ACCESS_MODE",
+                format!(
+                    "volume '{volume}': pvc.accessModes lists {} modes; a named volume has exactly \
+                     one (ReadWriteOnce, ReadOnlyMany or ReadWriteMany)",
+                    many.len()
+                ),
+            ));
+        }
+    };
+    Ok(pb::PvcSource {
+        claim_name: c.claim_name.clone(),
+        create_if_missing: c.create_if_missing,
+        access_mode: crate::controller_volumes::to_pb_mode(access_mode),
+        size: c.storage.clone().unwrap_or_default(),
+        backend: c.storage_class.clone().unwrap_or_default(),
+        delete_on_sandbox_delete: c.delete_on_sandbox_delete,
+        created_by_sandbox: false,
+    })
+}
+
+pub(crate) fn volume(v: &VolumeMount) -> ApiResult<pb::Volume> {
     let source = match &v.source {
         VolumeSource::Host { path } => pb::volume::Source::Host(pb::HostPathSource {
             path: path.to_string_lossy().into_owned(),
         }),
-        VolumeSource::Pvc { claim_name } => pb::volume::Source::Pvc(pb::PvcSource {
-            claim_name: claim_name.clone(),
-        }),
+        VolumeSource::Pvc(claim) => pb::volume::Source::Pvc(pvc_source(&v.name, claim)?),
         other => return Err(unsupported(other.kind(), "controller")),
     };
     Ok(pb::Volume {
@@ -333,7 +381,7 @@ fn split_endpoint(ep: &str) -> (String, String) {
 
 /// The controller's sandbox names (letters, digits, `-._`, alphanumeric
 /// first, ≤ 253). Anything else cannot exist: 404 without a round trip.
-fn check_id(id: &str) -> ApiResult<()> {
+pub(crate) fn check_id(id: &str) -> ApiResult<()> {
     let ok = !id.is_empty()
         && id.len() <= 253
         && id.as_bytes()[0].is_ascii_alphanumeric()
@@ -372,10 +420,14 @@ impl ControllerBackend {
             .tcp_nodelay(true);
         let token = BearerToken::new(config.token.as_deref().unwrap_or_default())
             .map_err(|_| StartError::Config("controller token is not valid ASCII".into()))?;
+        let channel = endpoint.connect_lazy();
         let backend = Self {
             client: pb::sandbox_service_client::SandboxServiceClient::with_interceptor(
-                endpoint.connect_lazy(),
-                token,
+                channel.clone(),
+                token.clone(),
+            ),
+            volumes: pb::volume_service_client::VolumeServiceClient::with_interceptor(
+                channel, token,
             ),
             namespace: config.namespace,
         };
@@ -398,7 +450,7 @@ impl ControllerBackend {
         Ok(backend)
     }
 
-    fn reference(&self, id: &str) -> pb::SandboxRef {
+    pub(crate) fn reference(&self, id: &str) -> pb::SandboxRef {
         pb::SandboxRef {
             namespace: self.namespace.clone(),
             name: id.to_string(),
@@ -406,11 +458,15 @@ impl ControllerBackend {
         }
     }
 
-    fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         self.client.clone()
     }
 
-    async fn read(&self, id: &str) -> Result<pb::Sandbox, tonic::Status> {
+    pub(crate) fn volume_client(&self) -> crate::controller_volumes::VolumeClient {
+        self.volumes.clone()
+    }
+
+    pub(crate) async fn read(&self, id: &str) -> Result<pb::Sandbox, tonic::Status> {
         let req = pb::GetSandboxRequest {
             sandbox: Some(self.reference(id)),
         };
@@ -474,12 +530,10 @@ impl Backend for ControllerBackend {
     #[tracing::instrument(name = "controller", skip_all, fields(call = "create", sandbox_id = %plan.id, namespace = %self.namespace))]
     async fn create(&self, plan: CreatePlan) -> ApiResult<SandboxRecord> {
         let req = create_request(&plan, &self.namespace)?;
-        let sandbox = self
-            .client()
-            .create_sandbox(req)
-            .await
-            .map_err(|s| map_status(Call::Create, &plan.id, s))?
-            .into_inner();
+        let sandbox = match self.client().create_sandbox(req).await {
+            Ok(s) => s.into_inner(),
+            Err(s) => return Err(self.create_refused(&plan, s).await),
+        };
         let mut rec = to_record(&sandbox);
         // wait_ready: the controller answered once execd inside answered.
         // With fast consistency the record may still say Pending while the
@@ -649,6 +703,50 @@ impl Backend for ControllerBackend {
             policy: stored_policy(&committed)?,
             enforcement_mode: ENFORCEMENT_DNS_NFT,
         })
+    }
+
+    async fn create_volume(&self, req: VolumeCreate) -> ApiResult<Volume> {
+        self.vol_create(req).await
+    }
+
+    async fn get_volume(&self, name: &str) -> ApiResult<Volume> {
+        self.vol_get(name).await
+    }
+
+    async fn list_volumes(&self) -> ApiResult<Vec<Volume>> {
+        self.vol_list().await
+    }
+
+    async fn delete_volume(&self, name: &str) -> ApiResult<()> {
+        self.vol_delete(name).await
+    }
+
+    async fn create_volume_snapshot(&self, volume: &str, snapshot: &str) -> ApiResult<Snapshot> {
+        self.vol_snapshot(volume, snapshot).await
+    }
+
+    async fn list_volume_snapshots(&self, volume: &str) -> ApiResult<Vec<Snapshot>> {
+        self.vol_snapshots(volume).await
+    }
+
+    async fn delete_volume_snapshot(&self, volume: &str, snapshot: &str) -> ApiResult<()> {
+        self.vol_delete_snapshot(volume, snapshot).await
+    }
+
+    async fn restore_volume(&self, volume: &str, snapshot: &str) -> ApiResult<Volume> {
+        self.vol_restore(volume, snapshot).await
+    }
+
+    async fn fork_volume(&self, fork: VolumeFork) -> ApiResult<Volume> {
+        self.vol_fork(fork).await
+    }
+
+    async fn attach_volume(&self, id: &str, volume: VolumeMount) -> ApiResult<Vec<SandboxVolume>> {
+        self.vol_attach(id, volume).await
+    }
+
+    async fn detach_volume(&self, id: &str, volume: &str) -> ApiResult<()> {
+        self.vol_detach(id, volume).await
     }
 
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {
@@ -841,7 +939,10 @@ mod tests {
                 pb::Volume {
                     name: "p".into(),
                     source: Some(pb::volume::Source::Pvc(pb::PvcSource {
-                        claim_name: "claim-a".into()
+                        claim_name: "claim-a".into(),
+                        // OpenSandbox's default.
+                        create_if_missing: true,
+                        ..Default::default()
                     })),
                     mount_path: "/data".into(),
                     read_only: false,
@@ -849,6 +950,57 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn pvc_hints_reach_the_controller_or_are_refused_by_name() {
+        let pvc = |extra: serde_json::Value| {
+            let mut p = json!({"claimName": "vol-a"});
+            p.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            plan(json!({
+                "image": {"uri": "busybox"}, "entrypoint": ["sh"],
+                "volumes": [{"name": "data", "pvc": p, "mountPath": "/data"}]
+            }))
+        };
+        let p = pvc(json!({
+            "createIfNotExists": false, "deleteOnSandboxTermination": true,
+            "storage": "1Gi", "storageClass": "local", "accessModes": ["RWX"]
+        }));
+        let spec = create_request(&p, "default").unwrap().spec.unwrap();
+        assert_eq!(
+            spec.volumes[0].source,
+            Some(pb::volume::Source::Pvc(pb::PvcSource {
+                claim_name: "vol-a".into(),
+                create_if_missing: false,
+                access_mode: pb::AccessMode::ReadWriteMany as i32,
+                size: "1Gi".into(),
+                backend: "local".into(),
+                delete_on_sandbox_delete: true,
+                created_by_sandbox: false,
+            }))
+        );
+        for (extra, words) in [
+            (
+                json!({"storageClass": "gp3"}),
+                vec!["volume 'data': pvc.storageClass 'gp3'", "local"],
+            ),
+            (
+                json!({"accessModes": ["ReadWriteOnce", "ReadOnlyMany"]}),
+                vec!["volume 'data': pvc.accessModes lists 2 modes"],
+            ),
+            (
+                json!({"accessModes": ["ReadWriteOncePod"]}),
+                vec!["volume 'data': pvc.accessModes[0] 'ReadWriteOncePod'"],
+            ),
+        ] {
+            let e = create_request(&pvc(extra.clone()), "default").unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{extra}");
+            for w in words {
+                assert!(e.message.contains(w), "{extra}: {}", e.message);
+            }
+        }
     }
 
     #[test]

@@ -105,11 +105,15 @@ struct Reach {
 }
 
 pub struct DockerBackend {
-    docker: Docker,
+    pub(crate) docker: Docker,
     config: DockerConfig,
     /// execd packed as a tar once at start; uploaded into each sandbox.
     execd_tar: Bytes,
-    data_dir: PathBuf,
+    pub(crate) data_dir: PathBuf,
+    /// Held from the host-binding check of a create until its container
+    /// exists, so two creates never both pass the check against a world
+    /// without the other (see [`crate::docker_volumes::check_bindings`]).
+    binds_lock: tokio::sync::Mutex<()>,
     /// Endpoint facts cached from create so the SDK's endpoint lookups right
     /// after create need no engine round trip.
     reach: Mutex<HashMap<String, Reach>>,
@@ -205,7 +209,7 @@ fn map_docker_err(call: DockerCall<'_>, id: &str, e: bollard::errors::Error) -> 
     }
 }
 
-fn map_engine_answer(id: &str, e: bollard::errors::Error) -> ApiError {
+pub(crate) fn map_engine_answer(id: &str, e: bollard::errors::Error) -> ApiError {
     use bollard::errors::Error as E;
     match e {
         E::DockerResponseServerError {
@@ -391,7 +395,7 @@ fn random_token() -> String {
 }
 
 /// Reads a JSON file, treating absence as `None`.
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
     let bytes = std::fs::read(path).ok()?;
     match serde_json::from_slice(&bytes) {
         Ok(v) => Some(v),
@@ -403,7 +407,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
 }
 
 /// Writes via tmp + rename so a crash never leaves a truncated file.
-fn write_json<T: Serialize>(path: &Path, value: &T) -> ApiResult<()> {
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> ApiResult<()> {
     let dir = path.parent().expect("state files live in a directory");
     std::fs::create_dir_all(dir)
         .map_err(|e| ApiError::internal(format!("create {}: {e}", dir.display())))?;
@@ -447,6 +451,7 @@ impl DockerBackend {
             config,
             execd_tar,
             data_dir: data_dir.to_path_buf(),
+            binds_lock: tokio::sync::Mutex::new(()),
             reach: Mutex::new(HashMap::new()),
             network_mode,
         })
@@ -646,7 +651,7 @@ impl DockerBackend {
                     VolumeSource::Host { path } => {
                         (MountType::BIND, path.to_string_lossy().into_owned())
                     }
-                    VolumeSource::Pvc { claim_name } => (MountType::VOLUME, claim_name.clone()),
+                    VolumeSource::Pvc(claim) => (MountType::VOLUME, claim.claim_name.clone()),
                     other => return Err(unsupported(other.kind(), self.runtime_name())),
                 };
                 Ok(Mount {
@@ -660,16 +665,28 @@ impl DockerBackend {
             .collect()
     }
 
-    /// The container of a sandbox, created, given execd and started; how to
-    /// reach its execd.
-    async fn create_container(&self, plan: &CreatePlan, token: &str) -> ApiResult<Reach> {
+    /// The container of a sandbox, created (not started). `delete_volumes`
+    /// are the Docker volumes to remove at its delete.
+    async fn create_stopped(
+        &self,
+        plan: &CreatePlan,
+        token: &str,
+        delete_volumes: &[String],
+    ) -> ApiResult<()> {
         let name = container_name(&plan.id);
+        let mut labels = container_labels(plan, token);
+        if !delete_volumes.is_empty() {
+            labels.insert(
+                crate::docker_volumes::LABEL_DELETE_VOLUMES.into(),
+                serde_json::to_string(delete_volumes).expect("strings serialize"),
+            );
+        }
         let body = ContainerCreateBody {
             image: Some(plan.image.clone()),
             entrypoint: Some(execd_entrypoint(plan)),
             cmd: Some(Vec::new()),
             env: Some(container_env(plan, token)),
-            labels: Some(container_labels(plan, token)),
+            labels: Some(labels),
             exposed_ports: Some(vec![format!("{EXECD_PORT}/tcp")]),
             host_config: Some(self.host_config(plan)?),
             ..Default::default()
@@ -683,7 +700,39 @@ impl DockerBackend {
             .create_container(Some(opts), body)
             .await
             .map_err(|e| map_docker_err(create, &plan.id, e))?;
+        Ok(())
+    }
 
+    /// The container of a sandbox, created, given execd and started; how to
+    /// reach its execd. Host bindings are checked against every other
+    /// sandbox's under a lock held until the container (and so its
+    /// bindings) exists.
+    async fn create_container(
+        &self,
+        plan: &CreatePlan,
+        token: &str,
+        pvcs: &crate::docker_volumes::PreparedPvcs,
+    ) -> ApiResult<Reach> {
+        let binds = crate::docker_volumes::host_bindings(plan);
+        {
+            let _held = if binds.is_empty() {
+                None
+            } else {
+                let held = self.binds_lock.lock().await;
+                let existing = self.existing_bindings().await?;
+                crate::docker_volumes::check_bindings(&binds, &existing)?;
+                Some(held)
+            };
+            self.create_stopped(plan, token, &pvcs.delete_on_delete)
+                .await?;
+        }
+        self.start_created(plan).await
+    }
+
+    /// The created container of a sandbox, given execd and started; how to
+    /// reach its execd.
+    async fn start_created(&self, plan: &CreatePlan) -> ApiResult<Reach> {
+        let name = container_name(&plan.id);
         // Copy execd in before start: no bind mount, so this works even when
         // the engine cannot see our filesystem.
         let upload = UploadToContainerOptions {
@@ -837,7 +886,8 @@ impl Backend for DockerBackend {
     #[tracing::instrument(name = "docker", skip_all, fields(call = "create", sandbox_id = %plan.id))]
     async fn create(&self, plan: CreatePlan) -> ApiResult<SandboxRecord> {
         let token = random_token();
-        match self.create_container(&plan, &token).await {
+        let pvcs = self.prepare_pvcs(&plan).await?;
+        match self.create_container(&plan, &token, &pvcs).await {
             Ok(reach) => {
                 self.reach
                     .lock()
@@ -870,6 +920,7 @@ impl Backend for DockerBackend {
                         }),
                     )
                     .await;
+                self.remove_volumes(&pvcs.created).await;
                 Err(e)
             }
         }
@@ -904,7 +955,9 @@ impl Backend for DockerBackend {
 
     #[tracing::instrument(name = "docker", skip_all, fields(call = "delete", sandbox_id = %id))]
     async fn delete(&self, id: &str) -> ApiResult<()> {
-        self.inspect(id).await?;
+        let c = self.inspect(id).await?;
+        let labels = c.config.and_then(|cfg| cfg.labels).unwrap_or_default();
+        self.owe_volume_deletes(id, &labels);
         self.docker
             .remove_container(
                 &container_name(id),
@@ -919,6 +972,7 @@ impl Backend for DockerBackend {
             .map_err(|e| map_docker_err(DockerCall::OnSandbox, id, e))?;
         self.forget(id);
         tracing::info!(%id, "sandbox deleted");
+        self.settle_volume_deletes().await;
         Ok(())
     }
 
@@ -973,6 +1027,14 @@ impl Backend for DockerBackend {
             },
         )?;
         Ok(at)
+    }
+
+    /// Docker named volumes have no snapshots or forks, and the engine
+    /// cannot add a mount to a running container: every named-volume route
+    /// answers 501 (the trait's default methods). A sandbox's `pvc` is a
+    /// Docker named volume all the same (see [`crate::docker_volumes`]).
+    fn named_volumes_unsupported(&self) -> bool {
+        true
     }
 
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {

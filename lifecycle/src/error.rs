@@ -2,7 +2,7 @@
 //! OpenSandbox `{"code", "message"}` body.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -14,6 +14,9 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// `Retry-After` in seconds, for answers that say "not now" (503, 429)
+    /// where waiting is what fixes it.
+    pub retry_after_secs: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -28,7 +31,13 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after_secs: None,
         }
+    }
+    /// The same error, telling the client when to try again.
+    pub fn with_retry_after(mut self, secs: u32) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", message)
@@ -74,7 +83,11 @@ impl IntoResponse for ApiError {
             code: self.code,
             message: &self.message,
         };
-        (self.status, Json(body)).into_response()
+        let mut resp = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            resp.headers_mut().insert(header::RETRY_AFTER, secs.into());
+        }
+        resp
     }
 }
 

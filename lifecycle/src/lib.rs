@@ -6,15 +6,19 @@
 pub mod api;
 pub mod backend;
 pub mod controller;
+mod controller_volumes;
 pub mod docker;
 pub mod docker_network;
+mod docker_volumes;
 pub mod egress;
 pub mod error;
 pub mod expiry;
 pub mod model;
+pub mod named_volumes;
 pub mod openapi;
 pub mod proxy;
 pub mod validate;
+pub mod volume_routes;
 pub mod volumes;
 
 use std::net::SocketAddr;
@@ -125,6 +129,7 @@ impl Lifecycle {
         match config.backend.clone() {
             BackendConfig::Docker(d) => {
                 let backend = DockerBackend::connect(d, &config.data_dir).await?;
+                backend.check_host_roots(&config.allow_host_paths).await?;
                 Self::start_with(config, backend).await
             }
             BackendConfig::Controller(c) => {

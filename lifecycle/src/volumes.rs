@@ -41,8 +41,9 @@ pub enum VolumeSource {
     /// [`HostPathCheck::Local`] already joined with `subPath` and resolved
     /// through symlinks; with [`HostPathCheck::OnNode`] as requested.
     Host { path: PathBuf },
-    /// A platform-named volume (Kubernetes PVC; Docker named volume).
-    Pvc { claim_name: String },
+    /// A platform-named volume (sandbolt named volume on the controller
+    /// backend; Docker named volume).
+    Pvc(PvcClaim),
     /// NFS `server:/export`.
     Nfs { server: String, export: String },
     /// Alibaba OSS through ossfs.
@@ -57,6 +58,41 @@ impl VolumeSource {
             VolumeSource::Pvc { .. } => "pvc",
             VolumeSource::Nfs { .. } => "nfs",
             VolumeSource::Ossfs { .. } => "ossfs",
+        }
+    }
+}
+
+/// A `pvc` source: the named volume and how to provision it when it does
+/// not exist yet (OpenSandbox `PVC`). Each runtime decides what the
+/// provisioning hints mean for it (see the backends).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PvcClaim {
+    pub claim_name: String,
+    /// `createIfNotExists` (default true): create the volume when missing;
+    /// false refuses a missing one.
+    pub create_if_missing: bool,
+    /// `deleteOnSandboxTermination`: remove the volume at sandbox delete,
+    /// if this sandbox's create made it.
+    pub delete_on_sandbox_delete: bool,
+    /// `storage` as spelled (checked to be a byte quantity).
+    pub storage: Option<String>,
+    /// `storageClass` as given.
+    pub storage_class: Option<String>,
+    /// `accessModes` as given (Kubernetes names; each runtime maps them).
+    pub access_modes: Vec<String>,
+}
+
+impl PvcClaim {
+    /// A claim with the OpenSandbox defaults (created when missing, kept
+    /// at sandbox delete, no hints).
+    pub fn named(claim_name: impl Into<String>) -> Self {
+        Self {
+            claim_name: claim_name.into(),
+            create_if_missing: true,
+            delete_on_sandbox_delete: false,
+            storage: None,
+            storage_class: None,
+            access_modes: Vec::new(),
         }
     }
 }
@@ -110,14 +146,49 @@ struct SpecVolume {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct SpecHost {
     path: String,
 }
 
+/// OpenSandbox `PVC`. Unknown fields are refused: a provisioning hint
+/// accepted and ignored would be a promise silently broken.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct SpecPvc {
     claim_name: String,
+    #[serde(default = "default_true")]
+    create_if_not_exists: bool,
+    #[serde(default)]
+    delete_on_sandbox_termination: bool,
+    storage: Option<String>,
+    storage_class: Option<String>,
+    access_modes: Option<Vec<String>>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Checks a `pvc` entry of volume `volume` and makes the claim.
+fn pvc_claim(volume: &str, p: SpecPvc) -> ApiResult<PvcClaim> {
+    check_pvc(&p.claim_name)?;
+    if let Some(storage) = &p.storage {
+        sandbolt_proto::quantity::bytes(storage).map_err(|e| {
+            bad(
+                "VOLUME::INVALID_STORAGE",
+                format!("volume '{volume}': pvc.storage '{storage}' is not a byte quantity: {e}"),
+            )
+        })?;
+    }
+    Ok(PvcClaim {
+        claim_name: p.claim_name,
+        create_if_missing: p.create_if_not_exists,
+        delete_on_sandbox_delete: p.delete_on_sandbox_termination,
+        storage: p.storage,
+        storage_class: p.storage_class,
+        access_modes: p.access_modes.unwrap_or_default(),
+    })
 }
 
 #[derive(Deserialize)]
@@ -433,12 +504,7 @@ fn seed_mount(
         "local" => host_source(&vol.backend_ref, sub, host_paths)?,
         "pvc" => {
             check_pvc(&vol.backend_ref)?;
-            (
-                VolumeSource::Pvc {
-                    claim_name: vol.backend_ref.clone(),
-                },
-                sub,
-            )
+            (VolumeSource::Pvc(PvcClaim::named(&vol.backend_ref)), sub)
         }
         "nfs" => (parse_nfs(&vol.backend_ref)?, sub),
         other => {
@@ -463,15 +529,7 @@ fn spec_mount(sv: SpecVolume, host_paths: &HostPathCheck) -> ApiResult<VolumeMou
     let sub = sv.sub_path.as_deref().map(check_sub_path).transpose()?;
     let (source, sub_path) = match (sv.host, sv.pvc, sv.ossfs) {
         (Some(h), None, None) => host_source(&h.path, sub, host_paths)?,
-        (None, Some(p), None) => {
-            check_pvc(&p.claim_name)?;
-            (
-                VolumeSource::Pvc {
-                    claim_name: p.claim_name,
-                },
-                sub,
-            )
-        }
+        (None, Some(p), None) => (VolumeSource::Pvc(pvc_claim(&sv.name, p)?), sub),
         (None, None, Some(o)) => {
             if !(3..=63).contains(&o.bucket.len()) || o.endpoint.is_empty() {
                 return Err(bad(
@@ -669,6 +727,80 @@ mod tests {
             )),
             "VOLUME::INVALID_PVC_NAME"
         );
+    }
+
+    #[test]
+    fn pvc_fields_are_read_with_opensandbox_defaults() {
+        let m = spec(
+            json!({"name":"w","mountPath":"/m","pvc":{"claimName":"data"}}),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(m[0].source, VolumeSource::Pvc(PvcClaim::named("data")));
+        // What the Python SDK sends: every field, unset ones as null.
+        let m = spec(
+            json!({"name":"w","mountPath":"/m","pvc":{
+                "claimName":"data","createIfNotExists":false,"deleteOnSandboxTermination":true,
+                "storageClass":null,"storage":null,"accessModes":null}}),
+            &[],
+        )
+        .unwrap();
+        let VolumeSource::Pvc(c) = &m[0].source else {
+            panic!("{m:?}")
+        };
+        assert!(!c.create_if_missing && c.delete_on_sandbox_delete);
+        assert_eq!((&c.storage, &c.storage_class), (&None, &None));
+        assert!(c.access_modes.is_empty());
+        let m = spec(
+            json!({"name":"w","mountPath":"/m","pvc":{
+                "claimName":"data","storage":"2Gi","storageClass":"local","accessModes":["ReadOnlyMany"]}}),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            m[0].source,
+            VolumeSource::Pvc(PvcClaim {
+                storage: Some("2Gi".into()),
+                storage_class: Some("local".into()),
+                access_modes: vec!["ReadOnlyMany".into()],
+                ..PvcClaim::named("data")
+            })
+        );
+    }
+
+    #[test]
+    fn pvc_refuses_unknown_fields_and_bad_storage() {
+        // Never accepted and ignored.
+        let e = spec(
+            json!({"name":"w","mountPath":"/m","pvc":{"claimName":"data","sizeLimit":"1Gi"}}),
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("sizeLimit"), "{}", e.message);
+        let e = spec(
+            json!({"name":"w","mountPath":"/m","pvc":{"claimName":"data","storage":"lots"}}),
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(e.code, "VOLUME::INVALID_STORAGE");
+        assert!(
+            e.message.contains("pvc.storage 'lots'") && e.message.contains("volume 'w'"),
+            "{}",
+            e.message
+        );
+        let e = spec(
+            json!({"name":"w","mountPath":"/m","pvc":{"claimName":"data","createIfNotExists":"yes"}}),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.message.contains("invalid type"), "{}", e.message);
+        let e = spec(
+            json!({"name":"w","mountPath":"/m","host":{"path":"/x","readOnly":true}}),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.message.contains("readOnly"), "{}", e.message);
     }
 
     #[test]

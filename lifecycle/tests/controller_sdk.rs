@@ -6,9 +6,14 @@
 mod common;
 
 /// Runs one pytest file against a lifecycle over a fresh controller and
-/// agent; `host_root` passes the agent's allowed host-path root to the suite.
+/// agent; `host_root` passes the agent's allowed host-path root to the suite
+/// and gives the agent a volume root (loop-backed btrfs) for `pvc` volumes.
 async fn suite_on_controller(file: &'static str, host_root: bool) {
-    let env = common::controller_env(16).await;
+    let env = if host_root {
+        common::controller_env_with_volumes(16).await
+    } else {
+        common::controller_env(16).await
+    };
     let data = tempfile::tempdir().unwrap();
     let lifecycle = env.lifecycle(data.path()).await;
     let root = host_root.then(|| env.host_root.path().to_path_buf());
@@ -24,7 +29,7 @@ async fn sdk_suite_on_controller() {
 
 /// The volume suite: host volumes reach the agent, which checks them
 /// against its own allowlist on the node (`SANDBOLT_HOST_ROOT` is that
-/// allowlist's root).
+/// allowlist's root); a `pvc` is a named volume on the agent's volume root.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_on_controller() {
     suite_on_controller("lifecycle_volumes_test.py", true).await;

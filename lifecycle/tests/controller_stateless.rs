@@ -364,8 +364,9 @@ async fn volumes_extensions_and_errors_reach_the_controller() {
     .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(v["message"].as_str().unwrap().contains("/etc"), "{v}");
-    // INVALID_ARGUMENT from the controller: 400 with its message, which
-    // names the field (a pvc cannot be served on containerd yet).
+    // A pvc is a named volume, made on first use on the sandbox's node;
+    // this agent has no volume root, so there is nowhere to make it:
+    // RESOURCE_EXHAUSTED, named (controller_volumes.rs has agents with one).
     let (s, v) = call(
         Method::POST,
         format!("{base}/v1/sandboxes"),
@@ -374,8 +375,23 @@ async fn volumes_extensions_and_errors_reach_the_controller() {
         }))),
     )
     .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
-    assert!(v["message"].as_str().unwrap().contains("pvc"), "{v}");
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("volume root"),
+        "{v}"
+    );
+    // ... and one the request will not create is a 404 naming it.
+    let (s, v) = call(
+        Method::POST,
+        format!("{base}/v1/sandboxes"),
+        Some(body(json!({
+            "volumes": [{"name": "data", "pvc": {"claimName": "claim-a", "createIfNotExists": false}, "mountPath": "/data"}],
+        }))),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    assert_eq!(v["code"], "VOLUME_NOT_FOUND", "{v}");
+    assert!(v["message"].as_str().unwrap().contains("claim-a"), "{v}");
     // A pool no agent serves is the controller's to refuse, not to ignore:
     // no room there (RESOURCE_EXHAUSTED), named.
     let (s, v) = call(

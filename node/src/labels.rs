@@ -26,3 +26,9 @@ pub const AGENT_POD_UID: &str = "io.sandbolt.agent-pod-uid";
 
 /// Prefix reserved for the agent's own labels; user labels may not use it.
 pub const RESERVED_PREFIX: &str = "io.sandbolt.";
+
+/// The named volumes the sandbox mounts now (JSON list of
+/// `{volume, subPath, mountPath, readOnly}`): those of its create, then
+/// attached ones. Rewritten on attach and detach; a restarted agent rebuilds
+/// its volume mount table (and so the access-mode rules) from it.
+pub const VOLUME_MOUNTS: &str = "io.sandbolt.volume-mounts";

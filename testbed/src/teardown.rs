@@ -1,4 +1,6 @@
-//! Taking a test bed apart, and finding what a crashed one left behind.
+//! Taking a test bed apart, and finding what a crashed one left behind:
+//! daemons, containers, mounts, bridges, and the loop devices of agents'
+//! loop-backed btrfs volume pools kept in the bed's directory.
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -89,11 +91,14 @@ fn ctr_lines(cmd: &mut Command) -> Vec<String> {
         .collect()
 }
 
-/// Kills whatever still refers to `dir`, unmounts everything below it and
-/// removes it.
+/// Kills whatever still refers to `dir`, unmounts everything below it (and
+/// every mount of a loop device whose image lies below it), detaches those
+/// loop devices and removes it.
 pub(crate) fn clean_dir(dir: &Path) {
     kill_processes_mentioning(dir);
     unmount_below(dir);
+    unmount_loops_below(dir);
+    detach_loops_below(dir);
     if let Ok(bridge) = fs::read_to_string(dir.join("bridge")) {
         delete_bridge(bridge.trim());
     }
@@ -155,6 +160,7 @@ pub fn leftovers() -> Vec<String> {
             found.push(format!("mount {mount}"));
         }
     }
+    found.extend(loop_leftovers(&marker));
     let me = std::process::id() as i32;
     for (pid, (_, cmdline)) in processes() {
         if pid != me && cmdline.contains(&marker) {
@@ -379,16 +385,132 @@ fn unmount_below(dir: &Path) {
         // Deepest first.
         mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in mounts {
-            let Ok(c) = std::ffi::CString::new(m.clone()) else {
-                continue;
-            };
-            // SAFETY: a valid NUL-terminated path; MNT_DETACH cannot corrupt
-            // memory, at worst it fails with an errno we ignore.
-            let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-            if rc != 0 {
-                tracing::debug!(mount = %m, error = %std::io::Error::last_os_error(), "umount failed");
-            }
+            detach_mount(&m);
         }
+    }
+}
+
+/// A loop device: `/dev/loopN` and the file it is backed by (as the kernel
+/// reports it: ` (deleted)` appended once the file was removed).
+struct LoopDevice {
+    device: String,
+    backing_file: String,
+}
+
+/// Every attached loop device, from sysfs (no `losetup` needed).
+fn loop_devices() -> Vec<LoopDevice> {
+    let Ok(entries) = fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let backing = fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+            name.starts_with("loop").then(|| LoopDevice {
+                device: format!("/dev/{name}"),
+                backing_file: backing.trim().to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Whether `path` is `dir` or lies below it.
+fn is_below(path: &str, dir: &str) -> bool {
+    path == dir || path.starts_with(&format!("{}/", dir.trim_end_matches('/')))
+}
+
+/// (mount point, source device) of every mount of this mount namespace.
+fn mounts_with_source() -> Vec<(String, String)> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let point = unescape_mount(l.split(' ').nth(4)?);
+            let source = unescape_mount(l.split(" - ").nth(1)?.split(' ').nth(1)?);
+            Some((point, source))
+        })
+        .collect()
+}
+
+/// Loop devices of test beds (their volume pools are loop-backed btrfs
+/// images inside the bed's directory) and their mounts anywhere: a bed
+/// that was torn down has neither.
+fn loop_leftovers(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let loops: Vec<LoopDevice> = loop_devices()
+        .into_iter()
+        .filter(|l| l.backing_file.starts_with(marker))
+        .collect();
+    for l in &loops {
+        found.push(format!(
+            "loop device {} backed by {}",
+            l.device, l.backing_file
+        ));
+    }
+    for (point, source) in mounts_with_source() {
+        if loops.iter().any(|l| l.device == source) && !point.starts_with(marker) {
+            found.push(format!("mount {point} of {source}"));
+        }
+    }
+    found
+}
+
+/// Unmounts every mount, wherever it is, of a loop device whose image lies
+/// below `dir` (an agent may mount its volumes outside the bed directory).
+fn unmount_loops_below(dir: &Path) {
+    let dir = dir.to_string_lossy().into_owned();
+    let devices: Vec<String> = loop_devices()
+        .into_iter()
+        .filter(|l| is_below(&l.backing_file, &dir))
+        .map(|l| l.device)
+        .collect();
+    if devices.is_empty() {
+        return;
+    }
+    let mut points: Vec<String> = mounts_with_source()
+        .into_iter()
+        .filter(|(_, source)| devices.contains(source))
+        .map(|(point, _)| point)
+        .collect();
+    points.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for point in points {
+        detach_mount(&point);
+    }
+}
+
+/// Detaches the loop devices whose image lies below `dir`. One still in use
+/// (a lazily unmounted filesystem someone holds) is marked to detach itself
+/// when its last user goes: the kernel does that for LOOP_CLR_FD on a busy
+/// device.
+fn detach_loops_below(dir: &Path) {
+    const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
+    let dir = dir.to_string_lossy().into_owned();
+    for l in loop_devices() {
+        // A removed image reads "<path> (deleted)": still below `dir`.
+        if !is_below(&l.backing_file, &dir) {
+            continue;
+        }
+        let Ok(dev) = fs::File::open(&l.device) else {
+            continue;
+        };
+        use std::os::fd::AsRawFd;
+        // SAFETY: LOOP_CLR_FD takes no argument and touches no memory of ours.
+        let rc = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CLR_FD, 0) };
+        if rc != 0 {
+            tracing::debug!(device = %l.device, error = %std::io::Error::last_os_error(), "LOOP_CLR_FD failed");
+        }
+    }
+}
+
+fn detach_mount(m: &str) {
+    let Ok(c) = std::ffi::CString::new(m) else {
+        return;
+    };
+    // SAFETY: a valid NUL-terminated path; MNT_DETACH cannot corrupt
+    // memory, at worst it fails with an errno we ignore.
+    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if rc != 0 {
+        tracing::debug!(mount = %m, error = %std::io::Error::last_os_error(), "umount failed");
     }
 }
 
@@ -398,5 +520,91 @@ fn signal(pid: i32, sig: i32) {
         unsafe {
             libc::kill(pid, sig);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(cmd: &mut Command) {
+        let out = cmd.output().expect("spawn");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// What the leftover check says about the loop devices of `dir` and
+    /// their mounts (other beds may be running beside this test).
+    fn loop_leftovers_of(dir: &Path, devices: &[String]) -> Vec<String> {
+        let dir = dir.to_string_lossy().into_owned();
+        let marker = format!("/tmp/{TESTBED_DIR_PREFIX}");
+        loop_leftovers(&marker)
+            .into_iter()
+            .filter(|f| {
+                f.contains(&dir) || devices.iter().any(|d| f.ends_with(&format!(" of {d}")))
+            })
+            .collect()
+    }
+
+    fn loops_of(dir: &Path) -> Vec<String> {
+        let dir = dir.to_string_lossy().into_owned();
+        loop_devices()
+            .into_iter()
+            .filter(|l| is_below(&l.backing_file, &dir))
+            .map(|l| l.device)
+            .collect()
+    }
+
+    /// A loop-backed btrfs image in a bed directory, mounted below it and
+    /// bind-mounted outside it (as an agent's volume pool may be), is
+    /// found by the leftover check, and cleaning the directory leaves no
+    /// loop device and no mount of it anywhere.
+    #[test]
+    fn cleaning_a_bed_directory_detaches_its_loop_devices() {
+        let dir = tempfile::Builder::new()
+            .prefix(TESTBED_DIR_PREFIX)
+            .tempdir_in("/tmp")
+            .unwrap()
+            .keep();
+        let outside = tempfile::tempdir().unwrap();
+        let image = dir.join("pool.img");
+        let point = dir.join("volumes");
+        fs::create_dir(&point).unwrap();
+        run(Command::new("truncate").arg("-s").arg("256M").arg(&image));
+        run(Command::new("mkfs.btrfs").arg("-q").arg(&image));
+        run(Command::new("mount")
+            .arg("-o")
+            .arg("loop")
+            .arg(&image)
+            .arg(&point));
+        run(Command::new("mount")
+            .arg("--bind")
+            .arg(&point)
+            .arg(outside.path()));
+
+        let devices = loops_of(&dir);
+        let found = loop_leftovers_of(&dir, &devices);
+        // Clean before any verdict, so a failing run leaves nothing either.
+        clean_dir(&dir);
+        assert_eq!(devices.len(), 1, "one loop device backs the image");
+        assert!(
+            found.iter().any(|f| f.starts_with("loop device ")),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|f| f.contains(&outside.path().display().to_string())),
+            "the mount outside the bed is reported: {found:?}"
+        );
+        assert!(!dir.exists());
+        assert_eq!(loop_leftovers_of(&dir, &devices), Vec::<String>::new());
+        assert!(
+            !mount_points().contains(&outside.path().display().to_string()),
+            "the mount outside the bed is gone"
+        );
     }
 }

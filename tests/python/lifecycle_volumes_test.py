@@ -236,8 +236,9 @@ def test_access_mode_must_be_rw_or_ro():
     )
 
 
-@pytest.mark.skipif(BACKEND != "docker", reason="the containerd fast path has no named volumes yet")
 def test_pvc_is_a_named_volume_that_outlives_the_sandbox():
+    # Docker: a Docker named volume. Controller: a sandbolt named volume on
+    # the agent's volume root (controller_sdk.rs gives the agent one).
     claim = "sbx-" + uuid.uuid4().hex[:10]
     vol = [{"name": "data", "pvc": {"claimName": claim}, "mountPath": "/data"}]
     first = create_raw(body(volumes=vol))
@@ -254,9 +255,20 @@ def test_pvc_is_a_named_volume_that_outlives_the_sandbox():
         second.close()
 
 
-@pytest.mark.skipif(BACKEND != "controller", reason="Docker serves pvc as named volumes")
-def test_pvc_is_refused_by_the_controller_naming_it():
-    rejected(body(volumes=[{"name": "data", "pvc": {"claimName": "claim-a"}, "mountPath": "/data"}]), "INVALID_REQUEST", "pvc")
+def test_pvc_fields_nobody_serves_are_refused_not_ignored():
+    with http() as c:
+        r = c.post("/sandboxes", json=body(volumes=[{"name": "data", "pvc": {"claimName": "claim-a", "sizeLimit": "1Gi"}, "mountPath": "/data"}]))
+    assert r.status_code == 400, r.text
+    assert "sizeLimit" in r.json()["message"], r.text
+
+
+def test_pvc_create_if_not_exists_false_refuses_a_missing_volume():
+    claim = "missing-" + uuid.uuid4().hex[:10]
+    with http() as c:
+        r = c.post("/sandboxes", json=body(volumes=[{"name": "data", "pvc": {"claimName": claim, "createIfNotExists": False}, "mountPath": "/data"}]))
+    assert r.status_code == 404, r.text
+    assert r.json()["code"] == "VOLUME_NOT_FOUND", r.text
+    assert claim in r.json()["message"], r.text
 
 
 def test_refused_volumes_leave_no_sandbox_behind():

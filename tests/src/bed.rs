@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
+use sandbolt_agent::volume_store::{BackendChoice, VolumeStoreConfig};
 use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
 use sandbolt_proto::control::v1 as native;
 use sandbolt_proto::fastpath::v2;
@@ -146,6 +147,21 @@ pub fn agent_config(
     cfg.controller_token = Some(token.into());
     cfg.stop_grace_period = Duration::from_secs(1);
     cfg
+}
+
+/// A volume pool for an agent `id` on `bed`: a sparse loop-backed btrfs
+/// image of `size` bytes that the agent makes and mounts itself, image and
+/// mount point both in the bed's private directory. The bed's teardown
+/// (also of a bed whose test panicked, or of a crashed run's bed, swept by
+/// the next) unmounts it and detaches its loop device; `testbed-leftovers`
+/// reports any loop device or mount of it that survives.
+pub fn loop_btrfs_volumes(bed: &Testbed, id: &str, size: u64) -> VolumeStoreConfig {
+    VolumeStoreConfig {
+        root: bed.root().join(format!("{id}-volumes")),
+        backend: BackendChoice::Btrfs,
+        loop_image: bed.root().join(format!("{id}-volumes.btrfs.img")),
+        loop_size_bytes: size,
+    }
 }
 
 /// A real agent ([`agent_config`]) with `capacity` slots, heartbeating

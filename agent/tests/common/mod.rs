@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sandbolt_agent::volume_store::{BackendChoice, VolumeStoreConfig};
 use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
 use sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient;
 use sandbolt_proto::agent::v1::{
@@ -50,11 +51,30 @@ pub fn config(bed: &Testbed, state: &Path, agent_id: &str) -> AgentConfig {
     cfg
 }
 
+/// Size of a test bed's loop-backed btrfs volume pool (sparse: only what
+/// is written takes space).
+pub const VOLUME_POOL_BYTES: u64 = 1 << 30;
+
+/// A volume root for the agent in the bed's directory: a loop-backed btrfs
+/// image the store makes and mounts at start. [`Env::shutdown`] unmounts it
+/// (which frees the loop device); a bed torn down after a panic does too
+/// (it unmounts and detaches the loop devices of images below its dir).
+pub fn volume_config(bed: &Testbed) -> VolumeStoreConfig {
+    VolumeStoreConfig {
+        root: bed.root().join("volume-root"),
+        backend: BackendChoice::Btrfs,
+        loop_image: bed.root().join("volumes.btrfs.img"),
+        loop_size_bytes: VOLUME_POOL_BYTES,
+    }
+}
+
 pub struct Env {
     // Field order: the agent stops before the bed goes away.
     pub agent: Option<AgentHandle>,
     pub client: Client,
     pub state: tempfile::TempDir,
+    /// The agent's volume root, when it has one (unmounted at shutdown).
+    pub volume_root: Option<PathBuf>,
     pub bed: Testbed,
 }
 
@@ -64,18 +84,51 @@ impl Env {
     }
 
     pub async fn start_with(tweak: impl FnOnce(&mut AgentConfig)) -> Env {
+        Self::start_on_bed(|_, cfg| tweak(cfg)).await
+    }
+
+    /// [`Env::start_with`] with a loop-backed btrfs volume root in the bed
+    /// ([`volume_config`]).
+    pub async fn start_with_volumes(tweak: impl FnOnce(&mut AgentConfig)) -> Env {
+        Self::start_on_bed(|bed, cfg| {
+            cfg.volumes = Some(volume_config(bed));
+            tweak(cfg);
+        })
+        .await
+    }
+
+    async fn start_on_bed(tweak: impl FnOnce(&Testbed, &mut AgentConfig)) -> Env {
         let bed = tokio::task::spawn_blocking(bed).await.unwrap();
         let state = tempfile::tempdir().unwrap();
         let mut cfg = config(&bed, state.path(), "agent-test");
-        tweak(&mut cfg);
+        tweak(&bed, &mut cfg);
+        let volume_root = cfg.volumes.as_ref().map(|v| v.root.clone());
         let agent = Agent::start(cfg).await.expect("agent starts");
         let client = client(agent.grpc_addr(), TOKEN).await;
         Env {
             agent: Some(agent),
             client,
             state,
+            volume_root,
             bed,
         }
+    }
+
+    /// Stops the agent (sandboxes keep running) and starts a new one on
+    /// the same containerd, state dir and volume root; the client is
+    /// reconnected.
+    pub async fn restart_agent(&mut self, tweak: impl FnOnce(&mut AgentConfig)) {
+        if let Some(a) = self.agent.take() {
+            a.shutdown().await;
+        }
+        let mut cfg = config(&self.bed, self.state.path(), "agent-test");
+        if self.volume_root.is_some() {
+            cfg.volumes = Some(volume_config(&self.bed));
+        }
+        tweak(&mut cfg);
+        let agent = Agent::start(cfg).await.expect("restarted agent starts");
+        self.client = client(agent.grpc_addr(), TOKEN).await;
+        self.agent = Some(agent);
     }
 
     pub fn agent(&self) -> &AgentHandle {
@@ -110,6 +163,14 @@ impl Env {
     pub async fn shutdown(mut self) {
         if let Some(a) = self.agent.take() {
             a.shutdown().await;
+        }
+        if let Some(root) = self.volume_root.take() {
+            tokio::task::spawn_blocking(move || {
+                sandbolt_agent::volume_store::unmount_root(&root)
+                    .unwrap_or_else(|e| panic!("unmounting the volume root {root:?}: {e}"))
+            })
+            .await
+            .unwrap();
         }
         tokio::task::spawn_blocking(move || drop(self))
             .await

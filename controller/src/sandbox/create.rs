@@ -25,6 +25,7 @@ use crate::limits;
 use crate::placement::PlacementRequest;
 use crate::sandbox::Core;
 use crate::sandbox::shared::agent_spec;
+use crate::sandbox::volumes::VolumeNeeds;
 use crate::store::{Consistency, Phase, SandboxRecord, SandboxSpec, StoreError};
 
 /// A create request, from any API. [`Core::create`] validates it and
@@ -86,8 +87,9 @@ pub(crate) fn record_commit_waits(config: &ControllerConfig) -> Duration {
 }
 
 impl Core {
-    pub async fn create(&self, req: CreateRequest) -> Result<SandboxRecord> {
+    pub async fn create(&self, mut req: CreateRequest) -> Result<SandboxRecord> {
         self.require_ready()?;
+        self.pool_from_volumes(&mut req);
         let req = self.validate(req)?;
         if !req.request_id.is_empty()
             && let Some(existing) = self.store.get_by_request_id(&req.request_id)?
@@ -144,7 +146,13 @@ impl Core {
             .pool_policy(&self.registry.pool_key(&req.namespace, &spec.pool));
         spec.resources = limits::resolve(&spec.resources, &spec.pool, policy.as_ref())?;
         spec.runtime = limits::runtime(&spec.runtime, policy.as_ref())?;
-        limits::check_volumes(&spec.volumes)?;
+        limits::check_all_volumes(&spec.volumes, &spec.pvc_volumes)?;
+        for v in &mut spec.pvc_volumes {
+            // The controller's mark, whatever a request says.
+            v.created_by_sandbox = false;
+            crate::volume::check_backend(&format!("volumes[{}].pvc.backend", v.name), &v.backend)?;
+            crate::volume::parse_size(&format!("volumes[{}].pvc.size", v.name), &v.size)?;
+        }
         Ok(req)
     }
 
@@ -154,7 +162,7 @@ impl Core {
         let (mut r, req) = new_record(req, Consistency::Strong);
         tracing::Span::current().record("sandbox_id", r.sandbox_id.as_str());
         let _inflight = self.inflight(&r.sandbox_id);
-        self.place(&mut r, None)?;
+        self.place_for_create(&mut r).await?;
         r.push_event(
             "info",
             "controller",
@@ -164,6 +172,7 @@ impl Core {
             Ok(r) => r,
             Err(e) => {
                 self.registry.release(&r.agent_id, &r.sandbox_id);
+                self.discard_created_volumes(&r).await;
                 return match e {
                     StoreError::AlreadyExists(holder) => self.on_name_taken(*holder, &req).await,
                     e => Err(e.into()),
@@ -179,6 +188,7 @@ impl Core {
                 let _ = self.store.delete(&r.key());
                 self.untrack_expiry(&r);
                 self.registry.release(&r.agent_id, &r.sandbox_id);
+                self.discard_created_volumes(&r).await;
                 Err(e)
             }
         }
@@ -190,7 +200,7 @@ impl Core {
         let (mut r, req) = new_record(req, Consistency::Fast);
         tracing::Span::current().record("sandbox_id", r.sandbox_id.as_str());
         let _inflight = self.inflight(&r.sandbox_id);
-        self.place(&mut r, None)?;
+        self.place_for_create(&mut r).await?;
         match self.agent_create(&r, wait_for_execd).await {
             Ok(created) => {
                 r.set_phase(Phase::Running);
@@ -201,6 +211,7 @@ impl Core {
                 tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "fast create failed");
                 self.discard_container(&r).await;
                 self.registry.release(&r.agent_id, &r.sandbox_id);
+                self.discard_created_volumes(&r).await;
                 return Err(e);
             }
         }
@@ -219,6 +230,7 @@ impl Core {
         };
         self.discard_container(&r).await;
         self.registry.release(&r.agent_id, &r.sandbox_id);
+        self.discard_created_volumes(&r).await;
         match failed {
             StoreError::AlreadyExists(holder) => self.on_name_taken(*holder, &req).await,
             e => Err(Error::Unavailable(format!(
@@ -230,9 +242,15 @@ impl Core {
     }
 
     /// Reserves a slot for `r` and fills in its agent; `exclude` is an agent
-    /// that must not get it (a gone agent, when recreating).
+    /// that must not get it (a gone agent, when recreating); `volumes` pins
+    /// it to its volumes' agent or asks for a volume root.
     #[tracing::instrument(skip_all, fields(sandbox = %r.name, sandbox_id = %r.sandbox_id, agent))]
-    pub(crate) fn place(&self, r: &mut SandboxRecord, exclude: Option<&AgentId>) -> Result<()> {
+    pub(crate) fn place(
+        &self,
+        r: &mut SandboxRecord,
+        exclude: Option<&AgentId>,
+        volumes: &VolumeNeeds,
+    ) -> Result<()> {
         let pool = self.registry.pool_key(&r.namespace, &r.spec.pool);
         let key = sandbolt_image_ref::match_key(&r.spec.image);
         let exclude: Vec<&str> = exclude.map(|a| a.as_str()).into_iter().collect();
@@ -242,6 +260,8 @@ impl Core {
             ports: &r.spec.exposed_ports,
             exclude: &exclude,
             runtime: (!r.spec.runtime.is_empty()).then_some(r.spec.runtime.as_str()),
+            pin: volumes.pin.as_deref(),
+            volume_root: volumes.volume_root(),
         };
         let p = self.registry.allocate(&req, &r.sandbox_id)?;
         tracing::Span::current().record("agent", p.agent.as_str());
@@ -250,13 +270,18 @@ impl Core {
             "info",
             "controller",
             format!(
-                "placed on agent {} (score {}, image {})",
+                "placed on agent {} (score {}, image {}{})",
                 r.agent_id,
                 p.score,
                 if p.image_cached {
                     "cached"
                 } else {
                     "not cached"
+                },
+                if volumes.pin.is_some() {
+                    ", where its volumes are"
+                } else {
+                    ""
                 }
             ),
         );

@@ -1,4 +1,5 @@
-//! Delete: the container, then the record, then the slot.
+//! Delete: the container, then the record, then the slot; then the named
+//! volumes the sandbox's create made and asked to be removed with it.
 
 use crate::error::Result;
 use crate::ids::SandboxKey;
@@ -8,7 +9,7 @@ use crate::store::SandboxRecord;
 impl Core {
     pub async fn delete(&self, key: &SandboxKey, expect: &Precondition) -> Result<SandboxRecord> {
         let r = self.get(key, expect)?;
-        self.remove_container(&r).await?;
+        let container_gone = self.remove_container(&r).await?;
         self.store.delete(key)?;
         self.untrack_expiry(&r);
         if !r.agent_id.is_empty() {
@@ -16,23 +17,27 @@ impl Core {
         }
         self.recovering.lock().remove(key);
         tracing::info!(sandbox = %r.name, namespace = %r.namespace, agent = %r.agent_id, "deleted");
+        // After the container: a mounted volume cannot be removed.
+        self.delete_sandbox_volumes(&r, container_gone).await;
         Ok(r)
     }
 
-    /// Removes a record's container. A lost or unknown agent cannot be asked:
-    /// the record goes anyway and the janitor (or the controller's orphan
-    /// check, when the agent comes back) removes the container later.
-    async fn remove_container(&self, r: &SandboxRecord) -> Result<()> {
+    /// Removes a record's container; true when it is gone for sure. A lost
+    /// or unknown agent cannot be asked: the record goes anyway and the
+    /// janitor (or the controller's orphan check, when the agent comes
+    /// back) removes the container later.
+    async fn remove_container(&self, r: &SandboxRecord) -> Result<bool> {
         if r.agent_id.is_empty() || r.sandbox_id.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let Some(agent) = self.registry.agent(&r.agent_id) else {
-            return Ok(());
+            return Ok(false);
         };
         if agent.lost {
             tracing::warn!(sandbox = %r.name, agent = %r.agent_id, "agent lost; container left to the janitor");
-            return Ok(());
+            return Ok(false);
         }
-        self.delete_container(r, &agent).await
+        self.delete_container(r, &agent).await?;
+        Ok(true)
     }
 }

@@ -15,7 +15,9 @@
 //! - `delete.rs`: container, record, slot;
 //! - `expire.rs`: the expiry sweep and deletions asked for in the store;
 //! - `recover.rs`: restart rebuild, heartbeats, failure policies, orphans;
-//! - `ownership.rs`: what janitors ask before they reap.
+//! - `ownership.rs`: what janitors ask before they reap;
+//! - `volumes.rs`: named volumes of sandboxes (placement where they are,
+//!   creating missing ones, attach and detach, removal with the sandbox).
 //!
 //! `shared.rs` holds the [`Core`] itself and what every verb shares (record
 //! read-modify-write, preconditions, the in-flight set, the expiry index,
@@ -33,6 +35,7 @@ mod recover;
 mod resolve;
 mod shared;
 mod update;
+mod volumes;
 
 pub use create::CreateRequest;
 pub use get::{Diagnostics, Observed};

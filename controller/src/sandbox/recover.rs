@@ -82,6 +82,8 @@ impl Core {
             ));
         }
         let outcome = self.registry.heartbeat(inv);
+        self.volumes
+            .apply_inventory(&inv.agent_id.as_str().into(), &inv.volumes);
         if outcome.persist {
             tracing::info!(agent = %inv.agent_id, pool = %or_default(&inv.pool), api = %inv.api_endpoint, proxy = %inv.proxy_endpoint, capacity = inv.max_sandboxes, "agent registered");
             self.store.put_agent(&AgentRecord {
@@ -187,31 +189,7 @@ impl Core {
             if x.sandbox_id != sid || !applies(x) {
                 return Err(Error::Aborted("changed".into()));
             }
-            match x.spec.failure_policy {
-                FailurePolicy::AutoRecreate => {
-                    let timeout = match x.spec.recovery_timeout_seconds {
-                        0 => self.config.default_recovery_timeout,
-                        s => Duration::from_secs(s as u64),
-                    };
-                    x.phase = Phase::Recovering;
-                    x.recovery_deadline_unix_ms = now_ms + timeout.as_millis() as i64;
-                    x.message = format!("{why}; recreating");
-                    x.push_event(
-                        "warning",
-                        source,
-                        format!("{why}; AUTO_RECREATE within {timeout:?}"),
-                    );
-                }
-                FailurePolicy::Manual => {
-                    x.phase = Phase::Failed;
-                    x.message = why.to_string();
-                    x.push_event(
-                        "error",
-                        source,
-                        format!("{why}; MANUAL policy: marked failed"),
-                    );
-                }
-            }
+            self.apply_failure_policy(x, source, why, now_ms);
             Ok(())
         });
         match updated {
@@ -228,6 +206,53 @@ impl Core {
             Err(e) => {
                 tracing::warn!(sandbox = %r.name, error = %e, "could not apply the failure policy");
                 false
+            }
+        }
+    }
+
+    /// Writes the failure policy's outcome into `x` (inside a `modify`).
+    fn apply_failure_policy(&self, x: &mut SandboxRecord, source: &str, why: &str, now_ms: i64) {
+        let pinned = !x.spec.pvc_volumes.is_empty() && !self.registry.is_live(&x.agent_id);
+        match x.spec.failure_policy {
+            // Its volumes' data is on the lost node: a recreate elsewhere
+            // would run without it. Say so instead of moving it.
+            FailurePolicy::AutoRecreate if pinned => {
+                let claims: Vec<&str> = x
+                    .spec
+                    .pvc_volumes
+                    .iter()
+                    .map(|v| v.claim_name.as_str())
+                    .collect();
+                let msg = format!(
+                    "{why}; AUTO_RECREATE cannot move it: its named volumes ({}) live on that node and their data cannot follow",
+                    claims.join(", ")
+                );
+                x.phase = Phase::Failed;
+                x.message = msg.clone();
+                x.push_event("error", source, msg);
+            }
+            FailurePolicy::AutoRecreate => {
+                let timeout = match x.spec.recovery_timeout_seconds {
+                    0 => self.config.default_recovery_timeout,
+                    s => Duration::from_secs(s as u64),
+                };
+                x.phase = Phase::Recovering;
+                x.recovery_deadline_unix_ms = now_ms + timeout.as_millis() as i64;
+                x.message = format!("{why}; recreating");
+                x.push_event(
+                    "warning",
+                    source,
+                    format!("{why}; AUTO_RECREATE within {timeout:?}"),
+                );
+            }
+            FailurePolicy::Manual => {
+                x.phase = Phase::Failed;
+                x.message = why.to_string();
+                x.push_event(
+                    "error",
+                    source,
+                    format!("{why}; MANUAL policy: marked failed"),
+                );
             }
         }
     }
@@ -480,7 +505,9 @@ impl Core {
         // A gone agent cannot take it back; a live one whose container
         // vanished can.
         let exclude = (!self.registry.is_live(&old_agent)).then_some(&old_agent);
-        self.place(&mut n, exclude)?;
+        // Named volumes pin it where their data is; none is made anew.
+        let volumes = self.resolve_pvcs(&n.spec.pvc_volumes, false)?;
+        self.place(&mut n, exclude, &volumes)?;
         let created = match self.agent_create(&n, true).await {
             Ok(c) => c,
             Err(e) => {

@@ -14,8 +14,10 @@ use crate::clock;
 use crate::config::ControllerConfig;
 use crate::error::{Error, Result};
 use crate::ids::{SandboxId, SandboxKey};
+use crate::keyed_lock::KeyedLocks;
 use crate::registry::{AgentInfo, Registry};
 use crate::store::{SandboxRecord, Store, StoreError};
+use crate::volume_index::VolumeIndex;
 
 pub struct Core {
     pub(crate) config: ControllerConfig,
@@ -36,6 +38,13 @@ pub struct Core {
     pub(crate) policy_pending: Mutex<HashMap<SandboxKey, bool>>,
     /// One policy push per sandbox at a time (see `policy.rs`).
     pub(crate) policy_locks: Mutex<HashMap<SandboxKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// Where every named volume is (see `volume_index.rs`).
+    pub(crate) volumes: VolumeIndex,
+    /// One create or delete per volume name at a time: the uniqueness
+    /// check and the agent call that makes the name exist are one step.
+    pub(crate) volume_names: KeyedLocks<String>,
+    /// One attach or detach per sandbox at a time.
+    pub(crate) volume_mounts: KeyedLocks<SandboxKey>,
 }
 
 /// What the caller believes about the record it names; a mismatch refuses
@@ -80,6 +89,8 @@ impl Drop for InflightGuard<'_> {
 
 impl Core {
     pub fn new(config: ControllerConfig, store: Arc<dyn Store>) -> Result<Self> {
+        // An RPC answer outranks heartbeats taken before it arrived.
+        let volume_hold = (config.heartbeat_interval * 3).max(std::time::Duration::from_secs(5));
         Ok(Self {
             agents: AgentClients::new(&config.agent_token)?,
             registry: Arc::new(Registry::with_namespaced_pools(config.namespaced_pools)),
@@ -91,6 +102,9 @@ impl Core {
             ready: AtomicBool::new(true),
             policy_pending: Mutex::new(HashMap::new()),
             policy_locks: Mutex::new(HashMap::new()),
+            volumes: VolumeIndex::new(volume_hold),
+            volume_names: KeyedLocks::default(),
+            volume_mounts: KeyedLocks::default(),
         })
     }
 
@@ -231,6 +245,16 @@ impl Core {
 /// How long removing a container nobody waits for may take.
 pub(crate) const DISCARD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How the agent mounts one named volume.
+pub(crate) fn volume_mount(v: &crate::store::PvcVolume) -> pb::NamedVolumeMount {
+    pb::NamedVolumeMount {
+        volume: v.claim_name.clone(),
+        sub_path: v.sub_path.clone(),
+        mount_path: v.mount_path.clone(),
+        read_only: v.read_only,
+    }
+}
+
 /// The spec the agent gets for a record: the only place it is built.
 pub(crate) fn agent_spec(r: &SandboxRecord, wait_for_execd: bool) -> pb::SandboxSpec {
     let s = &r.spec;
@@ -264,6 +288,7 @@ pub(crate) fn agent_spec(r: &SandboxRecord, wait_for_execd: bool) -> pb::Sandbox
             })
             .collect(),
         exposed_ports: s.exposed_ports.clone(),
+        volume_mounts: s.pvc_volumes.iter().map(volume_mount).collect(),
         labels: s.metadata.clone().into_iter().collect(),
         access_token: r.access_token.clone(),
         pool: s.pool.clone(),

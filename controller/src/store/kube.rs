@@ -64,8 +64,8 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{AgentId, SandboxId, SandboxKey};
 
 use super::{
-    AgentRecord, Consistency, Event, FailurePolicy, HostVolume, ListRange, Phase, Resources,
-    SandboxRecord, SandboxSpec as RecordSpec, Store, StoreError, StoreResult,
+    AgentRecord, Consistency, Event, FailurePolicy, HostVolume, ListRange, Phase, PvcVolume,
+    Resources, SandboxRecord, SandboxSpec as RecordSpec, Store, StoreError, StoreResult,
 };
 
 /// Annotation holding the controller's part of the record (JSON).
@@ -127,6 +127,10 @@ struct ControllerState {
     network_policy_transition_unix_ms: i64,
     #[serde(default)]
     ip_address: String,
+    /// Named volumes: the Sandbox resource's `spec.volumes` has host paths
+    /// only (its schema is the chart's), so the controller keeps them here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pvc_volumes: Vec<PvcVolume>,
 }
 
 /// An own write the watch has not delivered yet.
@@ -495,6 +499,7 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
         network_policy_pending: record.network_policy_pending,
         network_policy_transition_unix_ms: record.network_policy_transition_unix_ms,
         ip_address: record.ip_address.clone(),
+        pvc_volumes: record.spec.pvc_volumes.clone(),
     };
     obj.metadata
         .annotations
@@ -556,6 +561,7 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
                 .collect(),
             runtime: spec.runtime.clone().unwrap_or_default(),
             network_policy_json: policy_from_spec(spec.network_policy.as_ref(), obj)?,
+            pvc_volumes: state.pvc_volumes,
         },
         reset_revision: spec.reset_revision.clone().unwrap_or_default(),
         generation: state.generation,
@@ -1009,6 +1015,17 @@ mod tests {
         r.network_policy_pending = true;
         r.network_policy_transition_unix_ms = 1_700_000_000_000;
         r.ip_address = "10.203.0.7".into();
+        r.spec.pvc_volumes = vec![PvcVolume {
+            name: "data".into(),
+            claim_name: "work".into(),
+            mount_path: "/data".into(),
+            create_if_missing: true,
+            access_mode: crate::store::AccessMode::ReadOnlyMany,
+            size: "1Gi".into(),
+            delete_on_sandbox_delete: true,
+            created_by_sandbox: true,
+            ..Default::default()
+        }];
         let mut obj = to_object(&r, None).unwrap();
         let policy = obj.spec.network_policy.clone().expect("structured policy");
         assert_eq!(policy.egress[0].target, "*.example.com");

@@ -117,6 +117,46 @@ pub struct HostVolume {
     pub read_only: bool,
 }
 
+/// Kubernetes access mode of a named volume.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AccessMode {
+    /// Not given: a volume created for the sandbox is ReadWriteOnce.
+    #[default]
+    Unspecified,
+    /// At most one read-write mount at a time.
+    ReadWriteOnce,
+    /// Read-only mounts only.
+    ReadOnlyMany,
+    /// Any number of read-write mounts.
+    ReadWriteMany,
+}
+
+/// A named volume (`pvc` source) mounted into a sandbox. The volume lives
+/// on one node's volume root and pins the sandbox to that node; the fields
+/// after `read_only` describe the volume to create when none has the name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PvcVolume {
+    /// The entry's name in the request (`volumes[].name`).
+    pub name: String,
+    /// The named volume.
+    pub claim_name: String,
+    pub sub_path: String,
+    pub mount_path: String,
+    pub read_only: bool,
+    pub create_if_missing: bool,
+    pub access_mode: AccessMode,
+    /// Quota as the client wrote it ("1Gi"); empty = none.
+    pub size: String,
+    /// "local" or empty.
+    pub backend: String,
+    /// Remove the volume with the sandbox, if `created_by_sandbox`.
+    pub delete_on_sandbox_delete: bool,
+    /// This sandbox's create (or attach) made the volume: only then may
+    /// `delete_on_sandbox_delete` remove it.
+    pub created_by_sandbox: bool,
+}
+
 /// How many events a record keeps (oldest dropped first).
 pub const MAX_EVENTS: usize = 64;
 
@@ -143,6 +183,9 @@ pub struct SandboxSpec {
     pub resources: Resources,
     #[serde(default)]
     pub volumes: Vec<HostVolume>,
+    /// Named volumes (records from before named volumes have none).
+    #[serde(default)]
+    pub pvc_volumes: Vec<PvcVolume>,
     /// OCI runtime; empty = the agent's default (records from before).
     #[serde(default)]
     pub runtime: String,
@@ -401,10 +444,38 @@ pub(crate) mod tests_support {
             "old records allow all"
         );
         assert!(!r.network_policy_pending && r.ip_address.is_empty());
+        assert!(
+            r.spec.pvc_volumes.is_empty(),
+            "old records mount no named volume"
+        );
         // And the same flat names are written back.
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["image"], "busybox");
         assert_eq!(v["sandbox_id"], "sb-old");
         assert!(v.get("spec").is_none());
+    }
+
+    #[test]
+    fn named_volumes_round_trip_with_every_field() {
+        let mut r = record("default", "v", "");
+        r.spec.pvc_volumes = vec![PvcVolume {
+            name: "data".into(),
+            claim_name: "work".into(),
+            sub_path: "a/b".into(),
+            mount_path: "/data".into(),
+            read_only: true,
+            create_if_missing: true,
+            access_mode: AccessMode::ReadWriteMany,
+            size: "1Gi".into(),
+            backend: "local".into(),
+            delete_on_sandbox_delete: true,
+            created_by_sandbox: true,
+        }];
+        let json = serde_json::to_string(&r).unwrap();
+        let back: SandboxRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+        // A volume entry missing fields (a newer writer's subset) loads.
+        let v: PvcVolume = serde_json::from_str(r#"{"claim_name":"w"}"#).unwrap();
+        assert_eq!(v.access_mode, AccessMode::Unspecified);
     }
 }

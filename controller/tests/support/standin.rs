@@ -52,6 +52,17 @@ pub struct StandInState {
     /// When set, UpdateNetworkPolicy refuses with INVALID_ARGUMENT (an agent
     /// that cannot enforce the policy at all).
     pub refuse_policy_updates: AtomicBool,
+    /// The stand-in has a volume root: volume calls work and heartbeats
+    /// carry the volumes and capabilities.
+    pub volume_root: AtomicBool,
+    /// Named volumes by name.
+    pub volumes: Mutex<std::collections::BTreeMap<String, pb::VolumeInfo>>,
+    /// Volume names whose create fails as a full volume root would.
+    pub refuse_volumes: Mutex<std::collections::HashSet<String>>,
+    /// Every volume call: "<rpc> <volume>".
+    pub volume_calls: Mutex<Vec<String>>,
+    /// Sandbox id → the spec its create carried.
+    pub specs: Mutex<HashMap<String, pb::SandboxSpec>>,
 }
 
 impl StandInState {
@@ -119,6 +130,21 @@ impl AgentService for Svc {
             self.state.overcommits.fetch_add(1, Ordering::SeqCst);
             return Err(Status::resource_exhausted("stand-in: over capacity"));
         }
+        for (i, m) in spec.volume_mounts.iter().enumerate() {
+            if let Err(e) = self.mount(&spec.sandbox_id, m) {
+                for done in &spec.volume_mounts[..i] {
+                    let _ = self.with_volume(&done.volume, |v| {
+                        v.mounts.retain(|h| h.sandbox_id != spec.sandbox_id);
+                        Ok(())
+                    });
+                }
+                return Err(e);
+            }
+        }
+        self.state
+            .specs
+            .lock()
+            .insert(spec.sandbox_id.clone(), spec.clone());
         let n = self.state.creates.load(Ordering::SeqCst);
         self.state
             .policies
@@ -135,6 +161,7 @@ impl AgentService for Svc {
             agent_id: self.id.clone(),
             pool: spec.pool,
             proxy_path: format!("/{}", spec.sandbox_id),
+            volume_mounts: spec.volume_mounts.clone(),
             ..Default::default()
         };
         g.insert(spec.sandbox_id, st.clone());
@@ -156,6 +183,7 @@ impl AgentService for Svc {
             .lock()
             .remove(&req.get_ref().sandbox_id)
             .is_some();
+        self.unmount_all(&req.get_ref().sandbox_id);
         Ok(Response::new(pb::DeleteSandboxResponse { existed }))
     }
 
@@ -232,6 +260,285 @@ impl AgentService for Svc {
             "stand-in: heartbeats carry the inventory",
         ))
     }
+
+    // Named volumes: a table in memory with the agent's rules (names,
+    // access modes, refusals while mounted); no data. An agent without a
+    // volume root (`volume_root` unset) answers UNAVAILABLE.
+    async fn create_volume(
+        &self,
+        r: Request<pb::CreateVolumeRequest>,
+    ) -> Result<Response<pb::VolumeInfo>, Status> {
+        check_token(&r)?;
+        self.volume_call("create", &r.get_ref().spec.clone().unwrap_or_default().name)?;
+        let spec = r.into_inner().spec.unwrap_or_default();
+        if self.state.refuse_volumes.lock().contains(&spec.name) {
+            return Err(Status::resource_exhausted("stand-in: volume root full"));
+        }
+        let mut g = self.state.volumes.lock();
+        if g.contains_key(&spec.name) {
+            return Err(Status::already_exists(format!(
+                "stand-in: volume {} exists",
+                spec.name
+            )));
+        }
+        let info = self.new_volume(spec, String::new());
+        g.insert(volume_name(&info), info.clone());
+        Ok(Response::new(info))
+    }
+    async fn get_volume(
+        &self,
+        r: Request<pb::VolumeRef>,
+    ) -> Result<Response<pb::VolumeInfo>, Status> {
+        check_token(&r)?;
+        self.volume_call("get", &r.get_ref().name)?;
+        self.with_volume(&r.get_ref().name, |v| Ok(v.clone()))
+            .map(Response::new)
+    }
+    async fn list_volumes(
+        &self,
+        r: Request<pb::ListVolumesRequest>,
+    ) -> Result<Response<pb::ListVolumesResponse>, Status> {
+        check_token(&r)?;
+        self.volume_call("list", "")?;
+        let volumes = self.state.volumes.lock().values().cloned().collect();
+        Ok(Response::new(pb::ListVolumesResponse { volumes }))
+    }
+    async fn delete_volume(
+        &self,
+        r: Request<pb::VolumeRef>,
+    ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
+        check_token(&r)?;
+        let name = &r.get_ref().name;
+        self.volume_call("delete", name)?;
+        let mut g = self.state.volumes.lock();
+        if g.get(name).is_some_and(|v| !v.mounts.is_empty()) {
+            return Err(Status::failed_precondition(format!(
+                "stand-in: volume {name} is mounted"
+            )));
+        }
+        let existed = g.remove(name).is_some();
+        Ok(Response::new(pb::DeleteVolumeResponse { existed }))
+    }
+    async fn create_volume_snapshot(
+        &self,
+        r: Request<pb::CreateVolumeSnapshotRequest>,
+    ) -> Result<Response<pb::VolumeSnapshot>, Status> {
+        check_token(&r)?;
+        let q = r.into_inner();
+        self.volume_call("snapshot", &q.volume)?;
+        self.with_volume(&q.volume, |v| {
+            if v.snapshots.iter().any(|s| s.name == q.name) {
+                return Err(Status::already_exists("stand-in: snapshot exists"));
+            }
+            let s = pb::VolumeSnapshot {
+                volume: q.volume.clone(),
+                name: q.name.clone(),
+                created_at_unix_ms: 1,
+            };
+            v.snapshots.push(s.clone());
+            Ok(s)
+        })
+        .map(Response::new)
+    }
+    async fn delete_volume_snapshot(
+        &self,
+        r: Request<pb::VolumeSnapshotRef>,
+    ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
+        check_token(&r)?;
+        let q = r.into_inner();
+        self.volume_call("delete_snapshot", &q.volume)?;
+        self.with_volume(&q.volume, |v| {
+            let before = v.snapshots.len();
+            v.snapshots.retain(|s| s.name != q.name);
+            Ok(pb::DeleteVolumeResponse {
+                existed: v.snapshots.len() != before,
+            })
+        })
+        .map(Response::new)
+    }
+    async fn restore_volume(
+        &self,
+        r: Request<pb::RestoreVolumeRequest>,
+    ) -> Result<Response<pb::VolumeInfo>, Status> {
+        check_token(&r)?;
+        let q = r.into_inner();
+        self.volume_call("restore", &q.volume)?;
+        self.with_volume(&q.volume, |v| {
+            if !v.mounts.is_empty() {
+                return Err(Status::failed_precondition("stand-in: volume is mounted"));
+            }
+            if !v.snapshots.iter().any(|s| s.name == q.snapshot) {
+                return Err(Status::not_found("stand-in: no such snapshot"));
+            }
+            Ok(v.clone())
+        })
+        .map(Response::new)
+    }
+    async fn fork_volume(
+        &self,
+        r: Request<pb::ForkVolumeRequest>,
+    ) -> Result<Response<pb::VolumeInfo>, Status> {
+        check_token(&r)?;
+        let q = r.into_inner();
+        self.volume_call("fork", &q.source)?;
+        let mut spec = q.spec.unwrap_or_default();
+        let mut g = self.state.volumes.lock();
+        let src = g
+            .get(&q.source)
+            .ok_or_else(|| Status::not_found("stand-in: no such volume"))?;
+        if !q.snapshot.is_empty() && !src.snapshots.iter().any(|s| s.name == q.snapshot) {
+            return Err(Status::not_found("stand-in: no such snapshot"));
+        }
+        if g.contains_key(&spec.name) {
+            return Err(Status::already_exists("stand-in: volume exists"));
+        }
+        let src_spec = src.spec.clone().unwrap_or_default();
+        if spec.access_mode == 0 {
+            spec.access_mode = src_spec.access_mode;
+        }
+        if spec.size_bytes == 0 {
+            spec.size_bytes = src_spec.size_bytes;
+        }
+        let from = match q.snapshot.as_str() {
+            "" => q.source.clone(),
+            s => format!("{}@{s}", q.source),
+        };
+        let info = self.new_volume(spec, from);
+        g.insert(volume_name(&info), info.clone());
+        Ok(Response::new(info))
+    }
+    async fn attach_volume(
+        &self,
+        r: Request<pb::AttachVolumeRequest>,
+    ) -> Result<Response<pb::SandboxStatus>, Status> {
+        check_token(&r)?;
+        let q = r.into_inner();
+        let m = q.mount.unwrap_or_default();
+        self.volume_call("attach", &m.volume)?;
+        let mut sandboxes = self.state.sandboxes.lock();
+        let st = sandboxes
+            .get_mut(&q.sandbox_id)
+            .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))?;
+        self.mount(&q.sandbox_id, &m)?;
+        st.volume_mounts.push(m);
+        Ok(Response::new(st.clone()))
+    }
+    async fn detach_volume(
+        &self,
+        r: Request<pb::DetachVolumeRequest>,
+    ) -> Result<Response<pb::SandboxStatus>, Status> {
+        check_token(&r)?;
+        let q = r.into_inner();
+        self.volume_call("detach", &q.volume)?;
+        let mut sandboxes = self.state.sandboxes.lock();
+        let st = sandboxes
+            .get_mut(&q.sandbox_id)
+            .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))?;
+        if !st.volume_mounts.iter().any(|m| m.volume == q.volume) {
+            return Err(Status::not_found("stand-in: not mounted"));
+        }
+        st.volume_mounts.retain(|m| m.volume != q.volume);
+        self.with_volume(&q.volume, |v| {
+            v.mounts.retain(|h| h.sandbox_id != q.sandbox_id);
+            Ok(())
+        })?;
+        Ok(Response::new(st.clone()))
+    }
+}
+
+fn volume_name(v: &pb::VolumeInfo) -> String {
+    v.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default()
+}
+
+impl Svc {
+    /// Counts the call; refuses it without a volume root.
+    fn volume_call(&self, rpc: &str, volume: &str) -> Result<(), Status> {
+        self.state
+            .volume_calls
+            .lock()
+            .push(format!("{rpc} {volume}").trim().to_string());
+        if self.state.volume_root.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(Status::unavailable("stand-in: no volume root"))
+        }
+    }
+
+    fn new_volume(&self, mut spec: pb::VolumeSpec, forked_from: String) -> pb::VolumeInfo {
+        if spec.access_mode == 0 {
+            spec.access_mode = pb::AccessMode::ReadWriteOnce as i32;
+        }
+        pb::VolumeInfo {
+            spec: Some(spec),
+            agent_id: self.id.clone(),
+            node_name: node_of(&self.id),
+            created_at_unix_ms: 1,
+            used_bytes: 0,
+            capabilities: Some(stand_in_capabilities()),
+            forked_from,
+            ..Default::default()
+        }
+    }
+
+    fn with_volume<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut pb::VolumeInfo) -> Result<T, Status>,
+    ) -> Result<T, Status> {
+        let mut g = self.state.volumes.lock();
+        let v = g
+            .get_mut(name)
+            .ok_or_else(|| Status::not_found(format!("stand-in: no volume {name}")))?;
+        f(v)
+    }
+
+    /// The agent's mount rules: access mode, once per sandbox.
+    fn mount(&self, sandbox_id: &str, m: &pb::NamedVolumeMount) -> Result<(), Status> {
+        self.with_volume(&m.volume, |v| {
+            let mode = v.spec.as_ref().map(|s| s.access_mode()).unwrap_or_default();
+            if v.mounts.iter().any(|h| h.sandbox_id == sandbox_id) {
+                return Err(Status::failed_precondition("stand-in: mounted already"));
+            }
+            if mode == pb::AccessMode::ReadOnlyMany && !m.read_only {
+                return Err(Status::failed_precondition("stand-in: ReadOnlyMany"));
+            }
+            if mode == pb::AccessMode::ReadWriteOnce
+                && !m.read_only
+                && v.mounts.iter().any(|h| !h.read_only)
+            {
+                return Err(Status::failed_precondition(
+                    "stand-in: ReadWriteOnce volume has a read-write mount",
+                ));
+            }
+            v.mounts.push(pb::VolumeMountHolder {
+                sandbox_id: sandbox_id.to_string(),
+                mount_path: m.mount_path.clone(),
+                read_only: m.read_only,
+            });
+            Ok(())
+        })
+    }
+
+    /// A deleted sandbox's mounts go with it.
+    fn unmount_all(&self, sandbox_id: &str) {
+        for v in self.state.volumes.lock().values_mut() {
+            v.mounts.retain(|h| h.sandbox_id != sandbox_id);
+        }
+    }
+}
+
+fn stand_in_capabilities() -> pb::VolumeCapabilities {
+    pb::VolumeCapabilities {
+        backend: "stand-in".into(),
+        instant_snapshots: true,
+        instant_forks: true,
+        quota: false,
+    }
+}
+
+/// The node a stand-in says it runs on.
+pub fn node_of(agent_id: &str) -> String {
+    format!("node-{agent_id}")
 }
 
 impl Svc {
@@ -311,7 +618,7 @@ impl StandInAgent {
         move || pb::Inventory {
             agent_id: id.clone(),
             instance_id: "stand-in".into(),
-            node_name: "stand-in-node".into(),
+            node_name: node_of(&id),
             pool: pool.clone(),
             max_sandboxes: cap,
             images: images
@@ -324,8 +631,25 @@ impl StandInAgent {
             sandboxes: state.sandboxes.lock().values().cloned().collect(),
             api_endpoint: addr.to_string(),
             proxy_endpoint: format!("127.0.0.1:{}", addr.port() + 10000),
+            volumes: state.volumes.lock().values().cloned().collect(),
+            volume_capabilities: state
+                .volume_root
+                .load(Ordering::SeqCst)
+                .then(stand_in_capabilities),
             ..Default::default()
         }
+    }
+
+    /// Sends later heartbeats to another controller (a restarted one).
+    pub fn retarget(&self, controller: SocketAddr) {
+        *self.controller.lock() = format!("http://{controller}");
+    }
+
+    /// Gives the stand-in a volume root (and says so at once).
+    pub async fn with_volume_root(self) -> Self {
+        self.state.volume_root.store(true, Ordering::SeqCst);
+        self.heartbeat_once().await;
+        self
     }
 
     pub async fn heartbeat_once(&self) {

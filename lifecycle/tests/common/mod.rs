@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use sandbolt_agent::volume_store::{BackendChoice, VolumeStoreConfig};
 use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
 use sandbolt_controller::{Controller, ControllerHandle};
 use sandbolt_lifecycle::{
@@ -50,7 +51,15 @@ pub struct ControllerEnv {
     /// [`DNS_ZONE`] only, so nothing a test does resolves through the
     /// outside world.
     pub dns: Option<sandbolt_test_support::dns::StaticDns>,
+    /// The agent's volume root (a loop-backed btrfs image the agent mounts
+    /// at start), when it has one; unmounted by [`ControllerEnv::stop`] (a
+    /// bed dropped after a panic unmounts it too).
+    pub volume_root: Option<PathBuf>,
 }
+
+/// Size of the agent's loop-backed btrfs volume pool in these tests
+/// (sparse: only what is written takes space).
+pub const VOLUME_POOL_BYTES: u64 = 1 << 30;
 
 /// What a networked agent's DNS upstream knows: names and their one
 /// address (documentation range; nothing ever connects to them).
@@ -79,6 +88,16 @@ pub async fn controller_env(capacity: u32) -> ControllerEnv {
 /// [`controller_env`] with sandbox networking on the agent (egress,
 /// isolation, policy enforcement) when `networking` is set.
 pub async fn controller_env_with(capacity: u32, networking: bool) -> ControllerEnv {
+    controller_env_opts(capacity, networking, false).await
+}
+
+/// [`controller_env`] whose agent has a volume root for named volumes: a
+/// loop-backed btrfs image in the bed's directory.
+pub async fn controller_env_with_volumes(capacity: u32) -> ControllerEnv {
+    controller_env_opts(capacity, false, true).await
+}
+
+async fn controller_env_opts(capacity: u32, networking: bool, volumes: bool) -> ControllerEnv {
     init_tracing();
     let (bed, image) = tokio::task::spawn_blocking(|| {
         let bed = Testbed::start().expect("test bed (private containerd) must start");
@@ -130,6 +149,13 @@ pub async fn controller_env_with(capacity: u32, networking: bool) -> ControllerE
         net.pool_size = 2;
         acfg.network = Some(net);
     }
+    let volume_root = volumes.then(|| bed.root().join("volume-root"));
+    acfg.volumes = volume_root.as_ref().map(|root| VolumeStoreConfig {
+        root: root.clone(),
+        backend: BackendChoice::Btrfs,
+        loop_image: bed.root().join("volumes.btrfs.img"),
+        loop_size_bytes: VOLUME_POOL_BYTES,
+    });
     let agent = Agent::start(acfg).await.expect("agent starts");
     assert!(
         controller.wait_ready(Duration::from_secs(30)).await,
@@ -143,6 +169,7 @@ pub async fn controller_env_with(capacity: u32, networking: bool) -> ControllerE
         dirs,
         host_root,
         dns,
+        volume_root,
     };
     env.wait_for_agent().await;
     env
@@ -203,6 +230,11 @@ impl ControllerEnv {
         }
         if let Some(c) = self.controller.take() {
             c.shutdown().await;
+        }
+        if let Some(root) = self.volume_root.take()
+            && let Err(e) = sandbolt_agent::volume_store::unmount_root(&root)
+        {
+            eprintln!("unmounting the volume root {}: {e}", root.display());
         }
     }
 }
@@ -531,6 +563,34 @@ pub fn run_pytest_env(
         cmd.env(k, v);
     }
     let out = cmd.output().expect("pytest runs");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    assert!(out.status.success(), "pytest {file} failed:\n{text}");
+}
+
+/// Runs one pytest file of lifecycle/tests/python (with tests/python on
+/// the import path, for `lifecycle_env`) against a lifecycle server and
+/// panics with pytest's output unless every test passed. Blocking.
+pub fn run_lifecycle_pytest(file: &str, addr: SocketAddr, image: &str, backend: &str) {
+    let python =
+        sandbolt_testbed::python().expect("the repo's venv python (scripts/python-env.sh)");
+    let root = sandbolt_testbed::workspace_root();
+    let path = root.join("lifecycle/tests/python").join(file);
+    assert!(path.is_file(), "missing {}", path.display());
+    let out = Command::new(python)
+        .args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "-x"])
+        .arg(&path)
+        .env("PYTHONPATH", root.join("tests/python"))
+        .env("LIFECYCLE_DOMAIN", addr.to_string())
+        .env("LIFECYCLE_API_KEY", API_KEY)
+        .env("SANDBOLT_IMAGE", image)
+        .env("SANDBOLT_BACKEND", backend)
+        .output()
+        .expect("pytest runs");
     let text = format!(
         "{}\n{}",
         String::from_utf8_lossy(&out.stdout),
