@@ -15,6 +15,7 @@ pub mod heartbeat;
 pub mod live_mount;
 pub mod netns;
 pub mod network;
+mod openat2;
 pub mod proxy;
 pub mod runtime;
 pub mod sandbox;

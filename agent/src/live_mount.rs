@@ -35,7 +35,6 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
 
 use crate::volumes::{self, HeldMount, VolumeError};
 
@@ -458,34 +457,6 @@ fn open_path(path: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
     owned(fd as libc::c_long)
 }
 
-/// `openat2(dir, path, O_PATH|O_DIRECTORY|O_NOFOLLOW?, resolve)`. With
-/// RESOLVE_NO_SYMLINKS a final symlink fails (ELOOP) too.
-fn openat2(dir: &OwnedFd, path: &str, resolve: u64) -> io::Result<OwnedFd> {
-    let c = CString::new(std::ffi::OsStr::new(path).as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: open_how is plain integers; all-zero is its documented default.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
-    how.resolve = resolve;
-    loop {
-        // SAFETY: valid dirfd, NUL-terminated path, open_how of the size passed.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dir.as_raw_fd(),
-                c.as_ptr(),
-                &how as *const libc::open_how,
-                size_of::<libc::open_how>(),
-            )
-        };
-        match owned(ret) {
-            // EAGAIN: a concurrent rename raced a RESOLVE_IN_ROOT walk.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) => {}
-            r => return r,
-        }
-    }
-}
-
 /// mkdir that accepts an existing entry (the open after it decides whether
 /// that entry is a usable directory).
 fn mkdirat(dir: &OwnedFd, name: &str) -> io::Result<()> {
@@ -523,4 +494,8 @@ fn is_mount_root(fd: &OwnedFd) -> io::Result<bool> {
         ));
     }
     Ok(stx.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0)
+}
+
+fn openat2(dir: &OwnedFd, path: &str, resolve: u64) -> io::Result<OwnedFd> {
+    crate::openat2::open_dir(dir, std::path::Path::new(path), resolve)
 }

@@ -399,7 +399,12 @@ fn open_beneath(root: &Path, rel: &Path, wanted: &Path) -> Result<(OwnedFd, Owne
         })?;
         return Ok((root_fd, dir_fd));
     }
-    let dir_fd = openat2_beneath(&root_fd, rel).map_err(|e| match e.raw_os_error() {
+    let dir_fd = crate::openat2::open_dir(
+        &root_fd,
+        rel,
+        libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
+    )
+    .map_err(|e| match e.raw_os_error() {
         // EXDEV: the walk tried to leave the root; ELOOP with
         // RESOLVE_NO_MAGICLINKS: a /proc magic link was on the way.
         Some(libc::EXDEV) | Some(libc::ELOOP) => VolumeError::Escapes {
@@ -482,40 +487,6 @@ fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     }
     // SAFETY: fd is a freshly opened descriptor nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// `openat2(dirfd, rel, O_PATH|O_DIRECTORY|O_CLOEXEC, RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS)`.
-/// O_DIRECTORY makes a non-directory target fail with ENOTDIR; final-component
-/// symlinks are followed, but only within the root.
-fn openat2_beneath(dir: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
-    let c = CString::new(rel.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: open_how is plain integers; all-zero is its documented default.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    loop {
-        // SAFETY: valid dirfd, NUL-terminated path, open_how of the size passed.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dir.as_raw_fd(),
-                c.as_ptr(),
-                &how as *const libc::open_how,
-                size_of::<libc::open_how>(),
-            )
-        };
-        if ret >= 0 {
-            // SAFETY: the kernel returned a new descriptor that we now own.
-            return Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) });
-        }
-        let err = io::Error::last_os_error();
-        // EAGAIN: a concurrent rename raced the lookup; the kernel asks us
-        // to retry. EINTR: a signal.
-        if !matches!(err.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) {
-            return Err(err);
-        }
-    }
 }
 
 /// The path the kernel has for an open fd.

@@ -82,7 +82,16 @@ pub(super) fn walk_creating<'a>(
 fn open_or_create(dir: &OwnedFd, name: &str, mode: libc::mode_t) -> io::Result<OwnedFd> {
     let c = CString::new(name)?;
     for _ in 0..RACE_RETRIES {
-        match openat2_child(dir, &c) {
+        match crate::openat2::open_dir(
+            dir,
+            Path::new(std::ffi::OsStr::from_bytes(c.as_bytes())),
+            // Refusing symlinks (ELOOP), mount crossings (EXDEV) and
+            // non-directories (ENOTDIR).
+            libc::RESOLVE_BENEATH
+                | libc::RESOLVE_NO_SYMLINKS
+                | libc::RESOLVE_NO_MAGICLINKS
+                | libc::RESOLVE_NO_XDEV,
+        ) {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
             other => return other,
         }
@@ -98,41 +107,6 @@ fn open_or_create(dir: &OwnedFd, name: &str, mode: libc::mode_t) -> io::Result<O
         }
     }
     Err(io::Error::other("directory keeps disappearing"))
-}
-
-/// Opens one directory component below `dir`, refusing symlinks (ELOOP),
-/// mount crossings (EXDEV) and non-directories (ENOTDIR).
-fn openat2_child(dir: &OwnedFd, name: &CString) -> io::Result<OwnedFd> {
-    // SAFETY: open_how is plain integers; all-zero is its documented default.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    // No O_NOFOLLOW: with O_PATH it would open a trailing symlink itself;
-    // RESOLVE_NO_SYMLINKS refuses it (ELOOP) instead.
-    how.flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_BENEATH
-        | libc::RESOLVE_NO_SYMLINKS
-        | libc::RESOLVE_NO_MAGICLINKS
-        | libc::RESOLVE_NO_XDEV;
-    loop {
-        // SAFETY: valid dirfd, NUL-terminated path, open_how of the size passed.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                &how as *const libc::open_how,
-                size_of::<libc::open_how>(),
-            )
-        };
-        if ret >= 0 {
-            // SAFETY: the kernel returned a new descriptor that we now own.
-            return Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) });
-        }
-        let err = io::Error::last_os_error();
-        // EAGAIN: a concurrent rename raced the lookup; retry. EINTR: a signal.
-        if !matches!(err.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) {
-            return Err(err);
-        }
-    }
 }
 
 fn mode_of(fd: &OwnedFd) -> io::Result<libc::mode_t> {
