@@ -159,13 +159,6 @@ pub enum VolumeError {
     MountPathForbidden { path: String, reason: String },
     #[error("mount path {path:?} is used by more than one binding")]
     DuplicateMountPath { path: String },
-    #[error(
-        "read-only binding of {path:?} would leave the mount {submount:?} below it writable; \
-         bind that mount separately or choose a directory without mounts below it"
-    )]
-    ReadOnlyOverSubmount { path: PathBuf, submount: PathBuf },
-    #[error("cannot read the mount table: {0}")]
-    MountTable(#[source] io::Error),
 }
 
 /// Resolves and validates every binding; the first failing one fails all.
@@ -183,9 +176,6 @@ pub fn resolve(
             });
         }
         let (fd, source) = resolve_source(m, allowlist)?;
-        if m.read_only {
-            check_no_submounts(&source)?;
-        }
         tracing::debug!(host_path = %m.host_path, sub_path = %m.sub_path, source = %source.display(),
             destination = %m.mount_path, read_only = m.read_only, "host-path binding resolved");
         out.push(HeldMount {
@@ -423,52 +413,6 @@ fn open_beneath(root: &Path, rel: &Path, wanted: &Path) -> Result<(OwnedFd, Owne
         },
     })?;
     Ok((root_fd, dir_fd))
-}
-
-/// Refuses a read-only binding with a filesystem mounted below its source.
-/// This dates from runc making the mounts (runc 1.1 remounts only the top of
-/// an rbind read-only, so a tmpfs below stayed writable). The agent now
-/// mounts the tree itself with `mount_setattr(MOUNT_ATTR_RDONLY,
-/// AT_RECURSIVE)` ([`crate::live_mount`]), which makes submounts read-only
-/// too (tested in `tests/live_mount.rs`), so this refusal is conservative;
-/// it stays until the end-to-end tests that expect it are changed.
-fn check_no_submounts(source: &Path) -> Result<(), VolumeError> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").map_err(VolumeError::MountTable)?;
-    for line in table.lines() {
-        // Field 5 is the mount point, with space, tab, newline and backslash
-        // octal-escaped.
-        let Some(point) = line.split(' ').nth(4) else {
-            continue;
-        };
-        let point = PathBuf::from(unescape_mountinfo(point));
-        if point != source && point.starts_with(source) {
-            return Err(VolumeError::ReadOnlyOverSubmount {
-                path: source.to_path_buf(),
-                submount: point,
-            });
-        }
-    }
-    Ok(())
-}
-
-fn unescape_mountinfo(s: &str) -> std::ffi::OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 4 <= b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    std::ffi::OsString::from_vec(out)
 }
 
 /// `open(path, O_PATH | O_DIRECTORY | O_CLOEXEC)`.
@@ -836,62 +780,6 @@ mod tests {
         ])
         .unwrap_err();
         assert!(matches!(e, VolumeError::DuplicateMountPath { .. }), "{e}");
-    }
-
-    #[test]
-    fn mountinfo_unescape() {
-        assert_eq!(
-            unescape_mountinfo("/a\\040b\\011c\\134d"),
-            std::ffi::OsString::from("/a b\tc\\d")
-        );
-        assert_eq!(
-            unescape_mountinfo("/plain\\"),
-            std::ffi::OsString::from("/plain\\")
-        );
-        assert_eq!(
-            unescape_mountinfo("/x\\09"),
-            std::ffi::OsString::from("/x\\09")
-        );
-    }
-
-    /// Unmounts on drop, so a failing assertion leaves no mount behind.
-    struct TmpfsMount(PathBuf);
-
-    impl TmpfsMount {
-        fn new(at: &Path) -> TmpfsMount {
-            let st = std::process::Command::new("mount")
-                .args(["-t", "tmpfs", "sandbolt-edge-test"])
-                .arg(at)
-                .status()
-                .expect("run mount (unit tests run as root)");
-            assert!(st.success(), "mount tmpfs at {}", at.display());
-            TmpfsMount(at.to_path_buf())
-        }
-    }
-
-    impl Drop for TmpfsMount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-
-    #[test]
-    fn read_only_over_a_submount_is_refused() {
-        let f = fixture();
-        // A directory name with a space exercises the mountinfo escaping.
-        let below = f.root.join("data/task-1/mnt point");
-        std::fs::create_dir_all(&below).unwrap();
-        let _m = TmpfsMount::new(&below);
-        let e = err(&f, m(&host(&f, "data"), "", "/w", true));
-        match &e {
-            VolumeError::ReadOnlyOverSubmount { submount, .. } => assert_eq!(submount, &below),
-            other => panic!("expected ReadOnlyOverSubmount, got {other}"),
-        }
-        assert!(e.to_string().contains("writable"), "{e}");
-        // Read-write is fine (nothing to protect), and so is binding the
-        // mount itself read-only (the mount point is the source, not below it).
-        one(&f, m(&host(&f, "data"), "", "/w", false)).unwrap();
-        one(&f, m(&host(&f, "data/task-1"), "mnt point", "/w", true)).unwrap();
     }
 
     #[test]
