@@ -1040,3 +1040,42 @@ fn unsafe_renameat2(from: &Path, to: &Path, flags: u32) -> Result<(), i32> {
         Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
     }
 }
+
+/// `auto` on a host that cannot make a btrfs image (here: no mkfs.btrfs on
+/// PATH) falls back to plain directories and says so in its capabilities;
+/// `btrfs` refuses, naming what is missing. (nextest runs each test in its
+/// own process, so changing PATH here touches no other test.)
+#[test]
+fn auto_without_btrfs_progs_uses_directories_and_btrfs_refuses() {
+    // tmpfs: never btrfs, whatever /tmp is on this machine.
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let empty_path = dir.path().join("bin");
+    std::fs::create_dir_all(&empty_path).unwrap();
+    let old_path = std::env::var_os("PATH");
+    // SAFETY: this test process runs this one test (nextest), no threads yet.
+    unsafe { std::env::set_var("PATH", &empty_path) };
+    let config = |backend| VolumeStoreConfig {
+        root: dir.path().join("root"),
+        backend,
+        loop_image: dir.path().join("volumes.img"),
+        loop_size_bytes: 512 * MIB,
+    };
+    let err = VolumeStore::open(&config(BackendChoice::Btrfs)).unwrap_err();
+    assert!(err.to_string().contains("mkfs.btrfs"), "{err}");
+    assert!(!dir.path().join("volumes.img").exists());
+
+    let store = VolumeStore::open(&config(BackendChoice::Auto)).unwrap();
+    let caps = store.capabilities();
+    assert_eq!(caps.backend, "directory");
+    assert!(!caps.instant_forks && !caps.quota);
+    assert!(
+        !dir.path().join("volumes.img").exists(),
+        "no half image left"
+    );
+    store.create(&new_volume("plain")).unwrap();
+    drop(store);
+    if let Some(p) = old_path {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("PATH", p) };
+    }
+}

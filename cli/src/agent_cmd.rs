@@ -180,7 +180,8 @@ pub(crate) struct NetworkArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum VolumeBackend {
     /// btrfs when the root is on btrfs, else a loop-backed btrfs image of
-    /// --volume-pool-size (made and mounted at the root).
+    /// --volume-pool-size (made and mounted at the root), else (no
+    /// btrfs-progs or loop device) plain directories, with a warning.
     Auto,
     /// Like auto, but never plain directories: start-up fails instead.
     Btrfs,

@@ -220,7 +220,23 @@ fn prepare_root(cfg: &VolumeStoreConfig) -> Result<bool, VolumeStoreError> {
         )));
     }
     refuse_non_empty(root)?;
-    mount_loop_image(cfg)?;
+    let fresh = !cfg.loop_image.exists();
+    if let Err(e) = mount_loop_image(cfg) {
+        // `auto` on a host that cannot make the image (no btrfs-progs, no
+        // free loop device): plain directories work everywhere, so the
+        // first `sandbolt up` runs, and says what it gave up. An image that
+        // existed before holds volumes: never fall back from it.
+        if !(auto && fresh) {
+            return Err(e);
+        }
+        let _ = std::fs::remove_file(&cfg.loop_image);
+        tracing::warn!(root = %root.display(), error = %e,
+            "no loop-backed btrfs image could be made for named volumes: using plain directories \
+             (snapshots and forks copy every byte, no size quotas). Install btrfs-progs for \
+             instant snapshots; --volume-backend btrfs makes this an error");
+        mkdir()?;
+        return Ok(false);
+    }
     if !on_btrfs(root)? {
         return Err(VolumeStoreError::Setup(format!(
             "mounted {:?} at {root:?}, but the root is still not btrfs",
