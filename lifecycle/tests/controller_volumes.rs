@@ -191,12 +191,14 @@ async fn volumes_snapshots_restore_and_fork_through_rest() {
         M::POST,
         &base,
         "/volumes/vol-a/fork",
-        Some(json!({"name": "vol-b", "snapshot": "s1", "accessMode": "ReadWriteMany"})),
+        Some(json!({"name": "vol-b", "snapshot": "s1", "accessMode": "ReadWriteMany", "size": "320Mi"})),
     )
     .await;
     assert_eq!(s, StatusCode::CREATED, "{fork}");
     assert_eq!(fork["forkedFrom"], "vol-a@s1", "{fork}");
     assert_eq!(fork["accessMode"], "ReadWriteMany", "{fork}");
+    // The fork's own size, not its source's.
+    assert_eq!(fork["sizeBytes"], json!(320u64 << 20), "{fork}");
     assert_eq!(
         fork["nodeName"], got["nodeName"],
         "a fork stays on its source's node"
