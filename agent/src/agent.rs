@@ -20,6 +20,7 @@ use crate::heartbeat::Heartbeat;
 use crate::sandbox::Sandboxes;
 use crate::server::{AgentApi, Identity};
 use crate::volume_mounts::VolumeMounts;
+use crate::warm_pool::WarmPool;
 use crate::{events, proxy, runtime, warm};
 
 /// How long `Agent::start` waits for containerd to answer.
@@ -61,9 +62,29 @@ impl Agent {
             "events",
             tokio::spawn(events::run(sandboxes.clone(), shutdown_rx.clone())),
         )];
+        let warm_pool = Arc::new(WarmPool::new(
+            sandboxes.clone(),
+            cfg.warm_pool_interval,
+            cfg.warm_refill_pause,
+        ));
+        tasks.push((
+            "warm-pool",
+            tokio::spawn(warm_pool.clone().run(shutdown_rx.clone())),
+        ));
+        tasks.push((
+            "prepared-snapshots",
+            tokio::spawn(crate::prepared::run(
+                sandboxes.clone(),
+                warm_pool.clone(),
+                cfg.warm_images.clone(),
+                cfg.warm_pool_interval,
+                shutdown_rx.clone(),
+            )),
+        ));
         let api = Arc::new(AgentApi {
             sandboxes: sandboxes.clone(),
             identity: identity(&cfg, &instance_id, &listeners),
+            warm_pool,
         });
         let (grpc_addr, proxy_addr) = (listeners.grpc_addr, listeners.proxy_addr);
         tasks.push((
@@ -193,7 +214,13 @@ async fn recover_sandboxes(cfg: &Arc<AgentConfig>, instance_id: &str) -> Result<
     // Before recovery: recovered sandboxes hold their volumes again.
     let volumes =
         Arc::new(VolumeMounts::open(cfg.volumes.as_ref(), &cfg.agent_id, &cfg.node_name).await?);
-    let sandboxes = Arc::new(Sandboxes::new(cfg.clone(), ctrd, runtimes, volumes));
+    let sandboxes = Arc::new(Sandboxes::new(
+        cfg.clone(),
+        ctrd,
+        runtimes,
+        volumes,
+        instance_id,
+    ));
     let recovered = sandboxes.recover().await?;
     // Recovery also re-labelled adopted containers with this pod's UID;
     // only now may the agent serve (and so turn its pod Ready).
@@ -359,6 +386,17 @@ impl AgentHandle {
         &self.sandboxes
     }
 
+    /// Replaces the warm sandbox targets, as a heartbeat answer with
+    /// `warm_targets_set` does (see [`crate::warm_pool`]).
+    pub fn set_warm_targets(&self, targets: Vec<sandbolt_proto::agent::v1::WarmTarget>) {
+        self.api.warm_pool.set_targets(targets);
+    }
+
+    /// The warm sandbox buffer.
+    pub fn warm_pool(&self) -> &Arc<WarmPool> {
+        &self.api.warm_pool
+    }
+
     /// The inventory the heartbeat would send now.
     pub async fn inventory(&self) -> Result<sandbolt_proto::agent::v1::Inventory> {
         self.api.inventory().await
@@ -375,6 +413,8 @@ impl AgentHandle {
                 t.abort();
             }
         }
+        // Prepared snapshots no create took go; sandboxes keep theirs.
+        self.sandboxes.prepared().drain().await;
         // The pool's namespaces go; attached sandboxes keep theirs.
         if let Some(network) = self.network {
             network.shutdown().await;

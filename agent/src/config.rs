@@ -70,6 +70,17 @@ pub struct AgentConfig {
     /// How often a warm image that is present is looked up again, and pulled
     /// again when something (the kubelet, an operator) removed it.
     pub warm_recheck_interval: Duration,
+    /// Warm sandboxes (see [`crate::warm_pool`]): how often the buffer is
+    /// checked against its targets without a wake-up.
+    pub warm_pool_interval: Duration,
+    /// Pause after each warm sandbox started: refills are paced so that
+    /// they leave the node's CPU and containerd to creates.
+    pub warm_refill_pause: Duration,
+    /// Writable snapshots kept prepared per expected image (warm images,
+    /// warm pool classes, the latest cold creates' images), so a cold
+    /// create of such an image skips `snapshots.Prepare` (see
+    /// [`crate::prepared`]); 0 turns them off.
+    pub prepared_snapshots: usize,
     /// How long `wait_for_execd` creates wait for execd's `/ping`.
     pub execd_ready_timeout: Duration,
     /// TCP port execd listens on inside the sandbox.
@@ -197,6 +208,9 @@ impl AgentConfig {
             warm_images: Vec::new(),
             plain_http_registries: Vec::new(),
             warm_recheck_interval: Duration::from_secs(60),
+            warm_pool_interval: Duration::from_secs(2),
+            warm_refill_pause: Duration::from_millis(100),
+            prepared_snapshots: 2,
             execd_ready_timeout: Duration::from_secs(15),
             execd_port: sandbolt_proto::wire::EXECD_PORT,
             pool_default_limits: PoolLimits::default(),

@@ -18,6 +18,15 @@ pub enum AgentError {
     SandboxNotFound(String),
     #[error("OCI runtime {runtime} cannot run here: {reason}")]
     RuntimeUnavailable { runtime: String, reason: String },
+    /// A create named the id of a sandbox another request owns (another
+    /// namespace/name or record uid): answering it would hand one sandbox
+    /// to two requests.
+    #[error("sandbox {id} already exists for {owner}; a create of {requested} cannot take it over")]
+    AlreadyExists {
+        id: String,
+        owner: String,
+        requested: String,
+    },
     #[error("agent is at capacity ({max} sandboxes)")]
     Capacity { max: u32 },
     #[error("sandbox {id} is {phase}, cannot {action}")]
@@ -105,6 +114,7 @@ impl AgentError {
         match self {
             AgentError::InvalidArgument(_) | AgentError::Volume(_) => Code::InvalidArgument,
             AgentError::SandboxNotFound(_) => Code::NotFound,
+            AgentError::AlreadyExists { .. } => Code::AlreadyExists,
             AgentError::RuntimeUnavailable { .. } => Code::FailedPrecondition,
             AgentError::Capacity { .. } => Code::ResourceExhausted,
             AgentError::WrongPhase { .. } | AgentError::NotManaged(_) => Code::FailedPrecondition,
@@ -185,6 +195,14 @@ mod tests {
             (AgentError::InvalidArgument(s()), Code::InvalidArgument),
             (AgentError::Volume(s()), Code::InvalidArgument),
             (AgentError::SandboxNotFound(s()), Code::NotFound),
+            (
+                AgentError::AlreadyExists {
+                    id: s(),
+                    owner: s(),
+                    requested: s(),
+                },
+                Code::AlreadyExists,
+            ),
             (
                 AgentError::RuntimeUnavailable {
                     runtime: s(),

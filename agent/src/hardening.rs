@@ -245,6 +245,42 @@ fn set_limits(resources: &mut LinuxResources, opts: &Options) {
     }
 }
 
+/// The limits of `opts` as a live update of a running task (containerd
+/// `tasks.Update`, i.e. `runc update`): unlike a spec, an update leaves every
+/// field it omits as it is, so a limit `opts` leaves unset is written as
+/// "unlimited" (-1) or the kernel default, never skipped. A warm sandbox
+/// started under its pool template's limits ends up under exactly the
+/// claim's.
+pub fn update_resources(opts: &Options) -> LinuxResources {
+    const UNLIMITED: i64 = -1;
+    let mut resources = LinuxResources::default();
+    let mut pids = LinuxPids::default();
+    pids.set_limit(opts.pids_limit);
+    resources.set_pids(Some(pids));
+    let mut cpu = LinuxCpu::default();
+    match opts.cpu {
+        Some(limit) => cpu
+            .set_quota(Some(limit.quota_us))
+            .set_period(Some(limit.period_us)),
+        None => cpu
+            .set_quota(Some(UNLIMITED))
+            .set_period(Some(CFS_PERIOD_US)),
+    };
+    // 1024 is the kernel's default weight (no request).
+    cpu.set_shares(Some(opts.cpu_shares.unwrap_or(1024)));
+    resources.set_cpu(Some(cpu));
+    let mut memory = LinuxMemory::default();
+    let limit = opts.memory_bytes.map_or(UNLIMITED, oci_bytes);
+    memory.set_limit(Some(limit));
+    if opts.limit_swap || (opts.memory_bytes.is_none() && swap_accounting()) {
+        // Memory+swap follows the limit (no swap), or is lifted with it.
+        memory.set_swap(Some(limit));
+    }
+    memory.set_reservation(Some(opts.memory_reservation.map_or(UNLIMITED, oci_bytes)));
+    resources.set_memory(Some(memory));
+    resources
+}
+
 /// The OCI spec carries byte counts as `i64`; [`parse_memory`] never returns
 /// more than `i64::MAX` (it rejects `8Ei` and up).
 fn oci_bytes(bytes: u64) -> i64 {

@@ -53,7 +53,11 @@ impl Heartbeat {
                             .await
                         {
                             Ok(resp) => {
-                                let ms = resp.into_inner().interval_ms;
+                                let resp = resp.into_inner();
+                                if resp.warm_targets_set {
+                                    api.warm_pool.set_targets(resp.warm_targets);
+                                }
+                                let ms = resp.interval_ms;
                                 if ms > 0 {
                                     interval = Duration::from_millis(ms.into());
                                 }

@@ -16,6 +16,7 @@ pub mod live_mount;
 pub mod netns;
 pub mod network;
 mod openat2;
+pub mod prepared;
 pub mod proxy;
 pub mod runtime;
 pub mod sandbox;
@@ -25,6 +26,7 @@ pub mod volume_mounts;
 pub mod volume_store;
 pub mod volumes;
 pub mod warm;
+pub mod warm_pool;
 
 // Node-level pieces live in `sandbolt-node` (the janitor and the CLI use
 // them without the agent); re-exported under their old paths.

@@ -1,8 +1,17 @@
 //! The sandbox table and its operations on containerd: create, delete,
 //! pause/resume, status, recovery from labels, and task-exit tracking.
+//! Warm sandboxes (started, unclaimed) live in the same table, invisible to
+//! the sandbox API: `warm_start` starts them, `claim` turns one into the
+//! sandbox of a create.
+
+mod claim;
+mod warm_start;
+
+pub use warm_start::{Occupancy, WarmView};
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backon::Retryable;
@@ -18,7 +27,7 @@ use parking_lot::RwLock;
 use sandbolt_node::NodeError;
 use sandbolt_node::retry;
 use sandbolt_proto::agent::v1::{
-    CreateTimings, NamedVolumeMount, Resources, SandboxPhase, SandboxSpec, SandboxStatus,
+    CreateTimings, NamedVolumeMount, Resources, SandboxPhase, SandboxSpec, SandboxStatus, WarmClass,
 };
 use sandbolt_proto::egress::NetworkPolicy;
 use sandbolt_proto::quantity::QuantityError;
@@ -32,6 +41,7 @@ use crate::error::{AgentError, Result};
 use crate::images::{self, Images, ResolvedImage};
 use crate::labels;
 use crate::network::{Attachment, Network};
+use crate::prepared::Prepared;
 use crate::runtime::RuntimeInfo;
 use crate::teardown::{SnapshotRef, Stop, Teardown};
 use crate::volume_mounts::{self, VolumeMounts};
@@ -63,6 +73,55 @@ pub struct Entry {
     /// Named volumes mounted now (the create's, then attached ones); kept
     /// in the container's [`labels::VOLUME_MOUNTS`] label.
     pub volume_mounts: Vec<NamedVolumeMount>,
+    /// Set while the sandbox is warm (no record, no user code yet); a claim
+    /// clears it first of all, so nothing else can claim or trim it.
+    pub warm: Option<WarmState>,
+}
+
+/// What only a warm sandbox has.
+#[derive(Clone)]
+pub struct WarmState {
+    pub class: WarmClass,
+    /// The warm token in plain text: the claim authenticates to execd with
+    /// it. Only in memory (a restarted agent removes its warm sandboxes).
+    token: String,
+    /// execd answered: claimable. Until then the sandbox is starting.
+    pub ready: bool,
+}
+
+impl std::fmt::Debug for WarmState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WarmState")
+            .field("class", &self.class)
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a create answered.
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub status: SandboxStatus,
+    pub timings: CreateTimings,
+    /// Served by claiming a warm sandbox.
+    pub claimed_warm: bool,
+}
+
+/// Counts a user create (or claim) for as long as it runs: warm refills
+/// wait while one is in flight.
+struct UserCreate<'a>(&'a AtomicUsize);
+
+impl<'a> UserCreate<'a> {
+    fn enter(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Self(n)
+    }
+}
+
+impl Drop for UserCreate<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Entry {
@@ -116,6 +175,16 @@ pub struct Sandboxes {
     network: std::sync::OnceLock<Network>,
     /// The node's named volumes and who mounts them.
     volumes: Arc<VolumeMounts>,
+    /// This agent process (labels its warm sandboxes, see
+    /// [`labels::AGENT_INSTANCE`]).
+    instance_id: String,
+    /// User creates and claims running now.
+    user_creates: AtomicUsize,
+    /// Wakes the warm pool's reconcile loop: a claim, a warm sandbox's
+    /// exit, a create that may have filled the agent.
+    warm_wake: Arc<tokio::sync::Notify>,
+    /// Writable snapshots prepared ahead of cold creates.
+    prepared: Arc<Prepared>,
 }
 
 pub fn now_ms() -> i64 {
@@ -197,6 +266,14 @@ impl CreateClock {
     }
 }
 
+/// What execd runs as the sandbox's entrypoint, and how.
+struct Entrypoint {
+    command: Vec<String>,
+    /// `KEY=value`, the access token included.
+    env: Vec<String>,
+    cwd: String,
+}
+
 /// Why one `/ping` of execd did not succeed.
 #[derive(Debug)]
 enum ExecdProbe {
@@ -220,10 +297,18 @@ impl Sandboxes {
         ctrd: Containerd,
         runtimes: Vec<RuntimeInfo>,
         volumes: Arc<VolumeMounts>,
+        instance_id: &str,
     ) -> Self {
         Self {
             images: Images::new(ctrd.clone(), cfg.snapshotter.clone()),
             teardown: Teardown::new(ctrd.clone(), (!cfg.keep_logs).then(|| cfg.logs_dir())),
+            prepared: Arc::new(Prepared::new(
+                ctrd.clone(),
+                &cfg.snapshotter,
+                &cfg.agent_id,
+                instance_id,
+                cfg.prepared_snapshots,
+            )),
             cfg,
             ctrd,
             runtimes,
@@ -232,12 +317,20 @@ impl Sandboxes {
             swap_accounting: hardening::swap_accounting(),
             network: std::sync::OnceLock::new(),
             volumes,
+            instance_id: instance_id.to_string(),
+            user_creates: AtomicUsize::new(0),
+            warm_wake: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
     /// The node's named volumes.
     pub fn volumes(&self) -> &Arc<VolumeMounts> {
         &self.volumes
+    }
+
+    /// The writable snapshots prepared ahead of cold creates.
+    pub fn prepared(&self) -> &Arc<Prepared> {
+        &self.prepared
     }
 
     /// Hands the started network to the table (once, at agent start).
@@ -297,11 +390,13 @@ impl Sandboxes {
         }
     }
 
+    /// The status of a sandbox (warm ones are not sandboxes of the API).
     fn status_of(&self, id: &str) -> Option<SandboxStatus> {
         let status = self
             .table
             .read()
             .get(id)
+            .filter(|e| e.warm.is_none())
             .map(|e| e.status(&self.cfg.agent_id))?;
         Some(self.with_ip(status))
     }
@@ -316,6 +411,7 @@ impl Sandboxes {
             .table
             .read()
             .values()
+            .filter(|e| e.warm.is_none())
             .map(|e| e.status(&self.cfg.agent_id))
             .collect();
         let mut v: Vec<_> = v.into_iter().map(|s| self.with_ip(s)).collect();
@@ -323,27 +419,92 @@ impl Sandboxes {
         v
     }
 
-    /// Creates and starts a sandbox. Idempotent by id. The steps, in order:
-    /// check the request, reserve a table entry, create and start the task
-    /// ([`Self::create_and_start`]), mark it running and (when asked) wait
-    /// for execd; a failure undoes what this create made.
+    /// Creates and starts a sandbox. Idempotent by id (for the same
+    /// identity; another's is ALREADY_EXISTS). An id naming a warm sandbox
+    /// of this agent claims it (see the `claim` module); one that cannot be claimed
+    /// any more is replaced by a cold create under the same id.
     #[tracing::instrument(skip_all)]
-    pub async fn create(&self, spec: SandboxSpec) -> Result<(SandboxStatus, CreateTimings)> {
+    pub async fn create(&self, spec: SandboxSpec) -> Result<Created> {
         let clock = CreateClock::start();
         validate_request(&spec)?;
+        let _in_flight = UserCreate::enter(&self.user_creates);
         let id = spec.sandbox_id.clone();
         let lock = self.lock_for(&id);
         let _guard = lock.lock().await;
-        if let Some(s) = self.status_of(&id) {
-            return Ok((s, CreateTimings::default()));
+        if let Some(status) = self.existing(&spec)? {
+            return Ok(Created {
+                status,
+                timings: CreateTimings::default(),
+                claimed_warm: false,
+            });
         }
-        self.reserve_entry(&spec)?;
+        if self.is_warm(&id) {
+            let claimed = self.claim(&spec, &clock).await;
+            self.warm_wake.notify_one();
+            match claimed {
+                Ok(Some(created)) => return Ok(created),
+                // W is gone: a cold create under its id.
+                Ok(None) => {}
+                // A refused request leaves W warm.
+                Err(e) => return Err(e),
+            }
+        }
+        let created = self.create_cold(&spec, &clock, &lock).await;
+        // The agent may be full now: the warm pool makes room.
+        self.warm_wake.notify_one();
+        created
+    }
+
+    /// The idempotent answer for a sandbox that exists (not warm) under the
+    /// request's id: only for the same namespace and name (and record uid,
+    /// when both have one), else ALREADY_EXISTS.
+    fn existing(&self, spec: &SandboxSpec) -> Result<Option<SandboxStatus>> {
+        let Some(status) = self.status_of(&spec.sandbox_id) else {
+            return Ok(None);
+        };
+        let uid_matches = status.record_uid.is_empty()
+            || spec.record_uid.is_empty()
+            || status.record_uid == spec.record_uid;
+        if status.name == spec.name && status.namespace == spec.namespace && uid_matches {
+            return Ok(Some(status));
+        }
+        let who = |ns: &str, name: &str, uid: &str| {
+            if uid.is_empty() {
+                format!("{ns}/{name}")
+            } else {
+                format!("{ns}/{name} (record uid {uid})")
+            }
+        };
+        Err(AgentError::AlreadyExists {
+            id: spec.sandbox_id.clone(),
+            owner: who(&status.namespace, &status.name, &status.record_uid),
+            requested: who(&spec.namespace, &spec.name, &spec.record_uid),
+        })
+    }
+
+    /// Whether `id` is a warm sandbox (claimable or starting).
+    fn is_warm(&self, id: &str) -> bool {
+        self.table.read().get(id).is_some_and(|e| e.warm.is_some())
+    }
+
+    /// The create proper, under the id's lock: reserve a table entry,
+    /// create and start the task ([`Self::create_and_start`]), mark it
+    /// running and (when asked) wait for execd; a failure undoes what this
+    /// create made.
+    async fn create_cold(
+        &self,
+        spec: &SandboxSpec,
+        clock: &CreateClock,
+        lock: &Arc<tokio::sync::Mutex<()>>,
+    ) -> Result<Created> {
+        let id = spec.sandbox_id.clone();
+        self.reserve_entry(spec)?;
         if let Err(e) = self
             .reserve_volumes(&id, &spec.volume_mounts, "volume_mounts")
             .await
         {
             self.table.write().remove(&id);
-            self.release_lock(&id, &lock);
+            self.release_lock(&id, lock);
             return Err(e);
         }
         let mut timings = CreateTimings::default();
@@ -352,13 +513,13 @@ impl Sandboxes {
         // else's container).
         let mut created = false;
         let outcome = match self
-            .create_and_start(&spec, &clock, &mut timings, &mut created)
+            .create_and_start(spec, clock, &mut timings, &mut created)
             .await
         {
             Ok(pid) => {
                 timings.task_started_us = clock.elapsed_us();
                 self.mark_running(&id, pid);
-                self.wait_until_ready(&spec, pid, &clock, &mut timings)
+                self.wait_until_ready(spec, pid, clock, &mut timings)
                     .await
                     .map(|()| pid)
             }
@@ -367,31 +528,55 @@ impl Sandboxes {
         match outcome {
             Ok(pid) => {
                 tracing::info!(sandbox = %id, pid, total_us = clock.elapsed_us(), "sandbox running");
-                Ok((self.get(&id)?, timings))
+                Ok(Created {
+                    status: self.get(&id)?,
+                    timings,
+                    claimed_warm: false,
+                })
             }
             Err(e) => {
                 tracing::warn!(sandbox = %id, error = %e, created, "create failed");
-                if created {
-                    self.cleanup(&id).await;
-                }
-                self.release_network(&id).await;
-                self.volumes.release(&id, None);
-                self.table.write().remove(&id);
-                self.release_lock(&id, &lock);
+                self.undo_create(&id, created).await;
+                self.release_lock(&id, lock);
                 Err(e)
             }
         }
     }
 
-    /// Puts the sandbox in the table as Creating, unless the agent is full.
+    /// Removes what a failed create (or a warm sandbox that is given up)
+    /// made: container and task when `created`, network, volume holds,
+    /// table entry. The caller holds the id's lock.
+    async fn undo_create(&self, id: &str, created: bool) {
+        if created {
+            self.cleanup(id).await;
+        } else {
+            // A prepared snapshot taken for a container never made.
+            self.prepared.discard_taken(id).await;
+        }
+        self.release_network(id).await;
+        self.volumes.release(id, None);
+        self.table.write().remove(id);
+    }
+
+    /// Puts the sandbox in the table as Creating, unless the agent is full
+    /// (warm sandboxes do not count: the warm pool trims them when creates
+    /// need the room).
     fn reserve_entry(&self, spec: &SandboxSpec) -> Result<()> {
         let mut table = self.table.write();
-        if table.len() >= self.cfg.max_sandboxes as usize {
+        let users = table.values().filter(|e| e.warm.is_none()).count();
+        if users >= self.cfg.max_sandboxes as usize {
             return Err(AgentError::Capacity {
                 max: self.cfg.max_sandboxes,
             });
         }
-        let entry = Entry {
+        let entry = self.new_entry(spec);
+        table.insert(entry.id.clone(), entry);
+        Ok(())
+    }
+
+    /// A Creating table entry for `spec` (not warm).
+    fn new_entry(&self, spec: &SandboxSpec) -> Entry {
+        Entry {
             id: spec.sandbox_id.clone(),
             name: spec.name.clone(),
             namespace: spec.namespace.clone(),
@@ -407,9 +592,8 @@ impl Sandboxes {
             exposed_ports: spec.exposed_ports.clone(),
             token_sha256: sandbolt_proto::auth::token_digest(spec.access_token.as_bytes()),
             volume_mounts: spec.volume_mounts.clone(),
-        };
-        table.insert(entry.id.clone(), entry);
-        Ok(())
+            warm: None,
+        }
     }
 
     /// Everything that makes the sandbox exist, top-down: checks that need
@@ -444,15 +628,17 @@ impl Sandboxes {
         let container = async {
             let oci = self.runtime_spec(spec, &image, &limits, attachment.as_ref())?;
             let labels = self.container_labels(spec, runtime)?;
+            let (key, prepared) = self.snapshot_key_for(spec, &image);
             // The container first: it references the snapshot key, which keeps
             // containerd's GC off the snapshot from the moment it exists.
-            self.create_container(spec, runtime, &image, &oci, labels)
+            self.create_container(spec, runtime, &image, &oci, labels, &key)
                 .await?;
             *created = true;
-            let rootfs = self
-                .prepare_snapshot(&spec.sandbox_id, &image.chain_id)
-                .await?;
+            let rootfs = self.rootfs(&key, prepared, &image.chain_id).await?;
+            // Container and rootfs ready (with a prepared snapshot: no
+            // snapshots.Prepare on this path).
             timings.container_created_us = clock.elapsed_us();
+            tracing::debug!(sandbox = %spec.sandbox_id, snapshot = %key, prepared, "container created");
             self.create_task(&spec.sandbox_id, rootfs, runtime).await
         };
         let (pid, rules) = tokio::join!(container, self.apply_network(spec, &attachment));
@@ -624,27 +810,33 @@ impl Sandboxes {
         Ok(image)
     }
 
-    /// The hardened OCI runtime spec: execd as PID 1 running the user's
-    /// command (the request's, else the image's) with merged env and cwd.
-    fn runtime_spec(
-        &self,
-        spec: &SandboxSpec,
-        image: &ResolvedImage,
-        limits: &hardening::Options,
-        network: Option<&Attachment>,
-    ) -> Result<oci_spec::runtime::Spec> {
-        let user_command = spec::user_command(
+    /// What execd starts as the sandbox's entrypoint: the user's command
+    /// (the request's, else the image's), the merged environment (image,
+    /// request, the access token) and the working directory. The same for
+    /// a cold create (in the runtime spec) and a claim (sent to execd).
+    fn entrypoint(&self, spec: &SandboxSpec, image: &ResolvedImage) -> Result<Entrypoint> {
+        let command = spec::user_command(
             image.config.entrypoint.as_deref(),
             image.config.cmd.as_deref(),
             &spec.command,
             &spec.args,
         );
-        if user_command.is_empty() {
+        if command.is_empty() {
             return Err(AgentError::InvalidArgument(format!(
                 "no command: the request has none and image {} sets neither Entrypoint nor Cmd",
                 image.name
             )));
         }
+        let (env, cwd) = self.environment(spec, image)?;
+        Ok(Entrypoint { command, env, cwd })
+    }
+
+    /// The merged environment and the working directory of `spec`.
+    fn environment(
+        &self,
+        spec: &SandboxSpec,
+        image: &ResolvedImage,
+    ) -> Result<(Vec<String>, String)> {
         let env = spec::merge_env(
             image.config.env.as_deref().unwrap_or_default(),
             &spec.envs,
@@ -657,13 +849,38 @@ impl Sandboxes {
                 "working_dir {cwd:?} must be absolute"
             )));
         }
+        Ok((env, cwd.to_string()))
+    }
+
+    /// The hardened OCI runtime spec: execd as PID 1 running the user's
+    /// command with merged env and cwd; for a warm sandbox, execd alone
+    /// (`--warm`), its env holding the warm token.
+    fn runtime_spec(
+        &self,
+        spec: &SandboxSpec,
+        image: &ResolvedImage,
+        limits: &hardening::Options,
+        network: Option<&Attachment>,
+    ) -> Result<oci_spec::runtime::Spec> {
+        let warm = self.is_warm(&spec.sandbox_id);
+        let entrypoint = if warm {
+            let (env, cwd) = self.environment(spec, image)?;
+            Entrypoint {
+                command: Vec::new(),
+                env,
+                cwd,
+            }
+        } else {
+            self.entrypoint(spec, image)?
+        };
         let id = &spec.sandbox_id;
         let hostname: String = id.chars().take(63).collect();
         let mut oci = spec::build(&spec::SpecInput {
             hostname: &hostname,
-            user_command: &user_command,
-            env: &env,
-            cwd,
+            user_command: &entrypoint.command,
+            warm,
+            env: &entrypoint.env,
+            cwd: &entrypoint.cwd,
             execd_host_path: &self.cfg.execd_binary,
             cgroups_path: &format!("/sandbolt/{id}"),
             network: network.map(|a| spec::NetworkInput {
@@ -705,6 +922,10 @@ impl Sandboxes {
         if !spec.record_uid.is_empty() {
             container_labels.insert(labels::RECORD_UID.into(), spec.record_uid.clone());
         }
+        if let Some(w) = &entry.warm {
+            container_labels.insert(labels::WARM_POOL.into(), w.class.warm_pool.clone());
+            container_labels.insert(labels::AGENT_INSTANCE.into(), self.instance_id.clone());
+        }
         if let Some(uid) = self.cfg.pod_uid() {
             container_labels.insert(labels::AGENT_POD_UID.into(), uid.to_string());
         }
@@ -729,6 +950,7 @@ impl Sandboxes {
         image: &ResolvedImage,
         oci: &oci_spec::runtime::Spec,
         labels: HashMap<String, String>,
+        snapshot_key: &str,
     ) -> Result<()> {
         let container = Container {
             id: spec.sandbox_id.clone(),
@@ -740,7 +962,7 @@ impl Sandboxes {
                 value: serde_json::to_vec(oci).expect("an OCI spec serializes to JSON"),
             }),
             snapshotter: self.cfg.snapshotter.clone(),
-            snapshot_key: spec.sandbox_id.clone(),
+            snapshot_key: snapshot_key.to_string(),
             ..Default::default()
         };
         self.ctrd
@@ -751,6 +973,34 @@ impl Sandboxes {
             .await
             .map_err(AgentError::containerd("containers.Create"))?;
         Ok(())
+    }
+
+    /// The writable snapshot key of a create: a prepared snapshot of the
+    /// image when one is ready (user creates only: warm starts refill on
+    /// their own schedule), else the sandbox id. True when prepared.
+    fn snapshot_key_for(&self, spec: &SandboxSpec, image: &ResolvedImage) -> (String, bool) {
+        if !self.is_warm(&spec.sandbox_id)
+            && let Some(key) = self.prepared.take(&spec.sandbox_id, &image.chain_id)
+        {
+            return (key, true);
+        }
+        (spec.sandbox_id.clone(), false)
+    }
+
+    /// The task's rootfs mounts: a prepared snapshot's from
+    /// `snapshots.Mounts`; else (or when the prepared one vanished) a
+    /// snapshot prepared now under `key`.
+    async fn rootfs(&self, key: &str, prepared: bool, parent: &str) -> Result<Vec<Mount>> {
+        if prepared {
+            match self.prepared.mounts(key).await {
+                Ok(m) => return Ok(m),
+                Err(e) if e.is_not_found() => {
+                    tracing::warn!(snapshot = %key, "prepared snapshot vanished; preparing it now");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.prepare_snapshot(key, parent).await
     }
 
     /// The sandbox's writable snapshot on top of the image; returns its
@@ -941,6 +1191,12 @@ impl Sandboxes {
         if container.is_none() && !ours {
             return Ok(false);
         }
+        // The container's own snapshot key (a prepared one's is not the
+        // id); without a container, the prepared key this agent gave it.
+        let key = match &container {
+            Some(c) if !c.snapshot_key.is_empty() => c.snapshot_key.clone(),
+            _ => self.prepared.key_of(id).unwrap_or_else(|| id.to_string()),
+        };
         let removed = self
             .teardown
             .all(
@@ -948,10 +1204,11 @@ impl Sandboxes {
                 Stop::Graceful(grace),
                 SnapshotRef {
                     snapshotter: &self.cfg.snapshotter,
-                    key: id,
+                    key: &key,
                 },
             )
             .await?;
+        self.prepared.forget(id);
         Ok(removed.anything())
     }
 
@@ -982,6 +1239,7 @@ impl Sandboxes {
             .table
             .read()
             .get(id)
+            .filter(|e| e.warm.is_none())
             .map(|e| e.phase)
             .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))?;
         if phase == to.target() {
@@ -1016,7 +1274,9 @@ impl Sandboxes {
     }
 
     /// Rebuilds the table from containerd: every container carrying the
-    /// managed label and this agent's id, with its task's state.
+    /// managed label and this agent's id, with its task's state. Warm
+    /// containers (an earlier process's buffer) are removed instead
+    /// (`remove_stale_warm`); the warm pool refills from targets.
     pub async fn recover(&self) -> Result<usize> {
         let containers = self
             .ctrd
@@ -1033,9 +1293,18 @@ impl Sandboxes {
             .map_err(AgentError::containerd("containers.List"))?
             .into_inner()
             .containers;
+        let referenced: std::collections::HashSet<String> =
+            containers.iter().map(|c| c.snapshot_key.clone()).collect();
         let mut n = 0;
         for c in containers {
+            if c.labels.contains_key(labels::WARM_POOL) {
+                self.remove_stale_warm(&c.id).await;
+                continue;
+            }
             self.adopt(&c).await?;
+            if c.snapshot_key.starts_with(labels::PREPARED_KEY_PREFIX) {
+                self.prepared.adopt(&c.id, &c.snapshot_key);
+            }
             let entry = entry_from_labels(&c);
             let mut entry = match entry {
                 Some(e) => e,
@@ -1049,6 +1318,17 @@ impl Sandboxes {
             tracing::info!(sandbox = %entry.id, phase = ?entry.phase, pid = entry.pid, volumes = entry.volume_mounts.len(), "recovered sandbox");
             self.table.write().insert(entry.id.clone(), entry);
             n += 1;
+        }
+        // An earlier process's prepared snapshots that no container took.
+        match self.prepared.remove_stale(&referenced).await {
+            Ok(removed) if removed > 0 => {
+                tracing::info!(
+                    removed,
+                    "removed prepared snapshots of an earlier agent process"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not list prepared snapshots to remove"),
         }
         Ok(n)
     }
@@ -1256,6 +1536,7 @@ impl Sandboxes {
         let table = self.table.read();
         let e = table
             .get(id)
+            .filter(|e| e.warm.is_none())
             .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))?;
         if e.pid == 0 || !matches!(e.phase, SandboxPhase::Running | SandboxPhase::Paused) {
             return Err(AgentError::WrongPhase {
@@ -1338,6 +1619,7 @@ impl Sandboxes {
             .table
             .read()
             .get(id)
+            .filter(|e| e.warm.is_none())
             .cloned()
             .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))?;
         let mount = entry
@@ -1419,7 +1701,11 @@ impl Sandboxes {
     pub fn on_exit(&self, container_id: &str, exit_status: u32) {
         if let Some(e) = self.table.write().get_mut(container_id) {
             e.exited(exit_status);
-            tracing::info!(sandbox = %container_id, exit_status, phase = ?e.phase, "sandbox exited");
+            tracing::info!(sandbox = %container_id, exit_status, phase = ?e.phase, warm = e.warm.is_some(), "sandbox exited");
+            if e.warm.is_some() {
+                // The warm pool removes and replaces it.
+                self.warm_wake.notify_one();
+            }
         }
     }
 
@@ -1433,7 +1719,8 @@ impl Sandboxes {
 impl proxy::SandboxLookup for Sandboxes {
     fn lookup(&self, sandbox_id: &str) -> Option<proxy::Route> {
         let t = self.table.read();
-        let e = t.get(sandbox_id)?;
+        // Warm sandboxes have no owner to route for.
+        let e = t.get(sandbox_id).filter(|e| e.warm.is_none())?;
         // Only live sandboxes route; a stale pid could name another process.
         if e.pid == 0 || !matches!(e.phase, SandboxPhase::Running) {
             return None;
@@ -1513,6 +1800,7 @@ fn entry_from_labels(c: &Container) -> Option<Entry> {
             .collect(),
         token_sha256,
         volume_mounts: volume_mounts_from_labels(c),
+        warm: None,
     })
 }
 

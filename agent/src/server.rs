@@ -33,6 +33,8 @@ pub struct Identity {
 pub struct AgentApi {
     pub sandboxes: Arc<Sandboxes>,
     pub identity: Identity,
+    /// The warm sandbox buffer (its targets come with heartbeat answers).
+    pub warm_pool: Arc<crate::warm_pool::WarmPool>,
 }
 
 impl AgentApi {
@@ -50,6 +52,7 @@ impl AgentApi {
             })
             .collect();
         let id = &self.identity;
+        let (warm, warm_starting) = self.sandboxes.warm_inventory();
         Ok(Inventory {
             agent_id: id.agent_id.clone(),
             instance_id: id.instance_id.clone(),
@@ -79,6 +82,8 @@ impl AgentApi {
             pod: id.pod.clone(),
             volumes: self.volumes().inventory().await,
             volume_capabilities: self.volumes().capabilities(),
+            warm,
+            warm_starting,
         })
     }
 
@@ -102,10 +107,11 @@ impl AgentService for AgentApi {
             .into_inner()
             .spec
             .ok_or_else(|| AgentError::InvalidArgument("spec is required".into()))?;
-        let (status, timings) = self.sandboxes.create(spec).await?;
+        let created = self.sandboxes.create(spec).await?;
         Ok(Response::new(CreateSandboxResponse {
-            status: Some(status),
-            timings: Some(timings),
+            status: Some(created.status),
+            timings: Some(created.timings),
+            claimed_warm: created.claimed_warm,
         }))
     }
 

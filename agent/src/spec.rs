@@ -29,6 +29,9 @@ pub struct SpecInput<'a> {
     pub hostname: &'a str,
     /// The user's entrypoint + args (execd runs it as its child).
     pub user_command: &'a [String],
+    /// A warm sandbox: execd starts without an entrypoint (`--warm`) and
+    /// waits for the claim that brings one (`user_command` is ignored).
+    pub warm: bool,
     /// `KEY=value` entries, image env first, request env overriding.
     pub env: &'a [String],
     pub cwd: &'a str,
@@ -66,10 +69,15 @@ fn process(input: &SpecInput<'_>) -> Process {
     // --exit-with-entrypoint: the sandbox's task ends with the user's
     // entrypoint, so its exit code becomes the sandbox's (Stopped/Failed),
     // as in OpenSandbox's Docker mode where the entrypoint is the container.
-    let mut args = [EXECD_PATH, "--init", "--exit-with-entrypoint", "--"]
+    let mut args = [EXECD_PATH, "--init", "--exit-with-entrypoint"]
         .map(String::from)
         .to_vec();
-    args.extend(input.user_command.iter().cloned());
+    if input.warm {
+        args.push("--warm".into());
+    } else {
+        args.push("--".into());
+        args.extend(input.user_command.iter().cloned());
+    }
     let mut process = Process::default();
     process
         .set_terminal(Some(false))
@@ -285,6 +293,7 @@ mod tests {
         SpecInput {
             hostname: "sb1",
             user_command: cmd,
+            warm: false,
             env: &[],
             cwd: "/",
             execd_host_path: Path::new("/usr/lib/sandbolt/execd"),
@@ -337,6 +346,18 @@ mod tests {
             .unwrap();
         assert_eq!(m["source"], "/usr/lib/sandbolt/execd");
         assert!(m["options"].as_array().unwrap().contains(&json!("ro")));
+        // A warm sandbox's execd waits for its claim: no entrypoint.
+        let mut warm = input(&cmd);
+        warm.warm = true;
+        assert_eq!(
+            built(&warm)["process"]["args"],
+            json!([
+                "/opt/sandbolt/execd",
+                "--init",
+                "--exit-with-entrypoint",
+                "--warm"
+            ])
+        );
     }
 
     #[test]

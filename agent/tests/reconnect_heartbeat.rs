@@ -139,7 +139,10 @@ impl RegistryService for Registry {
             .map(String::from);
         let inv = request.into_inner().inventory.unwrap_or_default();
         self.got.lock().push((auth, inv));
-        Ok(Response::new(HeartbeatResponse { interval_ms: 100 }))
+        Ok(Response::new(HeartbeatResponse {
+            interval_ms: 100,
+            ..Default::default()
+        }))
     }
 
     async fn report_reaped(

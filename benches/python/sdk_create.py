@@ -22,7 +22,11 @@ optional "resource" object, the SDK's `resource` argument (e.g. {"cpu": "500m",
 "memory": "256Mi"}): absent, the SDK sends its default ({"cpu": "1",
 "memory": "2Gi"}); empty ({}), the request carries an empty resourceLimits, i.e.
 no limits at all. Several entries may share one url and differ only in
-"resource"; names must be unique. --rounds N (recorded rounds; one more
+"resource"; names must be unique. Optional "extensions": the SDK's `extensions`
+argument (e.g. {"poolRef": "bench-warm"}); optional "wait_pool": a warm pool
+name whose GET /v1/pools/{name} must report "wait_available" (default 1)
+available sandboxes before each create (waited for before the clock starts,
+so a warm create is timed as a claim, not as a race with the refill). --rounds N (recorded rounds; one more
 unrecorded warm-up round runs first); --image REF.
 Output: one JSON document on stdout:
   {"samples": [{"system", "round", "create_us", "kill_us", "stages"}],
@@ -136,12 +140,31 @@ def resource_arg(system: dict) -> dict:
     return {"resource": dict(resource) if resource else NoLimits()}
 
 
+def wait_pool(system: dict, pool: str, want: int) -> None:
+    """Untimed: until the warm pool reports `want` available (60 s)."""
+    deadline = time.monotonic() + 60
+    with httpx.Client(
+        base_url=system["url"], headers={"OPEN-SANDBOX-API-KEY": system["api_key"]}, timeout=10
+    ) as c:
+        while True:
+            r = c.get(f"/v1/pools/{pool}")
+            if r.status_code == 200 and (r.json().get("status") or {}).get("available", 0) >= want:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"warm pool {pool}: not {want} available within 60 s: {r.status_code} {r.text}")
+            time.sleep(0.02)
+
+
 def one(system: dict, image: str) -> tuple[int, int, dict[str, int]]:
     """Creates a sandbox (ready), kills it; returns (create_us, kill_us,
     stages of the create)."""
+    if system.get("wait_pool"):
+        wait_pool(system, system["wait_pool"], int(system.get("wait_available", 1)))
     EXCHANGES.clear()
     config = connection(system["url"], system["api_key"])
     extra = resource_arg(system)
+    if system.get("extensions"):
+        extra["extensions"] = dict(system["extensions"])
     t0 = time.perf_counter()
     sbx = SandboxSync.create(
         image,

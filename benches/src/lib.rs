@@ -15,6 +15,7 @@ pub mod scenarios;
 pub mod sdk;
 pub mod stats;
 pub mod systems;
+pub mod warm;
 
 use std::path::PathBuf;
 
@@ -77,6 +78,12 @@ pub struct Options {
     /// Rounds of the SDK scenario (`Sandbox.create` + `kill` on every
     /// lifecycle server); 0 leaves the scenario out.
     pub sdk_rounds: u32,
+    /// Sequential rounds of the warm pools scenario (warm claim vs cold
+    /// create per API); 0 leaves the whole warm scenario out.
+    pub warm_rounds: u32,
+    /// Creates at once in the warm pools burst, with a buffer of as many
+    /// (and the same burst cold); 0 leaves the burst out.
+    pub warm_burst: u32,
     /// OCI runtime of sandbolt's agents (`runc`, `crun`, `runsc`).
     pub runtime: String,
     pub out_dir: PathBuf,
@@ -92,6 +99,8 @@ impl Options {
             burst: 4,
             churn: 3,
             sdk_rounds: 2,
+            warm_rounds: 3,
+            warm_burst: 4,
             runtime: "runc".into(),
             out_dir,
             progress: false,
@@ -104,6 +113,8 @@ impl Options {
             burst: 16,
             churn: 20,
             sdk_rounds: 20,
+            warm_rounds: 50,
+            warm_burst: 100,
             runtime: "runc".into(),
             out_dir,
             progress: true,

@@ -29,6 +29,12 @@ struct Args {
     /// on the OpenSandbox server (0 leaves the scenario out).
     #[arg(long)]
     sdk_rounds: Option<u32>,
+    /// Sequential rounds of the warm pools scenario (0 leaves it out).
+    #[arg(long)]
+    warm_rounds: Option<u32>,
+    /// Creates at once in the warm pools burst, with a buffer of as many.
+    #[arg(long)]
+    warm_burst: Option<u32>,
     /// OCI runtime of sandbolt's agents: runc, crun or runsc (one that
     /// cannot run on this machine is reported as such).
     #[arg(long, default_value = "runc")]
@@ -56,6 +62,8 @@ async fn main() -> anyhow::Result<()> {
     opts.burst = args.burst.unwrap_or(opts.burst);
     opts.churn = args.churn.unwrap_or(opts.churn);
     opts.sdk_rounds = args.sdk_rounds.unwrap_or(opts.sdk_rounds);
+    opts.warm_rounds = args.warm_rounds.unwrap_or(opts.warm_rounds);
+    opts.warm_burst = args.warm_burst.unwrap_or(opts.warm_burst);
     opts.runtime = args.runtime;
     opts.progress = std::io::IsTerminal::is_terminal(&std::io::stderr()) || !args.quick;
     let command = std::env::args().collect::<Vec<_>>().join(" ");

@@ -57,6 +57,7 @@ pub fn ratios(out: &RunOutput) -> Vec<(String, f64)> {
         })
         .collect();
     ratios.extend(crate::sdk::ratios(&out.samples));
+    ratios.extend(crate::warm::ratios(&out.samples));
     ratios
 }
 
@@ -188,6 +189,12 @@ pub fn markdown(out: &RunOutput, command: &str) -> String {
         );
         let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|");
         md.push_str(&limits);
+    }
+    if !out.notes.is_empty() {
+        let _ = writeln!(md, "\nNotes:\n");
+        for n in &out.notes {
+            let _ = writeln!(md, "- {n}");
+        }
     }
     if !out.retried.is_empty() {
         let _ = writeln!(md, "\nFailed creates, each retried once under a new id:\n");

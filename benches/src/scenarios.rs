@@ -24,6 +24,9 @@ pub struct RunOutput {
     pub skipped: Vec<Skipped>,
     /// Creates that failed once and were retried (reported, not hidden).
     pub retried: Vec<Skipped>,
+    /// Facts of the run the tables do not show (e.g. how many warm creates
+    /// were claims).
+    pub notes: Vec<String>,
     pub seconds: f64,
 }
 
@@ -42,7 +45,8 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
     let total = (opts.iterations as u64 + 1) * enabled.len() as u64
         + BURST_SYSTEMS.len() as u64
         + opts.churn as u64
-        + u64::from(opts.sdk_rounds > 0);
+        + u64::from(opts.sdk_rounds > 0)
+        + u64::from(opts.warm_rounds > 0);
     let mut run = Run {
         bench,
         enabled,
@@ -51,23 +55,32 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
         bursts: Vec::new(),
         skipped: Vec::new(),
         retried: Vec::new(),
+        notes: Vec::new(),
     };
     run.sequential(opts.iterations).await;
     run.bursts(opts.burst).await;
     run.churn(opts.churn).await;
     run.sdk(opts.sdk_rounds).await;
+    run.warm(opts).await;
     run.progress.finish();
     run.bench.shutdown().await;
     Ok(RunOutput {
         machine,
         options: format!(
-            "iterations={} burst={} churn={} sdk_rounds={} runtime={}",
-            opts.iterations, opts.burst, opts.churn, opts.sdk_rounds, opts.runtime
+            "iterations={} burst={} churn={} sdk_rounds={} warm_rounds={} warm_burst={} runtime={}",
+            opts.iterations,
+            opts.burst,
+            opts.churn,
+            opts.sdk_rounds,
+            opts.warm_rounds,
+            opts.warm_burst,
+            opts.runtime
         ),
         samples: run.samples,
         bursts: run.bursts,
         skipped: run.skipped,
         retried: run.retried,
+        notes: run.notes,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -82,6 +95,7 @@ struct Run {
     bursts: Vec<Burst>,
     skipped: Vec<Skipped>,
     retried: Vec<Skipped>,
+    notes: Vec<String>,
 }
 
 impl Run {
@@ -247,6 +261,29 @@ impl Run {
         let sdk = crate::sdk::run(&self.bench, rounds).await;
         self.samples.extend(sdk.samples);
         self.skipped.extend(sdk.skipped);
+    }
+
+    /// Warm pools (issue 17): claims against cold creates per API, the SDK
+    /// warm vs cold vs its floor, and a burst with a buffer as large.
+    async fn warm(&mut self, opts: &Options) {
+        if opts.warm_rounds == 0 {
+            return;
+        }
+        self.progress.step(&format!(
+            "warm pools x{} (burst {})",
+            opts.warm_rounds, opts.warm_burst
+        ));
+        let warm = crate::warm::run(
+            &self.bench,
+            opts.warm_rounds,
+            opts.sdk_rounds,
+            opts.warm_burst,
+        )
+        .await;
+        self.samples.extend(warm.samples);
+        self.bursts.extend(warm.bursts);
+        self.skipped.extend(warm.skipped);
+        self.notes.extend(warm.notes);
     }
 }
 

@@ -57,7 +57,7 @@ pub const SYSTEMS: [&str; 5] = [
 /// pids, which the SDK's `resource` has no key for).
 const SDK_LIMITS: [(&str, &str); 2] = [("cpu", "500m"), ("memory", "256Mi")];
 
-const API_KEY: &str = "sandbolt-bench-sdk-key-0123456789";
+pub(crate) const API_KEY: &str = "sandbolt-bench-sdk-key-0123456789";
 /// The image the OpenSandbox server copies execd and bootstrap.sh out of.
 const EXECD_IMAGE: &str = "sandbolt/opensandbox-execd:bench";
 const BOOTSTRAP: &str = include_str!("../python/opensandbox-bootstrap.sh");
@@ -70,12 +70,17 @@ pub struct SdkOutcome {
 }
 
 /// One lifecycle API the SDK is pointed at.
-struct Target {
-    name: &'static str,
-    url: String,
+pub(crate) struct Target {
+    pub(crate) name: &'static str,
+    pub(crate) url: String,
     /// The SDK's `resource` argument: `None` leaves the SDK's default,
     /// an empty map sends no limits.
-    resource: Option<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) resource: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The SDK's `extensions` argument (e.g. `{"poolRef": ...}`).
+    pub(crate) extensions: Option<serde_json::Value>,
+    /// A warm pool whose `GET /v1/pools/{name}` must report this many
+    /// available sandboxes before each (timed) create; waited for untimed.
+    pub(crate) wait_pool: Option<(String, i32)>,
 }
 
 impl SdkOutcome {
@@ -130,6 +135,8 @@ impl Lifecycles {
                 name,
                 url: url.clone(),
                 resource,
+                extensions: None,
+                wait_pool: None,
             });
         }
         self.handles.push(handle);
@@ -149,6 +156,8 @@ impl Lifecycles {
                     name: LIFECYCLE_DOCKER,
                     url: format!("http://{}", h.addr()),
                     resource: None,
+                    extensions: None,
+                    wait_pool: None,
                 });
                 self.handles.push(h);
             }
@@ -196,6 +205,8 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
                 name: OPENSANDBOX,
                 url: format!("http://{}", s.addr),
                 resource: None,
+                extensions: None,
+                wait_pool: None,
             });
             Some(s)
         }
@@ -224,7 +235,11 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
 /// The Python loop's report as samples (creates then kills, each in
 /// [`SYSTEMS`] order) and its failures as skips (with the OpenSandbox
 /// server's log for its own).
-fn record(mut report: PyReport, server: Option<&OpenSandboxServer>, out: &mut SdkOutcome) {
+pub(crate) fn record(
+    mut report: PyReport,
+    server: Option<&OpenSandboxServer>,
+    out: &mut SdkOutcome,
+) {
     report
         .samples
         .sort_by_key(|s| (SYSTEMS.iter().position(|n| *n == s.system), s.round));
@@ -301,14 +316,17 @@ pub fn ratios(samples: &[Sample]) -> Vec<(String, f64)> {
     out
 }
 
-async fn start_lifecycle(backend: BackendConfig, data: &Path) -> Result<LifecycleHandle, String> {
+pub(crate) async fn start_lifecycle(
+    backend: BackendConfig,
+    data: &Path,
+) -> Result<LifecycleHandle, String> {
     let mut config = LifecycleConfig::new("127.0.0.1:0".parse().unwrap(), backend, data);
     config.api_key = Some(API_KEY.into());
     Lifecycle::start(config).await.map_err(|e| e.to_string())
 }
 
 #[derive(serde::Deserialize)]
-struct PyReport {
+pub(crate) struct PyReport {
     samples: Vec<PySample>,
     failures: Vec<PyFailure>,
 }
@@ -330,7 +348,7 @@ struct PyFailure {
     reason: String,
 }
 
-async fn run_python(targets: &[Target], rounds: u32) -> Result<PyReport, String> {
+pub(crate) async fn run_python(targets: &[Target], rounds: u32) -> Result<PyReport, String> {
     let python = tokio::task::spawn_blocking(sandbolt_testbed::python)
         .await
         .map_err(|e| e.to_string())?
@@ -341,6 +359,13 @@ async fn run_python(targets: &[Target], rounds: u32) -> Result<PyReport, String>
             let mut system = serde_json::json!({"name": t.name, "url": t.url, "api_key": API_KEY});
             if let Some(resource) = &t.resource {
                 system["resource"] = serde_json::Value::Object(resource.clone());
+            }
+            if let Some(extensions) = &t.extensions {
+                system["extensions"] = extensions.clone();
+            }
+            if let Some((pool, available)) = &t.wait_pool {
+                system["wait_pool"] = serde_json::Value::from(pool.as_str());
+                system["wait_available"] = serde_json::Value::from(*available);
             }
             system
         })
@@ -390,7 +415,7 @@ async fn run_python(targets: &[Target], rounds: u32) -> Result<PyReport, String>
 }
 
 /// The OpenSandbox server 1.1.1, a child process of the harness.
-struct OpenSandboxServer {
+pub(crate) struct OpenSandboxServer {
     child: tokio::process::Child,
     addr: std::net::SocketAddr,
     log: PathBuf,

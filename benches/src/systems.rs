@@ -123,6 +123,20 @@ struct ControllerPath {
     _dir: tempfile::TempDir,
 }
 
+/// A controller and its agent started by [`Bench::start_extra_controller`].
+pub struct ExtraController {
+    pub controller: ControllerHandle,
+    pub agent: AgentHandle,
+    _dir: tempfile::TempDir,
+}
+
+impl ExtraController {
+    pub async fn shutdown(self) {
+        self.agent.shutdown().await;
+        self.controller.shutdown().await;
+    }
+}
+
 /// Everything a run needs, started once.
 pub struct Bench {
     agent: AgentHandle,
@@ -138,6 +152,9 @@ pub struct Bench {
     http: reqwest::Client,
     /// FastPath sandboxes are named by the controller: bench id → name.
     names: std::collections::HashMap<String, String>,
+    /// What [`Bench::start_extra_controller`] gives its agents.
+    execd: std::path::PathBuf,
+    runtime: String,
     _state: tempfile::TempDir,
     // Last: the daemons go after everything that talks to them.
     bed: Testbed,
@@ -185,6 +202,8 @@ impl Bench {
             chain_id,
             http: reqwest::Client::new(),
             names: Default::default(),
+            execd,
+            runtime: runtime.to_string(),
             _state: state,
             bed,
         })
@@ -499,6 +518,25 @@ impl Bench {
     /// such as the lifecycle adapter in the SDK scenario.
     pub fn fast_controller_addr(&self) -> std::net::SocketAddr {
         self.fast.controller.local_addr()
+    }
+
+    /// A fast-mode controller with an agent of its own (`bench-agent-<name>`)
+    /// on this bench's bed, once the agent is a live member of its pool:
+    /// for scenarios that change a controller's state (warm pools), so that
+    /// the other systems' controllers stay as they were.
+    pub async fn start_extra_controller(&self, name: &str) -> Result<ExtraController> {
+        let agents = AgentSetup {
+            bed: &self.bed,
+            execd: &self.execd,
+            state: self._state.path(),
+            runtime: &self.runtime,
+        };
+        let path = start_controller_path(&agents, name, Consistency::Fast).await?;
+        Ok(ExtraController {
+            controller: path.controller,
+            agent: path.agent,
+            _dir: path._dir,
+        })
     }
 
     /// The test bed every system runs on.

@@ -3,7 +3,7 @@
 //! asserts that the harness works — never a speed.
 
 use sandbolt_benches::systems::System;
-use sandbolt_benches::{Options, report, scenarios, sdk};
+use sandbolt_benches::{Options, report, scenarios, sdk, warm};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_run_measures_every_system_and_writes_results() {
@@ -13,6 +13,8 @@ async fn quick_run_measures_every_system_and_writes_results() {
     opts.burst = 2;
     opts.churn = 1;
     opts.sdk_rounds = 2;
+    opts.warm_rounds = 2;
+    opts.warm_burst = 3;
     let out = scenarios::run(&opts).await.expect("harness runs");
     assert!(
         out.skipped.is_empty(),
@@ -33,7 +35,43 @@ async fn quick_run_measures_every_system_and_writes_results() {
             .any(|s| s.scenario == "churn"
                 && s.stages.iter().any(|(k, _)| k == "first_command_done"))
     );
-    assert_eq!(out.bursts.len(), 3);
+    // The three burst systems, and the warm pools' burst warm and cold.
+    assert_eq!(out.bursts.len(), 5, "{:?}", out.bursts);
+    // Warm pools (issue 17): every warm create was a claim (one that was
+    // not is recorded under its own name), and every cold counterpart ran.
+    for (warm_system, cold_system) in warm::PAIRS {
+        for system in [warm_system, cold_system] {
+            let n = out
+                .samples
+                .iter()
+                .filter(|s| s.scenario == warm::SCENARIO && s.system == system)
+                .count();
+            assert_eq!(n, 2, "{system} samples: {:?}", out.notes);
+        }
+    }
+    for system in [warm::SDK_WARM, warm::SDK_COLD, warm::SDK_FLOOR] {
+        let n = out
+            .samples
+            .iter()
+            .filter(|s| s.scenario == sdk::SCENARIO_CREATE && s.system == system)
+            .count();
+        assert_eq!(n, 2, "{system} sdk create samples");
+    }
+    for system in [warm::BURST_WARM, warm::BURST_COLD] {
+        let n = out
+            .samples
+            .iter()
+            .filter(|s| s.scenario == warm::burst_scenario(3) && s.system == system)
+            .count();
+        assert_eq!(n, 3, "{system} burst samples");
+    }
+    assert!(
+        out.notes
+            .iter()
+            .any(|n| n.contains(warm::BURST_WARM) && n.contains("3 of 3 creates were claims")),
+        "{:?}",
+        out.notes
+    );
     // The SDK scenario: every lifecycle server, the OpenSandbox server 1.1.1
     // included, answers every round (skipped is empty, checked above).
     for system in sdk::SYSTEMS {
@@ -62,6 +100,15 @@ async fn quick_run_measures_every_system_and_writes_results() {
     assert!(md.contains("| sequential | ctr run -d |"), "{md}");
     assert!(md.contains("Ratios of p50"), "{md}");
     assert!(md.contains("sdk create: "), "{md}");
+    assert!(
+        md.contains(&format!(
+            "{}: {} ÷ {}",
+            warm::SCENARIO,
+            warm::WARM_V2,
+            warm::COLD_V2
+        )),
+        "{md}"
+    );
     // Issue 13: both limits pairs (native API, SDK) get their row.
     assert!(md.contains("Limits vs no limits"), "{md}");
     for (scenario, _, without) in report::limit_pairs() {

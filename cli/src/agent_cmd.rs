@@ -65,6 +65,16 @@ pub(crate) struct AgentArgs {
     controller: Option<String>,
     #[arg(long, env = "SANDBOLT_MAX_SANDBOXES", default_value_t = 256)]
     max_sandboxes: u32,
+    /// Writable snapshots kept prepared per expected image (warm images,
+    /// warm pool images, the last cold creates' images), so a cold create of
+    /// such an image skips snapshot preparation; 0 turns this off.
+    #[arg(
+        long,
+        env = "SANDBOLT_PREPARED_SNAPSHOTS",
+        value_name = "N",
+        default_value_t = 2
+    )]
+    prepared_snapshots: usize,
     /// OCI runtime of sandboxes whose request names none (the pool's).
     #[arg(long, env = "SANDBOLT_RUNTIME", default_value = "runc", value_parser = ["runc", "crun", "runsc"])]
     runtime: String,
@@ -424,6 +434,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.controller_endpoint = args.controller;
     config.controller_token = Some(args.token);
     config.max_sandboxes = args.max_sandboxes;
+    config.prepared_snapshots = args.prepared_snapshots;
     config.default_runtime = args.runtime;
     config.allowed_host_paths = args.allow_host_path;
     config.warm_images = non_empty(args.warm_image);

@@ -126,7 +126,11 @@ fn failure_policy_in(p: i32) -> Result<FailurePolicy, Status> {
 
 fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> {
     let spec = q.spec.ok_or_else(|| invalid("spec is required"))?;
-    if spec.image.trim().is_empty() {
+    // A warm pool's template gives the image (the core resolves the pool).
+    if spec.image.trim().is_empty()
+        && spec.pool.trim().is_empty()
+        && spec.warm_pool.trim().is_empty()
+    {
         return Err(invalid("spec.image is required"));
     }
     if !spec.snapshot_id.is_empty() {
@@ -165,6 +169,7 @@ fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> 
             runtime: spec.runtime,
             network_policy_json: policy_in(&spec.network_policy_json, "spec.network_policy_json")?
                 .to_json(),
+            warm_pool: spec.warm_pool,
         },
     })
 }
@@ -236,6 +241,7 @@ fn spec_out(s: &SandboxSpec) -> pb::SandboxSpec {
         exposed_ports: s.exposed_ports.clone(),
         network_policy_json: s.network_policy_json.clone(),
         snapshot_id: String::new(),
+        warm_pool: s.warm_pool.clone(),
     }
 }
 
@@ -298,6 +304,7 @@ pub(crate) fn sandbox(core: &Core, r: &SandboxRecord) -> pb::Sandbox {
                 .map(|o| o.ip_address)
                 .filter(|ip| !ip.is_empty())
                 .unwrap_or_else(|| r.ip_address.clone()),
+            claimed_warm: r.claimed_warm,
         }),
     }
 }

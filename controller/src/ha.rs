@@ -18,14 +18,32 @@ use std::future::Future;
 use std::sync::Arc;
 
 use kube::Api;
-use sandbolt_deploy::SandboxPool;
+use sandbolt_deploy::{SandboxPool, SandboxWarmPool};
 
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::store::kube::{KubeStore, KubeStoreConfig};
 use crate::{Controller, ControllerConfig, ControllerHandle, Error, Result, Store};
 
-/// How often the leader refreshes the SandboxPool status counts.
+/// How often the leader refreshes the SandboxPool and SandboxWarmPool
+/// status counts.
 pub const POOL_STATUS_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The resources whose status the leader keeps: the SandboxPools and
+/// SandboxWarmPools of the controller's namespace.
+#[derive(Clone)]
+pub struct StatusApis {
+    pub pools: Api<SandboxPool>,
+    pub warm_pools: Api<SandboxWarmPool>,
+}
+
+impl StatusApis {
+    pub fn namespaced(client: kube::Client, namespace: &str) -> Self {
+        Self {
+            pools: Api::namespaced(client.clone(), namespace),
+            warm_pools: Api::namespaced(client, namespace),
+        }
+    }
+}
 
 /// Why [`run_elected`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,13 +56,13 @@ pub enum ElectedExit {
 
 /// Campaigns with `elector`; while leading, runs a controller over the store
 /// `open_store` returns (called once per term, on a blocking thread: opening
-/// may wait for the API server) and keeps the status of the `pools`
+/// may wait for the API server) and keeps the status of the `status`
 /// resources. `on_serving` is told when a term starts serving.
 pub async fn run_elected<S, F>(
     config: ControllerConfig,
     elector: LeaderElector,
     open_store: S,
-    pools: Option<Api<SandboxPool>>,
+    status: Option<StatusApis>,
     mut on_serving: impl FnMut(&ControllerHandle),
     shutdown: F,
 ) -> Result<ElectedExit>
@@ -74,15 +92,20 @@ where
         return Ok(ElectedExit::LostLeadership);
     }
     let handle = Controller::start_with_store(config, store).await?;
-    let pool_status =
-        pools.map(|api| crate::pool_status::spawn(handle.core().clone(), api, POOL_STATUS_PERIOD));
+    let publishers = status.map(|apis| {
+        let core = handle.core();
+        [
+            crate::pool_status::spawn(core.clone(), apis.pools, POOL_STATUS_PERIOD),
+            crate::warm_pool_status::spawn(core.clone(), apis.warm_pools, POOL_STATUS_PERIOD),
+        ]
+    });
     on_serving(&handle);
     tracing::info!(%identity, addr = %handle.local_addr(), "leader serving");
     let exit = tokio::select! {
         _ = &mut shutdown => ElectedExit::Shutdown,
         _ = wait_for(&mut state, false) => ElectedExit::LostLeadership,
     };
-    if let Some(task) = pool_status {
+    for task in publishers.into_iter().flatten() {
         task.abort();
     }
     handle.shutdown().await;
@@ -111,8 +134,9 @@ async fn wait_for(
 }
 
 /// [`run_elected`] over the Kubernetes store: campaigns for `lease`, and
-/// keeps records (Sandboxes), agent records and the SandboxPool status in
-/// `lease.namespace` (the controller's own) — the wiring of every
+/// keeps records (Sandboxes), agent records, warm pools and the SandboxPool
+/// and SandboxWarmPool status in `lease.namespace` (the controller's own) —
+/// the wiring of every
 /// `--store kubernetes` controller process.
 pub async fn run_on_kubernetes<F>(
     config: ControllerConfig,
@@ -127,7 +151,7 @@ where
     let client = kube::Client::try_from(kube_config.clone())
         .map_err(|e| Error::Unavailable(format!("Kubernetes client: {e}")))?;
     let namespace = lease.namespace.clone();
-    let pools = Api::namespaced(client.clone(), &namespace);
+    let status = StatusApis::namespaced(client.clone(), &namespace);
     let elector = LeaderElector::spawn(client, lease)
         .map_err(|e| Error::InvalidArgument(format!("leader election: {e}")))?;
     run_elected(
@@ -137,7 +161,7 @@ where
             let store = KubeStore::open(kube_config, KubeStoreConfig::new(namespace))?;
             Ok(Arc::new(store) as _)
         },
-        Some(pools),
+        Some(status),
         on_serving,
         shutdown,
     )

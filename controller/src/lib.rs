@@ -1,7 +1,7 @@
 //! sandbolt controller: the central scheduler.
 //!
-//! It serves sandbolt's native control API (the whole sandbox, and named
-//! volumes), FastPath v2 (what the OpenSandbox server speaks), FastPath v1
+//! It serves sandbolt's native control API (the whole sandbox, named
+//! volumes and warm pools, see [`warm`]), FastPath v2 (what the OpenSandbox server speaks), FastPath v1
 //! (fast-sandbox's API) and sandbolt's RegistryService on one gRPC port,
 //! places sandboxes on agents in memory (image-affinity score, sub-linear
 //! index) and keeps a durable record per sandbox behind the [`Store`] trait.
@@ -36,6 +36,8 @@ pub mod sandbox;
 pub mod store;
 pub mod volume;
 pub mod volume_index;
+pub mod warm;
+pub mod warm_pool_status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,6 +47,7 @@ use sandbolt_proto::agent::v1::registry_service_server::RegistryServiceServer;
 use sandbolt_proto::auth::RequireBearer;
 use sandbolt_proto::control::v1::sandbox_service_server::SandboxServiceServer;
 use sandbolt_proto::control::v1::volume_service_server::VolumeServiceServer;
+use sandbolt_proto::control::v1::warm_pool_service_server::WarmPoolServiceServer;
 use sandbolt_proto::fastpath::v1::fast_path_service_server::FastPathServiceServer as V1Server;
 use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathServiceServer as V2Server;
 use tokio::sync::watch;
@@ -121,6 +124,12 @@ impl Controller {
             // Named volumes: the same clients, the same token.
             .add_service(VolumeServiceServer::with_interceptor(
                 volume::service::VolumeServer::new(core.clone()),
+                fp_auth.clone(),
+            ))
+            // Warm pools: the same clients (the lifecycle's /pools), the
+            // same token.
+            .add_service(WarmPoolServiceServer::with_interceptor(
+                warm::service::WarmPoolServer::new(core.clone()),
                 fp_auth,
             ))
             .add_service(RegistryServiceServer::with_interceptor(
@@ -165,7 +174,7 @@ impl Controller {
                 c.sweep_deletion_requests().await;
             }
         });
-        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving sandbolt.control.v1 (sandboxes, volumes), fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
+        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving sandbolt.control.v1 (sandboxes, volumes, warm pools), fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
         Ok(ControllerHandle {
             addr,
             core,
@@ -240,6 +249,9 @@ async fn serving_health()
         .await;
     reporter
         .set_serving::<VolumeServiceServer<volume::service::VolumeServer>>()
+        .await;
+    reporter
+        .set_serving::<WarmPoolServiceServer<warm::service::WarmPoolServer>>()
         .await;
     reporter
         .set_serving::<RegistryServiceServer<registry_server::RegistryServer>>()

@@ -134,6 +134,13 @@ pub enum PlacementError {
     NoAgents(String, String),
     #[error("no agent in pool {0}/{1} has a free slot (and free ports) for this sandbox")]
     NoCapacity(String, String),
+    /// No warm sandbox of the pool is free and a cold create would take
+    /// the pool above its `pool_max`.
+    #[error("warm pool {pool} is full: {total} of poolMax {max}")]
+    WarmPoolFull { pool: String, total: i64, max: i32 },
+    /// The agent pool's `SandboxPool` bounds its live sandboxes.
+    #[error("pool {pool} is full: {used} sandboxes of its capacity.maxSandboxes {max}")]
+    PoolFull { pool: String, used: u64, max: u32 },
     #[error("sandbox id {0} already holds a slot")]
     AlreadyReserved(String),
     #[error("no live agent in pool {0}/{1} can run OCI runtime {2:?}")]
@@ -482,8 +489,23 @@ impl PlacementIndex {
         self.slots.get(agent).map(|s| s.state.capacity)
     }
 
+    /// Whether `agent` is schedulable and has a free slot and `ports` free
+    /// (a warm claim takes a slot like any create).
+    pub fn can_take(&self, agent: &str, ports: &[u32]) -> bool {
+        self.slots
+            .get(agent)
+            .is_some_and(|s| s.has_room() && (ports.is_empty() || !s.port_conflict(ports)))
+    }
+
     pub fn is_schedulable(&self, agent: &str) -> bool {
         self.slots.get(agent).is_some_and(|s| s.schedulable)
+    }
+
+    /// Whether `sandbox_id` holds a slot on `agent`.
+    pub fn is_reserved(&self, agent: &str, sandbox_id: &str) -> bool {
+        self.slots
+            .get(agent)
+            .is_some_and(|s| s.reserved.contains_key(sandbox_id))
     }
 
     pub fn reserved_on(&self, agent: &str) -> Vec<String> {

@@ -38,7 +38,10 @@ pub fn status_for(pool: &SandboxPool, summaries: &[PoolSummary]) -> SandboxPoolS
 pub async fn publish_once(core: &Core, pools: &Api<SandboxPool>) -> Result<usize, kube::Error> {
     let summaries = core.registry().pools();
     let mut written = 0;
-    for pool in pools.list(&Default::default()).await?.items {
+    let listed = pools.list(&Default::default()).await?.items;
+    // Creates honour each pool's `capacity.maxSandboxes` from here on.
+    core.registry().set_pool_caps(pool_caps(&listed));
+    for pool in listed {
         let status = status_for(&pool, &summaries);
         if pool.status.as_ref() == Some(&status) {
             continue;
@@ -54,6 +57,17 @@ pub async fn publish_once(core: &Core, pools: &Api<SandboxPool>) -> Result<usize
         written += 1;
     }
     Ok(written)
+}
+
+/// `capacity.maxSandboxes` of every pool that sets it, by name.
+pub fn pool_caps(pools: &[SandboxPool]) -> std::collections::HashMap<String, u32> {
+    pools
+        .iter()
+        .filter_map(|p| {
+            let max = p.spec.capacity.as_ref()?.max_sandboxes?;
+            Some((p.metadata.name.clone()?, max))
+        })
+        .collect()
 }
 
 /// Publishes every `period` until the task is aborted.
@@ -121,5 +135,27 @@ mod tests {
         );
         let empty = status_for(&pool, &[summary("cpu", 1, 1, 1)]);
         assert_eq!((empty.agents, empty.capacity), (0, 0));
+    }
+
+    #[test]
+    fn only_pools_with_a_max_sandboxes_bound_creates() {
+        let pool = |name: &str, max: Option<u32>| {
+            SandboxPool::new(
+                name,
+                SandboxPoolSpec {
+                    limits: None,
+                    node_selector: Default::default(),
+                    max_sandboxes_per_agent: 4,
+                    runtime: Default::default(),
+                    warm_images: vec![],
+                    capacity: Some(CapacityBounds {
+                        min_agents: Some(1),
+                        max_sandboxes: max,
+                    }),
+                },
+            )
+        };
+        let caps = pool_caps(&[pool("gpu", Some(10)), pool("cpu", None)]);
+        assert_eq!(caps, [("gpu".to_string(), 10)].into());
     }
 }

@@ -32,6 +32,7 @@ use crate::placement::{
     AgentState, Placement, PlacementError, PlacementIndex, PlacementRequest, PoolKey,
 };
 use crate::store::AgentRecord;
+use crate::warm::book::WarmBook;
 
 #[derive(Debug, Clone)]
 pub struct AgentInfo {
@@ -66,6 +67,11 @@ struct Inner {
     agents: HashMap<AgentId, AgentInfo>,
     /// Liveness bookkeeping beyond the heartbeat itself, by agent id.
     watch: HashMap<AgentId, Watch>,
+    /// Warm sandboxes reported, claimed, and warm pool members.
+    warm: WarmBook,
+    /// `SandboxPool` `capacity.maxSandboxes` by pool name (Kubernetes; see
+    /// [`Registry::set_pool_caps`]).
+    pool_caps: HashMap<String, u32>,
 }
 
 /// What the registry keeps per agent to tell silent from gone, and to
@@ -207,6 +213,7 @@ impl Registry {
         };
         let mut g = self.inner.lock();
         g.index.upsert(&inv.agent_id, state);
+        g.warm.apply(&inv.agent_id, inv, Instant::now());
         let sandboxes = inv
             .sandboxes
             .iter()
@@ -330,8 +337,11 @@ impl Registry {
         g.index.reserve(agent, sandbox_id, ports);
     }
 
+    /// Gives a slot back; a warm pool member stops counting with it.
     pub fn release(&self, agent: &AgentId, sandbox_id: &SandboxId) {
-        self.inner.lock().index.release(agent, sandbox_id);
+        let mut g = self.inner.lock();
+        g.index.release(agent, sandbox_id);
+        g.warm.remove_member(sandbox_id);
     }
 
     pub fn agent(&self, agent: &AgentId) -> Option<AgentInfo> {
@@ -472,6 +482,191 @@ impl Registry {
         out
     }
 
+    // ----------------------------------------------------- warm pools --
+
+    /// Holds a slot for a sandbox that lives on `agent` (like
+    /// [`Registry::reserve`]) and counts it in its warm pool, if any.
+    pub fn reserve_in(
+        &self,
+        agent: &AgentId,
+        sandbox_id: &SandboxId,
+        ports: &[u32],
+        warm_pool: &str,
+    ) {
+        self.reserve(agent, sandbox_id, ports);
+        self.add_warm_member(sandbox_id, warm_pool);
+    }
+
+    /// Counts `sandbox_id` (which holds a slot) in `warm_pool` ("" = none).
+    pub fn add_warm_member(&self, sandbox_id: &SandboxId, warm_pool: &str) {
+        self.inner.lock().warm.add_member(sandbox_id, warm_pool);
+    }
+
+    /// Places a create of a warm pool, in one step: a free warm sandbox of
+    /// its class on an agent that can take it (the one with the most of
+    /// them; its oldest), else a cold slot for `cold_id` while the pool's
+    /// total stays below `pool_max`. Either way the id is reserved and
+    /// counted in the pool.
+    pub fn allocate_warm(
+        &self,
+        req: &PlacementRequest<'_>,
+        cold_id: &SandboxId,
+        ask: &WarmAsk<'_>,
+    ) -> Result<WarmPlacement, PlacementError> {
+        let mut g = self.inner.lock();
+        // Never more members than pool_max, claimed or not (a refill may
+        // briefly hold more warm ones than the pool's total allows).
+        let below_max = ask.implicit || g.warm.allocated(ask.pool) < i64::from(ask.pool_max);
+        if ask.claim
+            && below_max
+            && let Some((agent, id)) = Self::pick_warm(&g, req, ask)
+        {
+            Self::check_cap(&g, req.pool)?;
+            g.index.reserve(&agent, &id, req.ports);
+            g.warm.claim(&agent, &id, Instant::now());
+            g.warm.add_member(&id, ask.pool);
+            return Ok(WarmPlacement::Claimed { agent, warm_id: id });
+        }
+        if ask.implicit {
+            Self::check_cap(&g, req.pool)?;
+            return Ok(WarmPlacement::Cold(g.index.allocate(req, cold_id)?));
+        }
+        let available = {
+            let Inner { index, warm, .. } = &*g;
+            warm.available(ask.pool, |a| index.is_schedulable(a))
+        };
+        let total = g.warm.allocated(ask.pool) + available;
+        if !below_max || total >= i64::from(ask.pool_max) {
+            return Err(PlacementError::WarmPoolFull {
+                pool: ask.pool.to_string(),
+                total,
+                max: ask.pool_max,
+            });
+        }
+        Self::check_cap(&g, req.pool)?;
+        let p = g.index.allocate(req, cold_id)?;
+        g.warm.add_member(cold_id, ask.pool);
+        Ok(WarmPlacement::Cold(p))
+    }
+
+    /// The bounds of the pools the controller knows as `SandboxPool`
+    /// resources (name → `capacity.maxSandboxes`); replaces the last set.
+    pub fn set_pool_caps(&self, caps: HashMap<String, u32>) {
+        self.inner.lock().pool_caps = caps;
+    }
+
+    /// [`Registry::allocate`] for a new sandbox: refused when its pool is at
+    /// its `capacity.maxSandboxes` (a recreate is not a new sandbox).
+    pub fn allocate_new(
+        &self,
+        req: &PlacementRequest<'_>,
+        sandbox_id: &SandboxId,
+    ) -> Result<Placement, PlacementError> {
+        let mut g = self.inner.lock();
+        Self::check_cap(&g, req.pool)?;
+        g.index.allocate(req, sandbox_id)
+    }
+
+    fn check_cap(g: &Inner, pool: &PoolKey) -> Result<(), PlacementError> {
+        let Some(&max) = g.pool_caps.get(&pool.pool) else {
+            return Ok(());
+        };
+        let used: u64 = g
+            .index
+            .agent_names()
+            .filter(|a| g.index.state(a).is_some_and(|s| &s.pool == pool))
+            .filter_map(|a| g.index.allocated(a))
+            .map(u64::from)
+            .sum();
+        if used >= u64::from(max) {
+            return Err(PlacementError::PoolFull {
+                pool: pool.pool.clone(),
+                used,
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    fn pick_warm(
+        g: &Inner,
+        req: &PlacementRequest<'_>,
+        ask: &WarmAsk<'_>,
+    ) -> Option<(AgentId, SandboxId)> {
+        let mut best: Option<(usize, &AgentId)> = None;
+        for agent in g.warm.agents() {
+            let usable = g.index.state(agent).is_some_and(|s| &s.pool == req.pool)
+                && !req.exclude.contains(&agent.as_str())
+                && req.pin.is_none_or(|p| p == agent.as_str())
+                && g.index.can_take(agent, req.ports);
+            if !usable {
+                continue;
+            }
+            let n = Self::claimable(g, agent, ask, req).count();
+            if n > 0 && best.is_none_or(|(m, a)| n > m || (n == m && agent < a)) {
+                best = Some((n, agent));
+            }
+        }
+        let (_, agent) = best?;
+        let w = Self::claimable(g, agent, ask, req)
+            .min_by_key(|w| (w.created_at_unix_ms, w.sandbox_id.clone()))?;
+        Some((agent.clone(), SandboxId::from(w.sandbox_id.as_str())))
+    }
+
+    /// The warm sandboxes of `agent` a create may claim: reported warm, not
+    /// claimed, and holding no slot (an id a record holds is that record's,
+    /// whatever a heartbeat says).
+    fn claimable<'a>(
+        g: &'a Inner,
+        agent: &'a AgentId,
+        ask: &'a WarmAsk<'_>,
+        req: &'a PlacementRequest<'_>,
+    ) -> impl Iterator<Item = &'a pb::WarmSandbox> + 'a {
+        g.warm
+            .claimable(agent, ask.pool, req.image_key)
+            .filter(move |w| !g.index.is_reserved(agent, &w.sandbox_id))
+    }
+
+    /// A warm pool's counts, over the live agents.
+    pub fn warm_counts(&self, pool: &str, agent_pool: &str) -> WarmCounts {
+        let g = self.inner.lock();
+        let live = |a: &str| g.index.is_schedulable(a);
+        WarmCounts {
+            allocated: g.warm.allocated(pool),
+            available: g.warm.available(pool, live),
+            starting: g.warm.starting(pool, live),
+            agents: g
+                .agents
+                .values()
+                .filter(|a| !a.lost && a.pool.pool == agent_pool)
+                .count() as i64,
+        }
+    }
+
+    /// The live agents of the agent pool named `agent_pool`, each with its
+    /// room (free slots for user sandboxes).
+    pub fn warm_agents(&self, agent_pool: &str) -> Vec<(AgentId, u32)> {
+        let g = self.inner.lock();
+        g.agents
+            .values()
+            .filter(|a| !a.lost && a.pool.pool == agent_pool && g.index.is_schedulable(&a.agent_id))
+            .map(|a| {
+                let used = g.index.allocated(&a.agent_id).unwrap_or(0);
+                (a.agent_id.clone(), a.capacity.saturating_sub(used))
+            })
+            .collect()
+    }
+
+    /// Unclaimed warm sandboxes on the live agents of `pool`.
+    pub fn warm_available_in(&self, pool: &PoolKey) -> i64 {
+        let g = self.inner.lock();
+        g.agents
+            .values()
+            .filter(|a| !a.lost && &a.pool == pool)
+            .map(|a| g.warm.available_on(&a.agent_id))
+            .sum()
+    }
+
     // ------------------------------------------------------- liveness --
 
     /// Registered and silent (marked lost): what it holds is unknown, not
@@ -595,6 +790,39 @@ impl Registry {
             w.gone = false;
         }
     }
+}
+
+/// What a create of a warm pool asks [`Registry::allocate_warm`] for.
+#[derive(Debug, Clone)]
+pub struct WarmAsk<'a> {
+    /// The warm pool.
+    pub pool: &'a str,
+    pub pool_max: i32,
+    /// Whether a warm sandbox may serve it (false: cold only, still counted
+    /// against `pool_max`).
+    pub claim: bool,
+    /// The create did not ask for the pool (same image and runtime): a
+    /// claim serves it when one is free, else it is an ordinary cold create,
+    /// neither counted in the pool nor bounded by its `pool_max`.
+    pub implicit: bool,
+}
+
+/// Where [`Registry::allocate_warm`] put a create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WarmPlacement {
+    /// Warm sandbox `warm_id` on `agent`: the create's id becomes it.
+    Claimed { agent: AgentId, warm_id: SandboxId },
+    /// A cold create (its slot reserved for the id asked with).
+    Cold(Placement),
+}
+
+/// A warm pool's counts (see `WarmPoolStatus`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WarmCounts {
+    pub allocated: i64,
+    pub available: i64,
+    pub starting: i64,
+    pub agents: i64,
 }
 
 /// Where a silent agent ran: what an [`AgentPresence`] source checks.

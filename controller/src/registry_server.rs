@@ -34,8 +34,12 @@ impl RegistryService for RegistryServer {
             .ok_or_else(|| Status::invalid_argument("inventory is required"))?;
         tracing::Span::current().record("agent", inv.agent_id.as_str());
         self.core.on_heartbeat(&inv)?;
+        // The controller is the authority on warm buffers: always set (no
+        // pool = drain every class).
         Ok(Response::new(pb::HeartbeatResponse {
             interval_ms: self.core.config.heartbeat_interval.as_millis() as u32,
+            warm_targets: self.core.warm_targets(&inv),
+            warm_targets_set: true,
         }))
     }
 

@@ -69,6 +69,8 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
             network_policy_json:
                 r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"*.example.com"}]}"#
                     .into(),
+            // Warm pool membership rides in the state annotation.
+            warm_pool: "py".into(),
         },
         reset_revision: String::new(),
         generation: 1,
@@ -86,6 +88,7 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
         network_policy_pending: true,
         network_policy_transition_unix_ms: 1_700_000_000_456,
         ip_address: "10.203.0.9".into(),
+        claimed_warm: true,
     }
 }
 

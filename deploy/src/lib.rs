@@ -6,6 +6,9 @@
 //! - [`pool::SandboxPool`] (`sandbolt.io/v1alpha1`): the project's own pool of
 //!   agents: where they run, how many sandboxes each holds, which OCI runtime,
 //!   which images stay warm.
+//! - [`warm_pool::SandboxWarmPool`] (`sandbolt.io/v1alpha1`): a buffer of
+//!   started, idle sandboxes of one image on an agent pool's agents, claimed
+//!   by creates.
 //!
 //! The CRD YAML in `deploy/crds/` and `deploy/helm/sandbolt/crds/` is
 //! generated from these types by [`crd`] (`cargo run -p sandbolt-deploy --bin
@@ -14,6 +17,8 @@
 pub mod crd;
 pub mod pool;
 pub mod sandbox;
+pub mod warm_pool;
 
 pub use pool::{SandboxPool, SandboxPoolSpec, SandboxPoolStatus};
 pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};
+pub use warm_pool::{SandboxWarmPool, SandboxWarmPoolSpec, SandboxWarmPoolStatus};

@@ -675,3 +675,51 @@ fn agent_outage_timeouts_and_pod_checks_reach_the_controller() {
         assert!(args(c).contains(&flag.into()), "{flag}: {:?}", args(c));
     }
 }
+
+/// Warm pools: their CRD ships with the chart, the controller's Role lets
+/// its store keep them (create, replace, delete, watch) and the leader write
+/// their status, and a kubectl-made SandboxWarmPool is checked against the
+/// CRD like any other object.
+#[test]
+fn warm_pools_ship_with_the_chart_and_the_controller_may_keep_them() {
+    let pool = "apiVersion: sandbolt.io/v1alpha1\nkind: SandboxWarmPool\nmetadata: {name: py}\nspec:\n  agentPool: default\n  template: {image: 'python:3.12', runtime: runc, limits: {cpu: 1, memory: 256Mi, pids: 64}, env: {A: '1'}}\n  capacity: {bufferMin: 1, bufferMax: 3, poolMin: 0, poolMax: 10}\n";
+    let (objs, _) = check(None, &[pool]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let crds = std::fs::read_dir(repo().join("deploy/helm/sandbolt/crds"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect::<Vec<_>>();
+    assert!(
+        crds.contains(&"sandboxwarmpools.sandbolt.io.yaml".to_string()),
+        "{crds:?}"
+    );
+    let role = find(&objs, "Role", "sb-sandbolt-controller");
+    assert!(
+        grants(
+            role,
+            "sandboxwarmpools",
+            &[
+                "get", "list", "watch", "create", "update", "patch", "delete"
+            ]
+        ),
+        "{role}"
+    );
+    assert!(
+        grants(role, "sandboxwarmpools/status", &["get", "update", "patch"]),
+        "{role}"
+    );
+    assert_least_privilege(&objs);
+
+    let bad = "apiVersion: sandbolt.io/v1alpha1\nkind: SandboxWarmPool\nmetadata: {name: w}\nspec:\n  template: {runtime: kata, extra: 1}\n  capacity: {bufferMin: -1, bufferMax: 1, poolMin: 0, poolMax: 1}\n";
+    let err = check(None, &[bad]).expect_err("a bad SandboxWarmPool passed");
+    for part in [
+        "spec.template: 'image' is a required property",
+        "spec.template.runtime",
+        "'extra' was unexpected",
+        "spec.capacity.bufferMin",
+    ] {
+        assert!(
+            err.contains("SandboxWarmPool/w does not match its CRD") && err.contains(part),
+            "{part}: {err}"
+        );
+    }
+}

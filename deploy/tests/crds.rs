@@ -3,13 +3,18 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResourceExt;
 use sandbolt_deploy::crd;
-use sandbolt_deploy::pool::{CapacityBounds, OciRuntime};
+use sandbolt_deploy::pool::{CapacityBounds, LimitValues, OciRuntime};
 use sandbolt_deploy::sandbox::{
     self, DataPlaneState, DataPlaneStatus, RuntimeState, RuntimeStatus,
 };
-use sandbolt_deploy::{Sandbox, SandboxPool, SandboxPoolSpec, SandboxSpec, SandboxStatus};
+use sandbolt_deploy::warm_pool::{WarmPoolCapacity, WarmPoolTemplate};
+use sandbolt_deploy::{
+    Sandbox, SandboxPool, SandboxPoolSpec, SandboxSpec, SandboxStatus, SandboxWarmPool,
+    SandboxWarmPoolSpec,
+};
 
 #[test]
 fn checked_in_crds_match_the_types() {
@@ -245,4 +250,144 @@ fn pool_capacity_is_bounded() {
     assert_eq!(spec.capacity_for(3), 25);
     assert_eq!(yaml(&spec)["runtime"], "crun");
     assert_eq!(OciRuntime::default().as_str(), "runc");
+}
+
+#[test]
+fn warm_pool_crd_has_template_capacity_and_status_counts() {
+    let crd = yaml(&SandboxWarmPool::crd());
+    assert_eq!(crd["metadata"]["name"], "sandboxwarmpools.sandbolt.io");
+    assert_eq!(crd["spec"]["group"], "sandbolt.io");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    let names = &crd["spec"]["names"];
+    assert_eq!(names["kind"], "SandboxWarmPool");
+    assert_eq!(names["shortNames"], serde_json::json!(["sbwarm"]));
+    assert_eq!(names["categories"], serde_json::json!(["sandbolt"]));
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(v["name"], "v1alpha1");
+    assert_eq!(v["subresources"]["status"], serde_json::json!({}));
+    let props = &v["schema"]["openAPIV3Schema"]["properties"];
+    let spec = &props["spec"];
+    assert_eq!(
+        spec["required"],
+        serde_json::json!(["capacity", "template"])
+    );
+    assert_eq!(spec["properties"]["agentPool"]["type"], "string");
+    let template = &spec["properties"]["template"];
+    assert_eq!(template["required"], serde_json::json!(["image"]));
+    let t = &template["properties"];
+    assert_eq!(t["image"]["minLength"].as_f64(), Some(1.0));
+    assert_eq!(
+        t["runtime"]["enum"],
+        serde_json::json!(["runc", "crun", "runsc", null])
+    );
+    for field in ["cpu", "memory", "pids"] {
+        assert!(
+            t["limits"]["properties"][field].is_object(),
+            "template.limits.{field} missing: {t}"
+        );
+    }
+    assert_eq!(t["env"]["additionalProperties"]["type"], "string");
+    let capacity = &spec["properties"]["capacity"];
+    for field in ["bufferMin", "bufferMax", "poolMin", "poolMax"] {
+        assert_eq!(
+            capacity["properties"][field]["minimum"].as_f64(),
+            Some(0.0),
+            "capacity.{field}: {capacity}"
+        );
+    }
+    // The API server refuses inconsistent bounds itself (CEL), so a
+    // kubectl-made pool is as consistent as one made through the API.
+    let rules: Vec<&str> = capacity["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            "self.bufferMin <= self.bufferMax",
+            "self.poolMin <= self.poolMax",
+            "self.bufferMax <= self.poolMax"
+        ]
+    );
+    let status = &props["status"]["properties"];
+    for field in ["total", "allocated", "available", "starting", "agents"] {
+        assert_eq!(status[field]["type"], "integer", "status.{field}: {status}");
+    }
+    assert_eq!(status["observedGeneration"]["format"], "int64");
+    let columns: Vec<&str> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "AgentPool",
+            "Image",
+            "Available",
+            "Allocated",
+            "Total",
+            "PoolMax",
+            "Age"
+        ]
+    );
+    // Every CRD file is generated, the warm pool's included.
+    assert!(
+        crd::rendered()
+            .unwrap()
+            .iter()
+            .any(|(name, _)| name == "sandboxwarmpools.sandbolt.io.yaml")
+    );
+}
+
+#[test]
+fn warm_pool_serializes_in_camel_case_without_unset_fields() {
+    let pool = SandboxWarmPool::new(
+        "py",
+        SandboxWarmPoolSpec {
+            agent_pool: None,
+            template: WarmPoolTemplate {
+                image: "python:3.12".into(),
+                runtime: Some(OciRuntime::Runsc),
+                limits: Some(LimitValues {
+                    cpu: Some(IntOrString::String("500m".into())),
+                    memory: None,
+                    pids: Some(64),
+                }),
+                env: BTreeMap::from([("K".to_string(), "V".to_string())]),
+            },
+            capacity: WarmPoolCapacity {
+                buffer_min: 1,
+                buffer_max: 3,
+                pool_min: 0,
+                pool_max: 10,
+            },
+        },
+    );
+    let v = yaml(&pool);
+    assert_eq!(v["apiVersion"], "sandbolt.io/v1alpha1");
+    assert_eq!(v["kind"], "SandboxWarmPool");
+    assert!(v["spec"].get("agentPool").is_none(), "{v}");
+    assert_eq!(pool.spec.agent_pool(), "default");
+    assert_eq!(v["spec"]["template"]["runtime"], "runsc");
+    assert_eq!(v["spec"]["template"]["limits"]["cpu"], "500m");
+    assert!(v["spec"]["template"]["limits"].get("memory").is_none());
+    assert_eq!(v["spec"]["capacity"]["bufferMax"], 3);
+    assert_eq!(v["spec"]["capacity"]["poolMax"], 10);
+    // What kubectl would send: cpu as a number, no runtime, no env.
+    let kubectl: SandboxWarmPoolSpec = serde_json::from_value(serde_json::json!({
+        "agentPool": "gpu",
+        "template": {"image": "busybox", "limits": {"cpu": 2}},
+        "capacity": {"bufferMin": 0, "bufferMax": 2, "poolMin": 0, "poolMax": 4}
+    }))
+    .unwrap();
+    assert_eq!(kubectl.agent_pool(), "gpu");
+    assert_eq!(
+        kubectl.template.limits.unwrap().cpu,
+        Some(IntOrString::Int(2))
+    );
+    assert!(kubectl.template.runtime.is_none() && kubectl.template.env.is_empty());
 }

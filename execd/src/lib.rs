@@ -6,7 +6,31 @@
 //!   signals to it, reaps every zombie, and optionally exits with the entrypoint.
 //! * [`Server`] binds and serves the API on an existing Tokio runtime (tests, embedding).
 //! * [`router`] is the bare axum router over an [`AppState`], for in-process tests.
+//!
+//! # Warm mode (`--warm`)
+//!
+//! A warm sandbox is started before anyone asked for it: execd runs without an
+//! entrypoint, serving the API with an agent-only token, until the agent hands the sandbox
+//! to a request with `POST /sandbolt/claim` (a sandbolt route, deliberately outside `/v1`
+//! and the OpenSandbox paths). It requires the current token and takes
+//!
+//! ```json
+//! {"accessToken": "<new>", "env": ["K=V", ...], "command": ["prog", "arg", ...], "workingDir": "/abs"}
+//! ```
+//!
+//! `env` is the whole environment (what a cold start would have given execd itself,
+//! `EXECD_ACCESS_TOKEN` included and, as there, kept from user processes); `workingDir`
+//! is optional. At once the old token stops working, `env` becomes the base environment
+//! of the entrypoint and of every later command and session, `workingDir` becomes
+//! execd's (so every later command's default) working directory, and `command` is
+//! started exactly as a cold `-- ENTRYPOINT` is (signals forwarded,
+//! `--exit-with-entrypoint` honoured). Answers: 200 `{"pid": N}`; 409 `NOT_WARM` /
+//! `ALREADY_CLAIMED` (exactly one claim ever succeeds); 400 `INVALID_REQUEST_BODY` naming
+//! the field; 401 without the current token; 500 `SPAWN_FAILED` when the entrypoint
+//! cannot be started, after which execd exits as a cold start would (127 for a missing
+//! program, 126 otherwise, with `--exit-with-entrypoint`).
 
+mod claim;
 mod commands;
 mod drain;
 mod error;
@@ -53,6 +77,9 @@ pub struct Config {
     pub exit_with_entrypoint: bool,
     /// The user's entrypoint (program and arguments); empty for none.
     pub entrypoint: Vec<OsString>,
+    /// Warm mode: no entrypoint yet; `POST /sandbolt/claim` brings it (with a new token,
+    /// environment and working directory). Excludes `entrypoint`.
+    pub warm: bool,
     /// Environment for user processes; `None` takes execd's own (minus its secrets).
     pub env: Option<Vec<(OsString, OsString)>>,
     /// `EXECD_ENVS` file; `None` takes the `EXECD_ENVS` variable.
@@ -67,6 +94,7 @@ impl Default for Config {
             init: false,
             exit_with_entrypoint: false,
             entrypoint: Vec::new(),
+            warm: false,
             env: None,
             env_file: None,
         }
@@ -90,12 +118,7 @@ impl Config {
         if self.init && sc.env_file.is_none() {
             sc.env_file = Some(PathBuf::from(DEFAULT_ENV_FILE));
         }
-        // User processes see where the env file is (the SDK's `set_env` appends to it).
-        if let Some(f) = &sc.env_file {
-            sc.base_env.retain(|(k, _)| k != "EXECD_ENVS");
-            sc.base_env
-                .push(("EXECD_ENVS".into(), f.clone().into_os_string()));
-        }
+        sc.export_env_file();
         sc
     }
 }
@@ -131,7 +154,8 @@ impl Server {
         &self.state
     }
 
-    /// Serves until `shutdown` resolves.
+    /// Serves until `shutdown` resolves, then until every open connection has finished
+    /// its current answer (bound the wait if connections may stay busy).
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let router = router(self.state.clone());
         server::serve(self.listener, router, shutdown).await

@@ -1,16 +1,20 @@
-//! `execd [--init] [--listen ADDR] [--access-token TOKEN] [--exit-with-entrypoint] [-- ENTRYPOINT ARGS...]`
+//! `execd [--init] [--listen ADDR] [--access-token TOKEN] [--exit-with-entrypoint] [--warm | -- ENTRYPOINT ARGS...]`
 
 use std::ffi::OsString;
 
 use sandbolt_execd::{Config, DEFAULT_LISTEN};
 
 const USAGE: &str = "\
-usage: execd [--init] [--listen ADDR] [--access-token TOKEN] [--exit-with-entrypoint] [-- ENTRYPOINT ARGS...]
+usage: execd [--init] [--listen ADDR] [--access-token TOKEN] [--exit-with-entrypoint]
+             [--warm | -- ENTRYPOINT ARGS...]
 
   --listen ADDR            API address (default 0.0.0.0:44772, env EXECD_LISTEN)
   --access-token TOKEN     require X-EXECD-ACCESS-TOKEN (env EXECD_ACCESS_TOKEN)
   --init                   act as PID 1: run ENTRYPOINT, forward signals, reap zombies
   --exit-with-entrypoint   exit with the entrypoint's status when it exits
+  --warm                   start without an entrypoint and wait for one
+                           POST /sandbolt/claim, which brings it with a new token,
+                           environment and working directory (no ENTRYPOINT then)
   -- ENTRYPOINT ARGS...    the user's program (started as execd's child)
 ";
 
@@ -42,6 +46,7 @@ fn parse(args: Vec<OsString>) -> Result<Config, String> {
         match flag.as_str() {
             "--init" => cfg.init = true,
             "--exit-with-entrypoint" => cfg.exit_with_entrypoint = true,
+            "--warm" => cfg.warm = true,
             "--listen" => listen = Some(value("--listen")?),
             "--access-token" => {
                 cfg.access_token = Some(value("--access-token")?).filter(|t| !t.is_empty())
@@ -53,6 +58,9 @@ fn parse(args: Vec<OsString>) -> Result<Config, String> {
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    if cfg.warm && !cfg.entrypoint.is_empty() {
+        return Err("--warm takes no ENTRYPOINT: the claim brings it".into());
     }
     let listen = listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
     cfg.listen = listen

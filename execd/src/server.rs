@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use crate::error::{ApiError, code, json_error};
 use crate::state::AppState;
 use crate::util::ct_eq;
-use crate::{commands, drain, files, metrics, proxy, session};
+use crate::{claim, commands, drain, files, metrics, proxy, session};
 
 /// Header carrying the access token. execd links no sandbolt crate (it is a small
 /// static binary), so this is its own copy of `sandbolt_proto::wire::EXECD_TOKEN_HEADER`;
@@ -59,6 +59,8 @@ pub fn router(state: AppState) -> Router {
             "/directories",
             post(files::make_dirs).delete(files::remove_dirs),
         )
+        // sandbolt's own route (agent only; see the crate docs, "Warm mode").
+        .route("/sandbolt/claim", post(claim::claim))
         .route("/metrics", get(metrics::get))
         .route("/metrics/watch", get(metrics::watch))
         .route("/code", any(code_not_supported))
@@ -113,6 +115,7 @@ async fn not_found(req: Request) -> Response {
 }
 
 /// Requires the access token (when one is configured) on every route but `/ping`.
+/// Read per request: a warm claim replaces it, and the old one must stop working at once.
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(token) = state.access_token()
         && req.uri().path() != "/ping"
@@ -162,9 +165,15 @@ async fn json_errors(req: Request, next: Next) -> Response {
     out
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
+/// Serves `router` on `listener` until `shutdown` resolves, then lets every open
+/// connection finish the request it is answering (idle ones close at once) and returns
+/// when all are closed. Callers bound that wait; it is what lets an answer that decides
+/// execd's exit (a failed warm claim) still reach its client.
 pub async fn serve(listener: TcpListener, router: Router, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    // Every connection task holds a sender; `recv` answers `None` once all are gone.
+    let (open_tx, mut open) = tokio::sync::mpsc::channel::<()>(1);
     loop {
         let (stream, _) = tokio::select! {
             r = listener.accept() => match r {
@@ -175,20 +184,32 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: impl Future<
                     continue;
                 }
             },
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut closing = closing.clone();
+        let open = open_tx.clone();
         tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
+            let _open = open;
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(30))
                 .max_buf_size(MAX_HEAD)
                 .serve_connection(TokioIo::new(stream), svc)
-                .with_upgrades()
-                .await;
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = closing.changed() => {}
+            }
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
         });
     }
+    let _ = closing_tx.send(true);
+    drop(open_tx);
+    let _ = open.recv().await;
 }
 
 /// Adds the marker that keeps [`json_errors`] away from a proxied response.

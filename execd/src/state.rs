@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::commands::{self, CommandRecord};
 use crate::metrics::CpuSampler;
@@ -27,23 +27,93 @@ pub struct StateConfig {
 impl StateConfig {
     /// From the current process environment.
     pub fn from_env(access_token: Option<String>) -> Self {
-        let base_env = std::env::vars_os()
+        Self::from_vars(access_token, std::env::vars_os())
+    }
+
+    /// From a whole environment (execd's own at start, or the one a warm claim brings):
+    /// [`PRIVATE_ENV`] is dropped, `EXECD_ENVS` names the env file.
+    pub fn from_vars(
+        access_token: Option<String>,
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Self {
+        let base_env = vars
+            .into_iter()
             .filter(|(k, _)| !PRIVATE_ENV.iter().any(|p| k == p))
             .collect::<Vec<_>>();
-        let env_file = std::env::var_os("EXECD_ENVS")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
+        let env_file = base_env
+            .iter()
+            .rev()
+            .find(|(k, v)| k == "EXECD_ENVS" && !v.is_empty())
+            .map(|(_, v)| PathBuf::from(v));
         Self {
             access_token,
             base_env,
             env_file,
         }
     }
+
+    /// Makes the env file visible to user processes (the SDK's `set_env` appends to the
+    /// file `EXECD_ENVS` names).
+    pub fn export_env_file(&mut self) {
+        if let Some(f) = &self.env_file {
+            self.base_env.retain(|(k, _)| k != "EXECD_ENVS");
+            self.base_env
+                .push(("EXECD_ENVS".into(), f.clone().into_os_string()));
+        }
+    }
+}
+
+/// The part of the configuration a warm claim replaces (see [`AppState::claim`]).
+struct Live {
+    access_token: Option<Arc<str>>,
+    base_env: Arc<Vec<(OsString, OsString)>>,
+    env_file: Option<PathBuf>,
+}
+
+impl From<StateConfig> for Live {
+    fn from(cfg: StateConfig) -> Self {
+        Self {
+            access_token: cfg.access_token.map(Arc::from),
+            base_env: Arc::new(cfg.base_env),
+            env_file: cfg.env_file,
+        }
+    }
+}
+
+/// The entrypoint a claim hands to the main loop, and where the loop answers.
+pub struct ClaimedEntrypoint {
+    /// Program and arguments (the program is looked up in the claimed `PATH`).
+    pub argv: Vec<OsString>,
+    /// The entrypoint's environment: the new base environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// The entrypoint's (and execd's) working directory.
+    pub cwd: Option<PathBuf>,
+    /// The entrypoint's pid, or why it could not be started.
+    pub reply: tokio::sync::oneshot::Sender<Result<i32, String>>,
+}
+
+/// Warm mode: waiting for the one claim, or past it.
+enum Warm {
+    Waiting(tokio::sync::oneshot::Sender<ClaimedEntrypoint>),
+    Claimed,
+}
+
+/// Why a claim changed nothing.
+#[derive(Debug)]
+pub enum ClaimError<E> {
+    /// This daemon was not started with `--warm`.
+    NotWarm,
+    /// Another claim got there first.
+    AlreadyClaimed,
+    /// The request was refused by its own validation.
+    Invalid(E),
 }
 
 struct Inner {
     reaper: Arc<Reaper>,
-    cfg: StateConfig,
+    live: RwLock<Live>,
+    /// `None` outside warm mode.
+    warm: Mutex<Option<Warm>>,
     commands: Mutex<HashMap<String, Arc<CommandRecord>>>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     cpu: Mutex<CpuSampler>,
@@ -64,7 +134,8 @@ impl AppState {
     pub fn with_reaper(cfg: StateConfig, reaper: Arc<Reaper>) -> Self {
         Self(Arc::new(Inner {
             reaper,
-            cfg,
+            live: RwLock::new(cfg.into()),
+            warm: Mutex::new(None),
             commands: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             cpu: Mutex::new(CpuSampler::default()),
@@ -74,16 +145,57 @@ impl AppState {
     pub fn reaper(&self) -> &Reaper {
         &self.0.reaper
     }
-    pub fn access_token(&self) -> Option<&str> {
-        self.0.cfg.access_token.as_deref()
+
+    fn live(&self) -> std::sync::RwLockReadGuard<'_, Live> {
+        self.0.live.read().unwrap_or_else(|e| e.into_inner())
     }
-    pub fn base_env(&self) -> &[(OsString, OsString)] {
-        &self.0.cfg.base_env
+
+    /// The token requests must carry now (a warm claim replaces it).
+    pub fn access_token(&self) -> Option<Arc<str>> {
+        self.live().access_token.clone()
+    }
+    /// The environment user processes start from (a warm claim replaces it).
+    pub fn base_env(&self) -> Arc<Vec<(OsString, OsString)>> {
+        self.live().base_env.clone()
+    }
+
+    /// Puts this daemon in warm mode: the one successful [`AppState::claim`] sends its
+    /// entrypoint to `entrypoint`.
+    pub fn enable_warm(&self, entrypoint: tokio::sync::oneshot::Sender<ClaimedEntrypoint>) {
+        *self.0.warm.lock().unwrap_or_else(|e| e.into_inner()) = Some(Warm::Waiting(entrypoint));
+    }
+
+    /// Claims a warm daemon: checks that it is still waiting, then lets `prepare`
+    /// validate the request and build the new configuration (its error leaves the daemon
+    /// waiting), then replaces token and environment and hands back what `prepare` made
+    /// with the sender for the entrypoint. All under one lock, so of concurrent claims
+    /// exactly one gets past the check, and none sees a half-replaced configuration.
+    pub fn claim<T, E>(
+        &self,
+        prepare: impl FnOnce() -> Result<(T, StateConfig), E>,
+    ) -> Result<(T, tokio::sync::oneshot::Sender<ClaimedEntrypoint>), ClaimError<E>> {
+        let mut warm = self.0.warm.lock().unwrap_or_else(|e| e.into_inner());
+        match warm.as_ref() {
+            None => return Err(ClaimError::NotWarm),
+            Some(Warm::Claimed) => return Err(ClaimError::AlreadyClaimed),
+            Some(Warm::Waiting(_)) => {}
+        }
+        let (value, cfg) = prepare().map_err(ClaimError::Invalid)?;
+        let Some(Warm::Waiting(tx)) = warm.replace(Warm::Claimed) else {
+            unreachable!("checked above under the same lock");
+        };
+        *self.0.live.write().unwrap_or_else(|e| e.into_inner()) = cfg.into();
+        Ok((value, tx))
+    }
+
+    /// The env file user processes read (a warm claim may name another).
+    pub fn env_file(&self) -> Option<PathBuf> {
+        self.live().env_file.clone()
     }
 
     /// Entries of the `EXECD_ENVS` file (empty when unset or unreadable).
     pub fn env_file_entries(&self) -> Vec<(String, String)> {
-        match &self.0.cfg.env_file {
+        match &self.env_file() {
             Some(p) => std::fs::read_to_string(p)
                 .map(|t| parse_env_file(&t))
                 .unwrap_or_default(),

@@ -33,6 +33,33 @@
 //! above the controller's fast-mode commit deadline (create deadline 60 s
 //! plus commit retries), which the controller reports in every answer.
 //!
+//! # Warm sandboxes
+//!
+//! A warm sandbox (started by an agent ahead of demand, not claimed yet)
+//! has no record by design; its container carries the warm-pool label and
+//! the instance id of the agent process that started it. Without a record
+//! it is kept while that very agent process heartbeats
+//! ([`KeepReason::WarmOwned`]): a restarted agent removes its predecessor's
+//! warm sandboxes itself, so one of another instance (or of a silent or
+//! unknown agent) is an orphan ([`ReapReason::WarmOrphan`]) once the
+//! controller knows agent liveness (until then it is kept,
+//! [`KeepReason::ControllerNotReady`]). Rules 1 and 2 still come first: a
+//! claim in flight is fenced by the in-flight set like any create. A warm
+//! container that has a record (a claim rewrote its labels, or is doing so)
+//! is judged by the record rules.
+//!
+//! # Prepared snapshots
+//!
+//! An agent keeps writable snapshots prepared ahead of cold creates (keys
+//! `sandbolt-prepared-<uuid>`, labelled with its agent id and agent process
+//! instance). One that no container references is not a sandbox's remains:
+//! it is kept while the agent process that made it heartbeats
+//! ([`PreparedVerdict::Keep`]), and removed otherwise, once the controller
+//! knows agent liveness and after the grace period (a restarted agent
+//! removes its predecessor's itself; this covers an agent that never comes
+//! back). It is never reported to the controller (no sandbox, no record);
+//! one a container references is that sandbox's snapshot and goes with it.
+//!
 //! # Agent pods (Kubernetes)
 //!
 //! Where the janitor may read the agent pods of its node, a fourth signal
@@ -75,6 +102,11 @@ pub struct ContainerFacts {
     /// Unix ms: the later of the created-at label and containerd's creation
     /// time; `None` when neither can be read.
     pub created_at_ms: Option<i64>,
+    /// The warm-pool label: `Some` only on a warm (unclaimed) sandbox.
+    pub warm_pool: Option<String>,
+    /// The agent-instance label (warm sandboxes only): the agent process
+    /// that started it.
+    pub agent_instance: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -172,6 +204,9 @@ pub enum ReapReason {
     UidMismatch,
     /// The record is terminal (failed, expired).
     Terminal,
+    /// A warm sandbox (no record) whose agent process is no longer the one
+    /// heartbeating (restarted, silent, unknown).
+    WarmOrphan,
 }
 
 impl ReapReason {
@@ -181,6 +216,7 @@ impl ReapReason {
             Self::NoRecord => "no-record",
             Self::UidMismatch => "uid-mismatch",
             Self::Terminal => "terminal",
+            Self::WarmOrphan => "warm-orphan",
         }
     }
 
@@ -190,6 +226,7 @@ impl ReapReason {
             Self::NoRecord,
             Self::UidMismatch,
             Self::Terminal,
+            Self::WarmOrphan,
         ]
         .into_iter()
         .find(|r| r.as_str() == s)
@@ -212,6 +249,8 @@ pub enum KeepReason {
     InFlight,
     /// Its record and its agent are live.
     Owned,
+    /// A warm sandbox of the agent process that is heartbeating now.
+    WarmOwned,
     /// Its record is live and its agent silent (or unknown to the
     /// controller): the sandbox waits for its agent, and only the
     /// controller decides it is lost (by changing the record).
@@ -263,6 +302,9 @@ pub fn evaluate(
     if o.create_in_flight {
         return Verdict::Keep(KeepReason::InFlight);
     }
+    if c.warm_pool.is_some() && o.record == RecordState::Absent {
+        return warm_rule(c, o, ready);
+    }
     if let Some(r) = record_rule(&c.sandbox_id, &c.record_uid, o) {
         return Verdict::Reap(r);
     }
@@ -281,6 +323,64 @@ pub fn evaluate(
     } else {
         // Silence is no verdict (see the module header).
         Verdict::Keep(KeepReason::AgentSilent)
+    }
+}
+
+/// A warm sandbox without a record: kept while the agent process that
+/// started it heartbeats (see the module header).
+fn warm_rule(c: &ContainerFacts, o: &OwnershipAnswer, ready: bool) -> Verdict {
+    let same_process = !c.agent_instance.is_empty() && o.agent.instance_id == c.agent_instance;
+    if o.agent.alive() && same_process {
+        Verdict::Keep(KeepReason::WarmOwned)
+    } else if !ready {
+        Verdict::Keep(KeepReason::ControllerNotReady)
+    } else {
+        Verdict::Reap(ReapReason::WarmOrphan)
+    }
+}
+
+/// An unreferenced prepared snapshot, from its labels.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PreparedFacts {
+    pub key: String,
+    pub agent_id: String,
+    pub agent_instance: String,
+    /// containerd's creation time (unix ms), `None` when unreadable.
+    pub created_at_ms: Option<i64>,
+}
+
+/// What to do with an unreferenced prepared snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreparedVerdict {
+    /// Its agent process heartbeats (or too young, or liveness unknown).
+    Keep,
+    /// Its agent process is gone.
+    Reap,
+}
+
+/// Decides about an unreferenced prepared snapshot (see the module header);
+/// `agents`: the agents as the controller sees them, `ready`: whether it
+/// knows their liveness.
+pub fn evaluate_prepared(
+    p: &PreparedFacts,
+    agents: &[AgentFacts],
+    ready: bool,
+    now_ms: i64,
+    grace: Duration,
+) -> PreparedVerdict {
+    if young(p.created_at_ms, now_ms, grace).is_some() || !ready {
+        return PreparedVerdict::Keep;
+    }
+    let live = agents.iter().any(|a| {
+        a.agent_id == p.agent_id
+            && a.alive()
+            && !p.agent_instance.is_empty()
+            && a.instance_id == p.agent_instance
+    });
+    if live {
+        PreparedVerdict::Keep
+    } else {
+        PreparedVerdict::Reap
     }
 }
 
@@ -327,6 +427,8 @@ mod tests {
             agent_id: "a1".into(),
             agent_pod_uid: "pod-old".into(),
             created_at_ms: Some(NOW - 60_000),
+            warm_pool: None,
+            agent_instance: String::new(),
         }
     }
 
@@ -716,6 +818,141 @@ mod tests {
         );
     }
 
+    fn warm() -> ContainerFacts {
+        ContainerFacts {
+            name: String::new(),
+            namespace: String::new(),
+            record_uid: String::new(),
+            warm_pool: Some("py".into()),
+            agent_instance: "inst-1".into(),
+            ..container()
+        }
+    }
+
+    fn no_record(agent: AgentFacts) -> OwnershipAnswer {
+        OwnershipAnswer {
+            record: RecordState::Absent,
+            record_uid: String::new(),
+            record_sandbox_id: String::new(),
+            record_phase: String::new(),
+            agent,
+            ..owned()
+        }
+    }
+
+    #[test]
+    fn a_warm_sandbox_lives_as_long_as_the_agent_process_that_started_it() {
+        let same = AgentFacts {
+            instance_id: "inst-1".into(),
+            ..live_agent()
+        };
+        assert_eq!(
+            eval(&warm(), &no_record(same.clone())),
+            Verdict::Keep(KeepReason::WarmOwned)
+        );
+        // Restarted (another instance), silent, unknown: orphans.
+        let restarted = AgentFacts {
+            instance_id: "inst-2".into(),
+            ..live_agent()
+        };
+        let silent = AgentFacts {
+            heartbeating: false,
+            ..same.clone()
+        };
+        for agent in [restarted.clone(), silent, AgentFacts::default()] {
+            assert_eq!(
+                eval(&warm(), &no_record(agent.clone())),
+                Verdict::Reap(ReapReason::WarmOrphan),
+                "{agent:?}"
+            );
+        }
+        // A label without an instance proves nothing for it.
+        let unlabelled = ContainerFacts {
+            agent_instance: String::new(),
+            ..warm()
+        };
+        assert_eq!(
+            eval(&unlabelled, &no_record(same.clone())),
+            Verdict::Reap(ReapReason::WarmOrphan)
+        );
+        // Liveness unknown yet: kept.
+        assert_eq!(
+            evaluate(
+                &warm(),
+                &no_record(restarted.clone()),
+                false,
+                NOW,
+                GRACE,
+                None
+            ),
+            Verdict::Keep(KeepReason::ControllerNotReady)
+        );
+    }
+
+    #[test]
+    fn a_warm_sandbox_keeps_the_usual_fences() {
+        let orphan = no_record(AgentFacts::default());
+        let young = ContainerFacts {
+            created_at_ms: Some(NOW - 1),
+            ..warm()
+        };
+        assert_eq!(eval(&young, &orphan), Verdict::Keep(KeepReason::Young));
+        let claiming = OwnershipAnswer {
+            create_in_flight: true,
+            ..orphan
+        };
+        assert_eq!(
+            eval(&warm(), &claiming),
+            Verdict::Keep(KeepReason::InFlight)
+        );
+        // Claimed (the record exists, the label not yet rewritten): the
+        // record rules judge it.
+        let claimed = OwnershipAnswer {
+            record_uid: String::new(),
+            ..owned()
+        };
+        assert_eq!(eval(&warm(), &claimed), Verdict::Keep(KeepReason::Owned));
+        let terminal = OwnershipAnswer {
+            record: RecordState::Terminal,
+            ..claimed
+        };
+        assert_eq!(
+            eval(&warm(), &terminal),
+            Verdict::Reap(ReapReason::Terminal)
+        );
+    }
+
+    #[test]
+    fn a_prepared_snapshot_lives_as_long_as_the_agent_process_that_made_it() {
+        let p = PreparedFacts {
+            key: "sandbolt-prepared-1".into(),
+            agent_id: "agent-1".into(),
+            agent_instance: "i1".into(),
+            created_at_ms: Some(0),
+        };
+        let agent = |instance: &str, heartbeating: bool| AgentFacts {
+            agent_id: "agent-1".into(),
+            registered: true,
+            heartbeating,
+            instance_id: instance.into(),
+            ..Default::default()
+        };
+        let eval = |agents: &[AgentFacts], ready| evaluate_prepared(&p, agents, ready, NOW, GRACE);
+        assert_eq!(eval(&[agent("i1", true)], true), PreparedVerdict::Keep);
+        assert_eq!(eval(&[agent("i2", true)], true), PreparedVerdict::Reap);
+        assert_eq!(eval(&[agent("i1", false)], true), PreparedVerdict::Reap);
+        assert_eq!(eval(&[], true), PreparedVerdict::Reap);
+        assert_eq!(eval(&[], false), PreparedVerdict::Keep, "liveness unknown");
+        let young = PreparedFacts {
+            created_at_ms: Some(NOW - 1),
+            ..p.clone()
+        };
+        assert_eq!(
+            evaluate_prepared(&young, &[], true, NOW, GRACE),
+            PreparedVerdict::Keep
+        );
+    }
+
     #[test]
     fn reasons_round_trip_through_their_names() {
         for r in [
@@ -723,6 +960,7 @@ mod tests {
             ReapReason::NoRecord,
             ReapReason::UidMismatch,
             ReapReason::Terminal,
+            ReapReason::WarmOrphan,
         ] {
             assert_eq!(ReapReason::parse(r.as_str()), Some(r));
         }

@@ -17,8 +17,8 @@ use crate::metrics::Metrics;
 use crate::node::{self, Node};
 use crate::ownership::{ControllerOwnership, OwnershipSource, ReapNotice};
 use crate::rules::{
-    self, AgentPodList, ContainerFacts, KeepReason, OwnershipReport, PodEvidence, ReapReason,
-    Verdict,
+    self, AgentPodList, ContainerFacts, KeepReason, OwnershipReport, PodEvidence, PreparedFacts,
+    PreparedVerdict, ReapReason, Verdict,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +51,12 @@ pub struct ScanReport {
     /// reaped because its agent pod is gone); `None` when they were, or
     /// when the janitor does not read them.
     pub agent_pods_error: Option<String>,
+    /// Unreferenced prepared snapshots (keys) kept: their agent process
+    /// heartbeats (see `rules`, "Prepared snapshots"). Not sandboxes: never
+    /// in `kept` or `reaped`, never reported to the controller.
+    pub prepared_kept: Vec<String>,
+    /// Unreferenced prepared snapshots removed: their agent process is gone.
+    pub prepared_reaped: Vec<String>,
 }
 
 impl ScanReport {
@@ -151,6 +157,36 @@ impl Listing {
     }
 }
 
+impl Listing {
+    /// Prepared snapshots (the agent's, made ahead of cold creates) that no
+    /// container references.
+    fn prepared(&self, snapshotter: &str) -> Vec<PreparedFacts> {
+        let referenced: HashSet<(&str, &str)> = self
+            .containers
+            .iter()
+            .map(|c| (c.snapshotter.as_str(), c.snapshot_key.as_str()))
+            .collect();
+        self.snapshots
+            .iter()
+            .filter(|s| {
+                s.name.starts_with(labels::PREPARED_KEY_PREFIX)
+                    && s.labels.contains_key(labels::PREPARED)
+                    && !referenced.contains(&(snapshotter, s.name.as_str()))
+            })
+            .map(|s| PreparedFacts {
+                key: s.name.clone(),
+                agent_id: s.labels[labels::PREPARED].clone(),
+                agent_instance: s
+                    .labels
+                    .get(labels::AGENT_INSTANCE)
+                    .cloned()
+                    .unwrap_or_default(),
+                created_at_ms: node::ts_ms(&s.created_at),
+            })
+            .collect()
+    }
+}
+
 impl Leftover {
     /// Remains a journal entry names: a fenced decision was already taken.
     fn journaled(e: journal::Entry) -> Self {
@@ -241,6 +277,8 @@ fn facts_of(c: &Container) -> Option<ContainerFacts> {
         agent_id: get(labels::AGENT_ID),
         agent_pod_uid: get(labels::AGENT_POD_UID),
         created_at_ms,
+        warm_pool: l.get(labels::WARM_POOL).cloned(),
+        agent_instance: get(labels::AGENT_INSTANCE),
     })
 }
 
@@ -309,10 +347,11 @@ impl Janitor {
         report.containers = managed.len();
         *self.seen_agents.lock() = managed.iter().map(|(_, f)| f.agent_id.clone()).collect();
         let leftovers = listing.leftovers(self.node.snapshotter());
+        let prepared = listing.prepared(self.node.snapshotter());
 
         let mut queries: Vec<ContainerFacts> = managed.iter().map(|(_, f)| f.clone()).collect();
         queries.extend(leftovers.values().map(|l| l.facts.clone()));
-        if queries.is_empty() {
+        if queries.is_empty() && prepared.is_empty() {
             report.controller_ready = true;
             return Ok(report);
         }
@@ -339,6 +378,7 @@ impl Janitor {
         if go_on {
             self.decide_leftovers(leftovers, leftover_answers, &mut report)
                 .await?;
+            self.decide_prepared(prepared, &answer, &mut report).await;
         }
         Ok(report)
     }
@@ -433,6 +473,56 @@ impl Janitor {
             }
         }
         Ok(())
+    }
+
+    /// Keeps the unreferenced prepared snapshots of live agent processes
+    /// and removes the others (see `rules`). Before removing, agent
+    /// liveness is asked again (the fence): an agent that came back in
+    /// between keeps them.
+    async fn decide_prepared(
+        &self,
+        prepared: Vec<PreparedFacts>,
+        answer: &OwnershipReport,
+        report: &mut ScanReport,
+    ) {
+        let now = node::now_ms();
+        let grace = self.cfg.grace_period;
+        let verdict = |p: &PreparedFacts, agents: &[rules::AgentFacts], ready| {
+            rules::evaluate_prepared(p, agents, ready, now, grace)
+        };
+        let (doomed, kept): (Vec<_>, Vec<_>) = prepared
+            .into_iter()
+            .partition(|p| verdict(p, &answer.agents, answer.ready) == PreparedVerdict::Reap);
+        report.prepared_kept.extend(kept.into_iter().map(|p| p.key));
+        if doomed.is_empty() {
+            return;
+        }
+        let fresh = match self.owner.ownership(&self.cfg.node_name, &[]).await {
+            Ok(a) => a,
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("prepared snapshots: fence: {e}"));
+                return;
+            }
+        };
+        for p in doomed {
+            if verdict(&p, &fresh.agents, fresh.ready) == PreparedVerdict::Keep {
+                report.prepared_kept.push(p.key);
+                continue;
+            }
+            let removed = self
+                .node
+                .remove_remains(&p.key, self.node.snapshotter(), &p.key)
+                .await;
+            match removed {
+                Ok(()) => {
+                    tracing::info!(key = %p.key, agent = %p.agent_id, instance = %p.agent_instance, "removed a prepared snapshot of an agent process that is gone");
+                    report.prepared_reaped.push(p.key);
+                }
+                Err(e) => report.errors.push(format!("{}: {e}", p.key)),
+            }
+        }
     }
 
     /// `None` when the janitor does not read agent pods or could not (then

@@ -111,5 +111,16 @@ pub(crate) fn builtin() -> Vec<Kind> {
             returns_deleted_object: false,
             extra_fields: &[],
         },
+        Kind {
+            group: "sandbolt.io",
+            version: "v1alpha1",
+            kind: "SandboxWarmPool",
+            plural: "sandboxwarmpools",
+            namespaced: true,
+            status_subresource: true,
+            custom: true,
+            returns_deleted_object: false,
+            extra_fields: &[],
+        },
     ]
 }

@@ -8,8 +8,9 @@
 //!
 //! # Served kinds
 //! `v1` `pods` (status subresource), `coordination.k8s.io/v1` `leases`,
-//! `sandbox.fast.io/v1alpha2` `sandboxes` and `sandbolt.io/v1alpha1`
-//! `sandboxpools` (custom resources, status subresource). All namespaced;
+//! `sandbox.fast.io/v1alpha2` `sandboxes`, `sandbolt.io/v1alpha1`
+//! `sandboxpools` and `sandboxwarmpools` (custom resources, status
+//! subresource). All namespaced;
 //! every namespace implicitly exists.
 //!
 //! # Implemented

@@ -757,3 +757,63 @@ async fn requests_need_the_bearer_token() {
     assert_eq!(version.major, "1");
     double.shutdown().await;
 }
+
+/// `sandboxwarmpools` is served as the controller's store and `kubectl`
+/// use it: a custom resource with a status subresource, in discovery.
+#[tokio::test]
+async fn warm_pools_are_served_as_a_custom_resource() {
+    let (_double, client) = start().await;
+    let ar = kube::api::ApiResource {
+        group: "sandbolt.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "sandbolt.io/v1alpha1".into(),
+        kind: "SandboxWarmPool".into(),
+        plural: "sandboxwarmpools".into(),
+    };
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), NS, &ar);
+    let obj: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "sandbolt.io/v1alpha1",
+        "kind": "SandboxWarmPool",
+        "metadata": {"name": "py"},
+        "spec": {"template": {"image": "python:3.12"},
+                 "capacity": {"bufferMin": 1, "bufferMax": 2, "poolMin": 0, "poolMax": 4}},
+        "status": {"available": 9},
+    }))
+    .unwrap();
+    let created = create(&api, &obj).await;
+    assert!(created.data.get("status").is_none(), "status dropped");
+    assert_eq!(created.metadata.generation, Some(1));
+
+    // A custom resource: a PUT without resourceVersion is refused.
+    let mut blind = created.clone();
+    blind.metadata.resource_version = None;
+    let err = status_of(api.replace("py", &PostParams::default(), &blind).await);
+    assert_eq!(err.code, 422);
+
+    let after = api
+        .patch_status(
+            "py",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"available": 2, "total": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(after.data["status"]["available"], 2);
+    assert_eq!(
+        after.metadata.generation,
+        Some(1),
+        "status moves no generation"
+    );
+
+    let resources = client
+        .list_api_group_resources("sandbolt.io/v1alpha1")
+        .await
+        .unwrap();
+    let names: Vec<&str> = resources
+        .resources
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert!(names.contains(&"sandboxwarmpools"), "{names:?}");
+    assert!(names.contains(&"sandboxwarmpools/status"), "{names:?}");
+}

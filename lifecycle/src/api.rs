@@ -78,6 +78,7 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
         .route("/version", get(version))
         .route("/openapi.json", get(openapi))
         .merge(crate::volume_routes::routes())
+        .merge(crate::pool_routes::routes())
         .merge(not_implemented_routes())
         .with_state(app.clone());
     Router::new()
@@ -94,8 +95,6 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
 fn not_implemented_routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     let mut r = Router::new();
     for (path, what) in [
-        ("/pools", "Pools"),
-        ("/pools/{name}", "Pools"),
         ("/snapshots", "Snapshots"),
         ("/snapshots/{id}", "Snapshots"),
         ("/sandboxes/{id}/snapshots", "Snapshots"),
@@ -619,6 +618,7 @@ mod tests {
             created_at: DateTime::from_timestamp(secs, 0).unwrap(),
             expires_at: None,
             last_transition_at: None,
+            allocation: None,
         }
     }
 

@@ -14,6 +14,7 @@ use crate::model::SandboxRecord;
 use crate::named_volumes::{
     SandboxVolume, Snapshot, Volume, VolumeCreate, VolumeFork, unsupported_route,
 };
+use crate::pools::{Pool, PoolCapacity, PoolCreate, pools_unsupported};
 use crate::validate::{CreatePlan, Extensions};
 use crate::volumes::VolumeMount;
 
@@ -49,6 +50,11 @@ fn no_volumes<B: Backend + ?Sized, T>(
     route: &str,
 ) -> std::future::Ready<ApiResult<T>> {
     std::future::ready(Err(unsupported_route(route, backend.runtime_name())))
+}
+
+/// The answer of a pool method on a runtime without warm pools.
+fn no_pools<B: Backend + ?Sized, T>(backend: &B, route: &str) -> std::future::Ready<ApiResult<T>> {
+    std::future::ready(Err(pools_unsupported(route, backend.runtime_name())))
 }
 
 /// A sandbox runtime. Implementations map each lifecycle operation to their
@@ -207,6 +213,40 @@ pub trait Backend: Send + Sync + 'static {
         _volume: &str,
     ) -> impl Future<Output = ApiResult<()>> + Send {
         no_volumes(self, "DELETE /sandboxes/{id}/volumes/{volumeName}")
+    }
+
+    /// True when this runtime has no warm pools: every `/pools` route then
+    /// answers 501 before it reads the request (the pool methods below
+    /// default to that same 501).
+    fn pools_unsupported(&self) -> bool {
+        false
+    }
+
+    /// Creates a warm pool; 409 when the name is taken.
+    fn create_pool(&self, _: PoolCreate) -> impl Future<Output = ApiResult<Pool>> + Send {
+        no_pools(self, "POST /pools")
+    }
+
+    fn get_pool(&self, _: &str) -> impl Future<Output = ApiResult<Pool>> + Send {
+        no_pools(self, "GET /pools/{pool_name}")
+    }
+
+    fn list_pools(&self) -> impl Future<Output = ApiResult<Vec<Pool>>> + Send {
+        no_pools(self, "GET /pools")
+    }
+
+    /// Replaces the pool's capacity (its template is fixed).
+    fn update_pool(
+        &self,
+        _name: &str,
+        _capacity: PoolCapacity,
+    ) -> impl Future<Output = ApiResult<Pool>> + Send {
+        no_pools(self, "PUT /pools/{pool_name}")
+    }
+
+    /// Drains the pool's buffers; sandboxes claimed from it live on.
+    fn delete_pool(&self, _: &str) -> impl Future<Output = ApiResult<()>> + Send {
+        no_pools(self, "DELETE /pools/{pool_name}")
     }
 
     /// The route the reverse proxy forwards to. Unlike [`Backend::route`]

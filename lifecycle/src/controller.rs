@@ -22,10 +22,11 @@ use tonic::transport::{Channel, Endpoint};
 use crate::backend::{Backend, Route, paused_sandbox};
 use crate::egress::{ENFORCEMENT_DNS_NFT, PolicyChange, PolicyStatus};
 use crate::error::{ApiError, ApiResult, StartError};
-use crate::model::{SandboxRecord, State};
+use crate::model::{Allocation, SandboxRecord, State};
 use crate::named_volumes::{
     AccessMode, SandboxVolume, Snapshot, Volume, VolumeCreate, VolumeFork, check_backend,
 };
+use crate::pools::{Pool, PoolCapacity, PoolCreate};
 use crate::validate::{
     ConsistencyMode, CreatePlan, Extensions, FailurePolicy, Quantity, ResourceSet,
 };
@@ -60,6 +61,8 @@ pub struct ControllerBackend {
     client: Client,
     /// `VolumeService` on the same channel and token.
     volumes: crate::controller_volumes::VolumeClient,
+    /// `WarmPoolService` on the same channel and token.
+    pools: crate::controller_pools::WarmPoolClient,
     namespace: String,
 }
 
@@ -103,6 +106,9 @@ fn map_status(call: Call, id: &str, s: tonic::Status) -> ApiError {
         (_, code) => map_code(code, id, msg),
     }
 }
+
+/// `Retry-After` of a 429 (RESOURCE_EXHAUSTED).
+pub(crate) const EXHAUSTED_RETRY_AFTER_SECS: u32 = 1;
 
 /// The record a write is computed from: the same one (uid), unchanged
 /// since (generation), or the controller refuses the write.
@@ -177,13 +183,15 @@ pub(crate) fn map_code(code: tonic::Code, id: &str, msg: String) -> ApiError {
         Code::AlreadyExists => ApiError::conflict("SANDBOX_ALREADY_EXISTS", msg),
         Code::Aborted => ApiError::conflict("SANDBOX_CONFLICT", msg),
         Code::FailedPrecondition => ApiError::conflict("SANDBOX_INVALID_STATE", msg),
-        // The document promises Retry-After with the 429.
+        // The document promises Retry-After with the 429. No agent with
+        // room, or a warm pool at its poolMax: either frees up as soon as
+        // any sandbox goes, so the client may try again soon.
         Code::ResourceExhausted => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "CONTROLLER::RESOURCE_EXHAUSTED",
             msg,
         )
-        .with_retry_after(crate::controller_volumes::RETRY_AFTER_SECS),
+        .with_retry_after(EXHAUSTED_RETRY_AFTER_SECS),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
             ApiError::unavailable(format!("controller unavailable: {msg}"))
                 .with_retry_after(crate::controller_volumes::RETRY_AFTER_SECS)
@@ -251,10 +259,14 @@ pub fn to_record(s: &pb::Sandbox) -> SandboxRecord {
             .then(|| DateTime::from_timestamp(spec.expires_at_unix_seconds, 0))
             .flatten(),
         last_transition_at: from_millis(status.last_transition_unix_ms),
+        allocation: (!spec.warm_pool.is_empty()).then_some(Allocation {
+            pool: spec.warm_pool,
+            claimed_warm: status.claimed_warm,
+        }),
     }
 }
 
-fn resource_list(set: &ResourceSet) -> pb::ResourceList {
+pub(crate) fn resource_list(set: &ResourceSet) -> pb::ResourceList {
     let text = |q: &Option<Quantity>| q.as_ref().map(|q| q.text.clone()).unwrap_or_default();
     pb::ResourceList {
         cpu: text(&set.cpu),
@@ -347,6 +359,9 @@ pub fn create_request(plan: &CreatePlan, namespace: &str) -> ApiResult<pb::Creat
         exposed_ports: Vec::new(),
         network_policy_json: plan.network_policy.to_json(),
         snapshot_id: String::new(),
+        // `pool` may name a warm pool: the controller resolves it (and
+        // fills the image from its template when the request has none).
+        warm_pool: String::new(),
     };
     Ok(pb::CreateSandboxRequest {
         // The id doubles as idempotency key: a retried create is the same one.
@@ -427,6 +442,10 @@ impl ControllerBackend {
                 token.clone(),
             ),
             volumes: pb::volume_service_client::VolumeServiceClient::with_interceptor(
+                channel.clone(),
+                token.clone(),
+            ),
+            pools: pb::warm_pool_service_client::WarmPoolServiceClient::with_interceptor(
                 channel, token,
             ),
             namespace: config.namespace,
@@ -464,6 +483,10 @@ impl ControllerBackend {
 
     pub(crate) fn volume_client(&self) -> crate::controller_volumes::VolumeClient {
         self.volumes.clone()
+    }
+
+    pub(crate) fn pool_client(&self) -> crate::controller_pools::WarmPoolClient {
+        self.pools.clone()
     }
 
     pub(crate) async fn read(&self, id: &str) -> Result<pb::Sandbox, tonic::Status> {
@@ -703,6 +726,26 @@ impl Backend for ControllerBackend {
             policy: stored_policy(&committed)?,
             enforcement_mode: ENFORCEMENT_DNS_NFT,
         })
+    }
+
+    async fn create_pool(&self, req: PoolCreate) -> ApiResult<Pool> {
+        self.pool_create(req).await
+    }
+
+    async fn get_pool(&self, name: &str) -> ApiResult<Pool> {
+        self.pool_get(name).await
+    }
+
+    async fn list_pools(&self) -> ApiResult<Vec<Pool>> {
+        self.pool_list().await
+    }
+
+    async fn update_pool(&self, name: &str, capacity: PoolCapacity) -> ApiResult<Pool> {
+        self.pool_update(name, capacity).await
+    }
+
+    async fn delete_pool(&self, name: &str) -> ApiResult<()> {
+        self.pool_delete(name).await
     }
 
     async fn create_volume(&self, req: VolumeCreate) -> ApiResult<Volume> {
@@ -1069,6 +1112,22 @@ mod tests {
                 want,
                 "{status:?}"
             );
+        }
+    }
+
+    #[test]
+    fn exhausted_is_429_with_a_short_retry_after() {
+        // No agent with room, or a warm pool at its poolMax: both free up as
+        // soon as any sandbox goes.
+        for call in [Call::Create, Call::OnSandbox] {
+            let e = map_status(
+                call,
+                "x",
+                tonic::Status::resource_exhausted("warm pool py is full: 4 of poolMax 4"),
+            );
+            assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(e.retry_after_secs, Some(1));
+            assert!(e.message.contains("warm pool py is full"), "{}", e.message);
         }
     }
 

@@ -530,6 +530,7 @@ impl DockerBackend {
             created_at,
             expires_at: self.effective_expiry(id, labels),
             last_transition_at: None,
+            allocation: None,
         }
     }
 
@@ -905,6 +906,7 @@ impl Backend for DockerBackend {
                     created_at: plan.created_at,
                     expires_at: plan.expires_at,
                     last_transition_at: None,
+                    allocation: None,
                 })
             }
             Err(e) => {
@@ -1034,6 +1036,12 @@ impl Backend for DockerBackend {
     /// answers 501 (the trait's default methods). A sandbox's `pvc` is a
     /// Docker named volume all the same (see [`crate::docker_volumes`]).
     fn named_volumes_unsupported(&self) -> bool {
+        true
+    }
+
+    /// One engine, nothing to keep a buffer of started sandboxes on
+    /// between creates: the pool routes answer 501.
+    fn pools_unsupported(&self) -> bool {
         true
     }
 

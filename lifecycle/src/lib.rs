@@ -6,6 +6,7 @@
 pub mod api;
 pub mod backend;
 pub mod controller;
+mod controller_pools;
 mod controller_volumes;
 pub mod docker;
 pub mod docker_network;
@@ -16,6 +17,8 @@ pub mod expiry;
 pub mod model;
 pub mod named_volumes;
 pub mod openapi;
+pub mod pool_routes;
+pub mod pools;
 pub mod proxy;
 pub mod validate;
 pub mod volume_routes;
@@ -207,6 +210,14 @@ impl Lifecycle {
             ))
         });
         let router = api::router(app);
+        // Responses go out in more than one write (headers, then body): with
+        // Nagle's algorithm the second waits for the client's delayed ACK
+        // of the first, ~40 ms with Python's HTTP clients (the SDK).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "TCP_NODELAY not set");
+            }
+        });
         let server = tokio::spawn(async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move {

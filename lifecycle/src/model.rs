@@ -81,6 +81,11 @@ pub struct Sandbox {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
     pub created_at: String,
+    /// Omitted unless the sandbox belongs to a warm pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<AllocationSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extensions: Option<BTreeMap<String, String>>,
 }
 
 /// `CreateSandboxResponse`: the sandbox without image.
@@ -96,6 +101,8 @@ pub struct CreateSandboxResponse {
     pub created_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entrypoint: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extensions: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -186,6 +193,34 @@ pub struct SandboxRecord {
     pub expires_at: Option<DateTime<Utc>>,
     /// When `state` last changed, where the backend knows it.
     pub last_transition_at: Option<DateTime<Utc>>,
+    /// The warm pool the sandbox belongs to, where the engine has them.
+    pub allocation: Option<Allocation>,
+}
+
+/// A sandbox's membership of a warm pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// The warm pool's name.
+    pub pool: String,
+    /// The create was served by claiming one of the pool's warm sandboxes
+    /// (false: created cold, within the pool's poolMax).
+    pub claimed_warm: bool,
+}
+
+/// The `extensions` key of a sandbox answer that says whether a warm
+/// sandbox was claimed for it (`"true"`) or it was created cold
+/// (`"false"`); present only for sandboxes of a warm pool. Namespaced, as
+/// the SDK asks of extension keys; sandbolt-specific, so a client that
+/// never heard of it loses nothing.
+pub const EXT_CLAIMED_WARM: &str = "sandbolt.claimedWarm";
+
+/// `AllocationSummary`: the pool a sandbox is allocated from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationSummary {
+    pub mode: &'static str,
+    pub pool_ref: String,
+    pub state: &'static str,
 }
 
 pub fn rfc3339(t: DateTime<Utc>) -> String {
@@ -205,6 +240,20 @@ impl SandboxRecord {
         (!self.metadata.is_empty()).then(|| self.metadata.clone())
     }
 
+    fn allocation_out(&self) -> Option<AllocationSummary> {
+        self.allocation.as_ref().map(|a| AllocationSummary {
+            mode: "pool",
+            pool_ref: a.pool.clone(),
+            state: "allocated",
+        })
+    }
+
+    fn extensions_out(&self) -> Option<BTreeMap<String, String>> {
+        self.allocation
+            .as_ref()
+            .map(|a| BTreeMap::from([(EXT_CLAIMED_WARM.to_string(), a.claimed_warm.to_string())]))
+    }
+
     pub fn to_sandbox(&self) -> Sandbox {
         Sandbox {
             id: self.id.clone(),
@@ -218,6 +267,8 @@ impl SandboxRecord {
             entrypoint: Some(self.entrypoint.clone()),
             expires_at: self.expires_at.map(rfc3339),
             created_at: rfc3339(self.created_at),
+            allocation: self.allocation_out(),
+            extensions: self.extensions_out(),
         }
     }
 
@@ -229,6 +280,7 @@ impl SandboxRecord {
             expires_at: self.expires_at.map(rfc3339),
             created_at: rfc3339(self.created_at),
             entrypoint: Some(self.entrypoint.clone()),
+            extensions: self.extensions_out(),
         }
     }
 }

@@ -23,6 +23,7 @@ pub const RESERVED_PREFIX: &str = "opensandbox.io/";
 #[derive(Debug, Clone)]
 pub struct CreatePlan {
     pub id: String,
+    /// Empty only with `extensions.pool` set: the warm pool's image.
     pub image: String,
     pub entrypoint: Vec<String>,
     pub env: BTreeMap<String, String>,
@@ -363,7 +364,8 @@ pub fn plan_create(
     now: DateTime<Utc>,
 ) -> ApiResult<CreatePlan> {
     reject_other_sources(&req)?;
-    let image = check_image(req.image.as_ref())?;
+    let extensions = parse_extensions(req.extensions.as_ref())?;
+    let image = check_image(req.image.as_ref(), extensions.pool.as_deref())?;
     let entrypoint = check_entrypoint(req.entrypoint.as_deref())?;
     let timeout = parse_timeout(req.timeout.as_ref(), policy.max_timeout_secs)?;
     let env = parse_env(req.env.as_ref())?;
@@ -374,7 +376,6 @@ pub fn plan_create(
     let limits = parse_resources(req.resource_limits.as_ref(), "resourceLimits", true)?;
     let requests = parse_resources(req.resource_requests.as_ref(), "resourceRequests", false)?;
     check_requests_within_limits(&limits, &requests)?;
-    let extensions = parse_extensions(req.extensions.as_ref())?;
     let network_policy = parse_network_policy(req.network_policy.as_ref())?;
     reject_unsupported_options(&req)?;
     if let Some(p) = &req.platform {
@@ -433,9 +434,20 @@ fn reject_other_sources(req: &CreateSandboxRequest) -> ApiResult<()> {
     Ok(())
 }
 
-/// The image reference to run.
-fn check_image(image: Option<&ImageSpec>) -> ApiResult<String> {
-    let image = image.ok_or_else(|| ApiError::invalid("image is required"))?;
+/// The image reference to run; empty when the request names a pool
+/// (`extensions.poolRef`) and no image: a warm pool's template has one,
+/// and the controller fills it in (an agent pool has none, and the
+/// controller says so).
+fn check_image(image: Option<&ImageSpec>, pool: Option<&str>) -> ApiResult<String> {
+    let image = match (image, pool) {
+        (Some(image), _) => image,
+        (None, Some(_)) => return Ok(String::new()),
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "image is required (unless extensions.poolRef names a warm pool, whose template gives it)",
+            ));
+        }
+    };
     if image.uri.trim().is_empty() || image.uri.chars().any(char::is_whitespace) {
         return Err(ApiError::invalid(
             "image.uri must be a non-empty image reference",
@@ -595,6 +607,25 @@ mod tests {
         let now = Utc::now();
         let e = plan_create(req(json!({"entrypoint":["x"]})), &policy(), now).unwrap_err();
         assert!(e.message.contains("image"));
+        // A pool may give the image (a warm pool's template); an empty one
+        // is still no image.
+        let p = plan_create(
+            req(json!({"entrypoint":["x"], "extensions": {"poolRef": "py"}})),
+            &policy(),
+            now,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.image.as_str(), p.extensions.pool.as_deref()),
+            ("", Some("py"))
+        );
+        let e = plan_create(
+            req(json!({"image": {"uri": ""}, "entrypoint":["x"], "extensions": {"poolRef": "py"}})),
+            &policy(),
+            now,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("image.uri"), "{}", e.message);
         let e = plan_create(req(json!({"image":{"uri":"b"}})), &policy(), now).unwrap_err();
         assert!(e.message.contains("entrypoint"));
         let e = plan_create(

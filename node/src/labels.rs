@@ -32,3 +32,24 @@ pub const RESERVED_PREFIX: &str = "io.sandbolt.";
 /// attached ones. Rewritten on attach and detach; a restarted agent rebuilds
 /// its volume mount table (and so the access-mode rules) from it.
 pub const VOLUME_MOUNTS: &str = "io.sandbolt.volume-mounts";
+
+/// The warm pool a warm sandbox serves (see the agent's `warm_pool`):
+/// present only while the container is warm (started, unclaimed, no
+/// record); a claim rewrites the labels without it. A restarted agent
+/// removes every container carrying it, and the janitor keeps one only
+/// while the agent instance that made it ([`AGENT_INSTANCE`]) heartbeats.
+pub const WARM_POOL: &str = "io.sandbolt.warm-pool";
+/// Instance id (one per agent process) of the agent that started a warm
+/// sandbox; only on warm containers.
+pub const AGENT_INSTANCE: &str = "io.sandbolt.agent-instance";
+
+/// On a prepared writable snapshot (the agent's `prepared` module: a
+/// `snapshots.Prepare` done ahead of cold creates): the id of the agent
+/// that made it. Such a snapshot also carries [`AGENT_INSTANCE`]; while no
+/// container references it, the janitor keeps it only while that agent
+/// process heartbeats, and a restarted agent removes it itself.
+pub const PREPARED: &str = "io.sandbolt.prepared";
+/// Key prefix of prepared snapshots (`sandbolt-prepared-<uuid>`). A cold
+/// create that takes one creates its container with it as `snapshot_key`:
+/// the snapshot key is then not the sandbox id.
+pub const PREPARED_KEY_PREFIX: &str = "sandbolt-prepared-";

@@ -79,7 +79,11 @@ impl Step {
 /// place to journal, count, or — in fault tests — stop dead.
 pub type Hook = Arc<dyn Fn(&str, Step) -> BoxFuture<'static, ()> + Send + Sync>;
 
-/// Which writable snapshot belongs to the sandbox.
+/// Which writable snapshot belongs to the sandbox: the container's
+/// `snapshot_key`, which is not always the sandbox id (a cold create that
+/// took a prepared snapshot uses its `sandbolt-prepared-<uuid>` key, see
+/// [`crate::labels::PREPARED_KEY_PREFIX`]). Callers read it from the
+/// container (or from what they recorded of it), never derive it from the id.
 #[derive(Debug, Clone, Copy)]
 pub struct SnapshotRef<'a> {
     pub snapshotter: &'a str,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use sandbolt_agent::AgentHandle;
 use sandbolt_controller::store::embedded::RedbStore;
 use sandbolt_controller::store::{
-    AgentRecord, ListRange, SandboxRecord, Store, StoreError, StoreResult,
+    AgentRecord, ListRange, SandboxRecord, Store, StoreError, StoreResult, WarmPoolRecord,
 };
 use sandbolt_controller::{
     AgentId, Consistency, Controller, ControllerConfig, ControllerHandle, SandboxKey,
@@ -539,6 +539,15 @@ impl Store for RefusingStore {
     }
     fn list_agents(&self) -> StoreResult<Vec<AgentRecord>> {
         self.0.list_agents()
+    }
+    fn put_warm_pool(&self, p: &WarmPoolRecord) -> StoreResult<WarmPoolRecord> {
+        self.0.put_warm_pool(p)
+    }
+    fn list_warm_pools(&self) -> StoreResult<Vec<WarmPoolRecord>> {
+        self.0.list_warm_pools()
+    }
+    fn delete_warm_pool(&self, name: &str) -> StoreResult<Option<WarmPoolRecord>> {
+        self.0.delete_warm_pool(name)
     }
 }
 

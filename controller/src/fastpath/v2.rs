@@ -15,7 +15,7 @@ use crate::registry::PoolSummary;
 use crate::sandbox::{
     Core, CreateRequest, EndpointTarget, Observed, Precondition, UpdateOp, UpdateSpec, page_size,
 };
-use crate::store::{Phase, SandboxRecord};
+use crate::store::{Phase, SandboxRecord, WarmPoolRecord};
 
 pub struct FastPathV2 {
     core: Arc<Core>,
@@ -152,7 +152,8 @@ fn action_bindings(r: &SandboxRecord) -> Vec<pb::ActionBindingInfo> {
     }]
 }
 
-fn pool_info(p: &PoolSummary) -> pb::PoolInfo {
+/// An agent pool; `prepared` = warm sandboxes ready on its agents.
+fn pool_info(p: &PoolSummary, prepared: i64) -> pb::PoolInfo {
     // What the pool's agents report, never a made-up default.
     let policy = p.policy.clone().unwrap_or_default();
     let defaults = policy.default_limits.unwrap_or_default();
@@ -167,7 +168,7 @@ fn pool_info(p: &PoolSummary) -> pb::PoolInfo {
         total_fastlets: p.total_agents,
         ready_fastlets: p.ready_agents,
         idle_fastlets: p.idle_agents,
-        prepared_fastlets: p.ready_agents,
+        prepared_fastlets: i32::try_from(prepared).unwrap_or(i32::MAX),
         components: vec![pb::ComponentCapability {
             name: "execd".into(),
             protocol: "http".into(),
@@ -185,6 +186,58 @@ fn pool_info(p: &PoolSummary) -> pb::PoolInfo {
             .collect(),
         ..Default::default()
     }
+}
+
+/// A warm pool as a pool: its template's image, runtime and limits, its
+/// available warm sandboxes as prepared, its agent pool's agents (`agents`,
+/// when they reported) as fastlets.
+fn warm_pool_info(core: &Core, w: &WarmPoolRecord, agents: Option<&PoolSummary>) -> pb::PoolInfo {
+    let status = core.warm_status(w);
+    let mut info = agents.map(|a| pool_info(a, 0)).unwrap_or_default();
+    info.namespace = core.registry().pool_key("", &w.agent_pool).namespace;
+    info.name.clone_from(&w.name);
+    if !w.runtime.is_empty() {
+        info.runtime.clone_from(&w.runtime);
+    }
+    if !w.limits.cpu_limit.is_empty() {
+        info.sandbox_cpu.clone_from(&w.limits.cpu_limit);
+    }
+    if !w.limits.memory_limit.is_empty() {
+        info.sandbox_memory.clone_from(&w.limits.memory_limit);
+    }
+    if w.limits.pids_limit != 0 {
+        info.sandbox_pids = w.limits.pids_limit;
+    }
+    info.prepared_fastlets = status.available;
+    let cached = agents
+        .and_then(|a| a.images.get(&w.image).copied())
+        .unwrap_or(0);
+    info.warm_images = vec![pb::WarmImageInfo {
+        image: w.image.clone(),
+        desired_fastlets: i32::try_from(core.warm_desired(w)).unwrap_or(i32::MAX),
+        cached_fastlets: cached,
+        observed_generation: w.generation,
+        ..Default::default()
+    }];
+    info
+}
+
+/// Every pool of namespace `ns` (agent pools, then warm pools).
+fn all_pools(core: &Core, ns: &str) -> Vec<pb::PoolInfo> {
+    let summaries = core.registry().pools();
+    let mut items: Vec<pb::PoolInfo> = summaries
+        .iter()
+        .filter(|p| p.pool.namespace == ns)
+        .map(|p| pool_info(p, core.registry().warm_available_in(&p.pool)))
+        .collect();
+    for w in core.warm_pools().all() {
+        let key = core.registry().pool_key("", &w.agent_pool);
+        if key.namespace == ns {
+            let agents = summaries.iter().find(|s| s.pool == key);
+            items.push(warm_pool_info(core, &w, agents));
+        }
+    }
+    items
 }
 
 fn unimplemented(what: &str) -> Status {
@@ -417,15 +470,16 @@ impl FastPathService for FastPathV2 {
     ) -> Result<Response<pb::PoolInfo>, Status> {
         let q = req.into_inner();
         let key = self.core.registry().pool_key(&q.namespace, &q.pool_name);
-        self.core
-            .registry()
-            .pools()
-            .iter()
-            .find(|p| p.pool == key)
-            .map(|p| Response::new(pool_info(p)))
+        all_pools(&self.core, &key.namespace)
+            .into_iter()
+            .find(|p| p.name == key.pool)
+            .map(Response::new)
             .ok_or_else(|| {
-                Error::NotFoundOther(format!("pool {}/{} has no agents", key.namespace, key.pool))
-                    .into()
+                Error::NotFoundOther(format!(
+                    "pool {}/{} has no agents and is no warm pool",
+                    key.namespace, key.pool
+                ))
+                .into()
             })
     }
 
@@ -439,15 +493,9 @@ impl FastPathService for FastPathV2 {
             .registry()
             .pool_key(&req.get_ref().namespace, "")
             .namespace;
-        let items = self
-            .core
-            .registry()
-            .pools()
-            .iter()
-            .filter(|p| p.pool.namespace == ns)
-            .map(pool_info)
-            .collect();
-        Ok(Response::new(pb::ListPoolsResponse { items }))
+        Ok(Response::new(pb::ListPoolsResponse {
+            items: all_pools(&self.core, &ns),
+        }))
     }
 
     #[tracing::instrument(name = "fastpath.v2.CreateSandboxSnapshot", skip_all)]

@@ -27,6 +27,7 @@ use crate::sandbox::Core;
 use crate::sandbox::shared::agent_spec;
 use crate::sandbox::volumes::VolumeNeeds;
 use crate::store::{Consistency, Phase, SandboxRecord, SandboxSpec, StoreError};
+use crate::warm::Placed;
 
 /// A create request, from any API. [`Core::create`] validates it and
 /// applies the pool's defaults and maxima to its spec.
@@ -52,6 +53,8 @@ pub(crate) struct AgentCreated {
     pub(crate) event: String,
     /// The sandbox's address on the node's network ("" without networking).
     pub(crate) ip_address: String,
+    /// Served by claiming a warm sandbox.
+    pub(crate) claimed_warm: bool,
 }
 
 impl CreateRequest {
@@ -125,6 +128,12 @@ impl Core {
                 req.namespace
             )));
         }
+        self.resolve_warm_pool(spec)?;
+        if spec.image.trim().is_empty() {
+            return Err(Error::InvalidArgument(
+                "image is required (unless pool names a warm pool, whose template gives it)".into(),
+            ));
+        }
         sandbolt_image_ref::ImageRef::parse(&spec.image)
             .map_err(|e| Error::InvalidArgument(format!("image: {e}")))?;
         if req.name.is_empty() {
@@ -160,9 +169,13 @@ impl Core {
     async fn create_strong(&self, req: CreateRequest) -> Result<SandboxRecord> {
         let wait_for_execd = req.wait_for_execd;
         let (mut r, req) = new_record(req, Consistency::Strong);
-        tracing::Span::current().record("sandbox_id", r.sandbox_id.as_str());
-        let _inflight = self.inflight(&r.sandbox_id);
+        let cold_id = r.sandbox_id.clone();
+        let _inflight = self.inflight(&cold_id);
         self.place_for_create(&mut r).await?;
+        // A claim gave the create the warm sandbox's id.
+        let claimed = r.sandbox_id != cold_id;
+        let _claimed = claimed.then(|| self.inflight(&r.sandbox_id));
+        tracing::Span::current().record("sandbox_id", r.sandbox_id.as_str());
         r.push_event(
             "info",
             "controller",
@@ -182,6 +195,9 @@ impl Core {
         failpoint(&self.config, Failpoint::StrongAfterRecord, &r.name).await;
         match self.agent_create(&r, wait_for_execd).await {
             Ok(created) => self.mark_running(&r, created).await,
+            Err(e) if claimed && refused_claim(&e) => {
+                self.strong_after_refused_claim(r, wait_for_execd).await
+            }
             Err(e) => {
                 tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "strong create failed");
                 self.discard_container(&r).await;
@@ -198,13 +214,28 @@ impl Core {
     async fn create_fast(&self, req: CreateRequest) -> Result<SandboxRecord> {
         let wait_for_execd = req.wait_for_execd;
         let (mut r, req) = new_record(req, Consistency::Fast);
-        tracing::Span::current().record("sandbox_id", r.sandbox_id.as_str());
-        let _inflight = self.inflight(&r.sandbox_id);
+        let cold_id = r.sandbox_id.clone();
+        let _inflight = self.inflight(&cold_id);
         self.place_for_create(&mut r).await?;
-        match self.agent_create(&r, wait_for_execd).await {
+        let claimed = r.sandbox_id != cold_id;
+        let _claimed = claimed.then(|| self.inflight(&r.sandbox_id));
+        tracing::Span::current().record("sandbox_id", r.sandbox_id.as_str());
+        let mut created = self.agent_create(&r, wait_for_execd).await;
+        let mut _retry = None;
+        if claimed && created.as_ref().is_err_and(refused_claim) {
+            // Nothing is committed: the create starts over, cold, under a
+            // fresh id (the warm id is another sandbox's: never removed).
+            self.registry.release(&r.agent_id, &r.sandbox_id);
+            r.sandbox_id = SandboxId::generate();
+            _retry = Some(self.inflight(&r.sandbox_id));
+            self.place_cold_after_claim(&mut r)?;
+            created = self.agent_create(&r, wait_for_execd).await;
+        }
+        match created {
             Ok(created) => {
                 r.set_phase(Phase::Running);
                 r.ip_address = created.ip_address;
+                r.claimed_warm = created.claimed_warm;
                 r.push_event("info", "agent", created.event);
             }
             Err(e) => {
@@ -251,19 +282,72 @@ impl Core {
         exclude: Option<&AgentId>,
         volumes: &VolumeNeeds,
     ) -> Result<()> {
+        self.place_with(r, exclude, volumes, None)?;
+        // A recreated member of a warm pool stays one (never refused).
+        if !r.spec.warm_pool.is_empty() {
+            self.registry
+                .add_warm_member(&r.sandbox_id, &r.spec.warm_pool);
+        }
+        Ok(())
+    }
+
+    /// Placement of a create: a warm claim when one serves it and `claim`
+    /// allows it, else cold (within its warm pool's `pool_max`, if any).
+    pub(crate) fn place_create(
+        &self,
+        r: &mut SandboxRecord,
+        volumes: &VolumeNeeds,
+        claim: bool,
+    ) -> Result<()> {
+        self.place_with(r, None, volumes, Some(claim))
+    }
+
+    /// After the agent refused a claim (the warm id is another sandbox's):
+    /// a cold placement under `r`'s new id.
+    pub(crate) fn place_cold_after_claim(&self, r: &mut SandboxRecord) -> Result<()> {
+        r.push_event(
+            "warning",
+            "controller",
+            "the agent refused the warm claim (its id is another sandbox's); creating cold",
+        );
+        self.place_with(r, None, &VolumeNeeds::default(), Some(false))
+    }
+
+    /// `warm`: `Some(claim)` for a create (see [`Core::place_create`]).
+    fn place_with(
+        &self,
+        r: &mut SandboxRecord,
+        exclude: Option<&AgentId>,
+        volumes: &VolumeNeeds,
+        warm: Option<bool>,
+    ) -> Result<()> {
         let pool = self.registry.pool_key(&r.namespace, &r.spec.pool);
         let key = sandbolt_image_ref::match_key(&r.spec.image);
         let exclude: Vec<&str> = exclude.map(|a| a.as_str()).into_iter().collect();
+        let (ports, runtime) = (r.spec.exposed_ports.clone(), r.spec.runtime.clone());
         let req = PlacementRequest {
             pool: &pool,
             image_key: &key,
-            ports: &r.spec.exposed_ports,
+            ports: &ports,
             exclude: &exclude,
-            runtime: (!r.spec.runtime.is_empty()).then_some(r.spec.runtime.as_str()),
+            runtime: (!runtime.is_empty()).then_some(runtime.as_str()),
             pin: volumes.pin.as_deref(),
             volume_root: volumes.volume_root(),
         };
-        let p = self.registry.allocate(&req, &r.sandbox_id)?;
+        let placed = match warm {
+            Some(claim) => self.place_warm(r, &req, claim)?,
+            None => None,
+        };
+        let p = match placed {
+            Some(Placed::Claimed) => {
+                tracing::Span::current().record("agent", r.agent_id.as_str());
+                return Ok(());
+            }
+            Some(Placed::Cold(p)) => p,
+            // A create (not a recreate) is bounded by its pool's maximum.
+            None if warm.is_some() => self.registry.allocate_new(&req, &r.sandbox_id)?,
+            None => self.registry.allocate(&req, &r.sandbox_id)?,
+        };
         tracing::Span::current().record("agent", p.agent.as_str());
         r.agent_id = p.agent;
         r.push_event(
@@ -309,16 +393,25 @@ impl Core {
             )
             .await?;
         let t = resp.timings.unwrap_or_default();
-        Ok(AgentCreated {
-            event: format!(
+        let event = if resp.claimed_warm {
+            format!(
+                "claimed warm sandbox {} of pool {} on agent {} (claim {} µs)",
+                r.sandbox_id, r.spec.warm_pool, r.agent_id, t.claimed_us
+            )
+        } else {
+            format!(
                 "container created on {} (image {} µs, container {} µs, task {} µs, execd {} µs)",
                 r.agent_id,
                 t.image_resolved_us,
                 t.container_created_us,
                 t.task_started_us,
                 t.execd_ready_us
-            ),
+            )
+        };
+        Ok(AgentCreated {
+            event,
             ip_address: resp.status.map(|s| s.ip_address).unwrap_or_default(),
+            claimed_warm: resp.claimed_warm,
         })
     }
 
@@ -331,7 +424,7 @@ impl Core {
     }
 
     /// Pending → Running once the agent confirmed the container.
-    async fn mark_running(
+    pub(crate) async fn mark_running(
         &self,
         r: &SandboxRecord,
         created: AgentCreated,
@@ -346,6 +439,7 @@ impl Core {
             }
             x.phase = Phase::Running;
             x.ip_address.clone_from(&created.ip_address);
+            x.claimed_warm |= created.claimed_warm;
             x.push_event("info", "agent", created.event.clone());
             Ok(())
         }) {
@@ -493,6 +587,13 @@ fn new_record(mut req: CreateRequest, consistency: Consistency) -> (SandboxRecor
         network_policy_pending: false,
         network_policy_transition_unix_ms: now_ms,
         ip_address: String::new(),
+        claimed_warm: false,
     };
     (r, req)
+}
+
+/// The agent refused a claim: the warm id names a sandbox of another
+/// identity (never handed to a second create).
+fn refused_claim(e: &Error) -> bool {
+    matches!(e, Error::Agent { status, .. } if status.code() == tonic::Code::AlreadyExists)
 }

@@ -48,12 +48,17 @@ impl Core {
         for a in &agents {
             self.registry.load_known(a);
         }
+        self.reload_warm_pools()?;
         let records = self.store.list(&ListRange::all())?;
         let mut held = 0;
         for r in &records {
             if r.holds_slot() {
-                self.registry
-                    .reserve(&r.agent_id, &r.sandbox_id, &r.spec.exposed_ports);
+                self.registry.reserve_in(
+                    &r.agent_id,
+                    &r.sandbox_id,
+                    &r.spec.exposed_ports,
+                    &r.spec.warm_pool,
+                );
                 held += 1;
             }
             self.track_expiry(r, None);
@@ -319,6 +324,7 @@ impl Core {
     /// One pass of the background loop: lost agents, recoveries, re-drives.
     pub async fn recovery_tick(self: &Arc<Self>, started: Instant) {
         self.update_ready(Some(started));
+        self.reload_warm_pools_if_due();
         for agent in self.registry.detect_lost(self.config.lost_agent_timeout) {
             tracing::warn!(%agent, timeout = ?self.config.lost_agent_timeout, gone_after = ?self.config.agent_gone_timeout, "agent silent (no heartbeat): its sandboxes are unknown until it reports again; none is failed for silence");
         }
@@ -466,8 +472,12 @@ impl Core {
                 );
                 Ok(())
             }) {
-                self.registry
-                    .reserve(&x.agent_id, &x.sandbox_id, &x.spec.exposed_ports);
+                self.registry.reserve_in(
+                    &x.agent_id,
+                    &x.sandbox_id,
+                    &x.spec.exposed_ports,
+                    &x.spec.warm_pool,
+                );
                 self.recovering.lock().remove(&x.key());
             }
             return;

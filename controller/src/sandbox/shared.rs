@@ -45,6 +45,8 @@ pub struct Core {
     pub(crate) volume_names: KeyedLocks<String>,
     /// One attach or detach per sandbox at a time.
     pub(crate) volume_mounts: KeyedLocks<SandboxKey>,
+    /// The warm pools (see `crate::warm`).
+    pub(crate) warm_pools: crate::warm::WarmPools,
 }
 
 /// What the caller believes about the record it names; a mismatch refuses
@@ -105,6 +107,7 @@ impl Core {
             volumes: VolumeIndex::new(volume_hold),
             volume_names: KeyedLocks::default(),
             volume_mounts: KeyedLocks::default(),
+            warm_pools: crate::warm::WarmPools::default(),
         })
     }
 

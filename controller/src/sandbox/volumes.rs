@@ -156,7 +156,7 @@ impl Core {
     /// error nothing is held: no slot, no volume made here.
     pub(crate) async fn place_for_create(&self, r: &mut SandboxRecord) -> Result<()> {
         if r.spec.pvc_volumes.is_empty() {
-            return self.place(r, None, &VolumeNeeds::default());
+            return self.place_create(r, &VolumeNeeds::default(), true);
         }
         // The names this create may make exist: the check that they are
         // free and the agent call that takes them are one step.
@@ -169,7 +169,8 @@ impl Core {
             .collect();
         let _names = self.volume_names.lock_all(creatable).await;
         let needs = self.resolve_pvcs(&r.spec.pvc_volumes, true)?;
-        self.place(r, None, &needs)?;
+        // Named volumes: cold (within its warm pool, if any); see `warm`.
+        self.place_create(r, &needs, false)?;
         if let Err(e) = self.create_missing(r, &needs.missing).await {
             self.registry.release(&r.agent_id, &r.sandbox_id);
             return Err(e);

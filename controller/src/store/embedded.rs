@@ -10,7 +10,9 @@ use std::path::Path;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::{AgentRecord, ListRange, SandboxRecord, Store, StoreError, StoreResult};
+use super::{
+    AgentRecord, ListRange, SandboxRecord, Store, StoreError, StoreResult, WarmPoolRecord,
+};
 use crate::ids::SandboxKey;
 
 /// `namespace \0 name` → record JSON.
@@ -19,6 +21,8 @@ const SANDBOXES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("sandbo
 const REQUEST_IDS: TableDefinition<'_, &str, &str> = TableDefinition::new("request_ids");
 /// agent id → agent JSON.
 const AGENTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("agents");
+/// warm pool name → (revision, warm pool JSON).
+const WARM_POOLS: TableDefinition<'_, &str, (u64, &[u8])> = TableDefinition::new("warm_pools");
 
 pub struct RedbStore {
     db: Database,
@@ -60,6 +64,7 @@ impl RedbStore {
         tx.open_table(SANDBOXES).map_err(backend)?;
         tx.open_table(REQUEST_IDS).map_err(backend)?;
         tx.open_table(AGENTS).map_err(backend)?;
+        tx.open_table(WARM_POOLS).map_err(backend)?;
         tx.commit().map_err(backend)?;
         Ok(Self { db })
     }
@@ -205,6 +210,39 @@ impl Store for RedbStore {
         tx.commit().map_err(backend)
     }
 
+    fn put_warm_pool(&self, pool: &WarmPoolRecord) -> StoreResult<WarmPoolRecord> {
+        self.put_warm_pool_inner(pool)
+    }
+
+    fn list_warm_pools(&self) -> StoreResult<Vec<WarmPoolRecord>> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        let t = tx.open_table(WARM_POOLS).map_err(backend)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(backend)? {
+            let (_, v) = item.map_err(backend)?;
+            let (revision, bytes) = v.value();
+            out.push(decode_warm_pool(revision, bytes)?);
+        }
+        Ok(out)
+    }
+
+    fn delete_warm_pool(&self, name: &str) -> StoreResult<Option<WarmPoolRecord>> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        let removed = {
+            let mut t = tx.open_table(WARM_POOLS).map_err(backend)?;
+            let removed = t.remove(name).map_err(backend)?;
+            match removed {
+                Some(v) => {
+                    let (revision, bytes) = v.value();
+                    Some(decode_warm_pool(revision, bytes)?)
+                }
+                None => None,
+            }
+        };
+        tx.commit().map_err(backend)?;
+        Ok(removed)
+    }
+
     fn list_agents(&self) -> StoreResult<Vec<AgentRecord>> {
         let tx = self.db.begin_read().map_err(backend)?;
         let t = tx.open_table(AGENTS).map_err(backend)?;
@@ -216,6 +254,40 @@ impl Store for RedbStore {
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?,
             );
         }
+        Ok(out)
+    }
+}
+
+fn decode_warm_pool(revision: u64, bytes: &[u8]) -> StoreResult<WarmPoolRecord> {
+    let mut pool: WarmPoolRecord =
+        serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    pool.revision = revision.to_string();
+    Ok(pool)
+}
+
+impl RedbStore {
+    pub(super) fn put_warm_pool_inner(&self, pool: &WarmPoolRecord) -> StoreResult<WarmPoolRecord> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        let revision = {
+            let mut t = tx.open_table(WARM_POOLS).map_err(backend)?;
+            let stored = t
+                .get(pool.name.as_str())
+                .map_err(backend)?
+                .map(|v| v.value().0);
+            let revision = match (stored, pool.revision.as_str()) {
+                (None, "") => 1,
+                (Some(_), "") => return Err(StoreError::WarmPoolExists(pool.name.clone())),
+                (None, _) => return Err(StoreError::WarmPoolNotFound(pool.name.clone())),
+                (Some(old), want) if old == parse_revision(want)? => old + 1,
+                (Some(_), _) => return Err(StoreError::WarmPoolConflict(pool.name.clone())),
+            };
+            t.insert(pool.name.as_str(), (revision, encode(pool)?.as_slice()))
+                .map_err(backend)?;
+            revision
+        };
+        tx.commit().map_err(backend)?;
+        let mut out = pool.clone();
+        out.revision = revision.to_string();
         Ok(out)
     }
 }

@@ -1,5 +1,7 @@
 //! The Kubernetes store: every record is a `Sandbox` custom resource
-//! (`sandbox.fast.io/v1alpha2`), every known agent a `Lease`.
+//! (`sandbox.fast.io/v1alpha2`), every known agent a `Lease`, every warm
+//! pool a `SandboxWarmPool` (`sandbolt.io/v1alpha1`) in the controller's
+//! namespace.
 //!
 //! # Where the record lives in the object
 //!
@@ -37,6 +39,19 @@
 //! the controller removed the container. A Sandbox deleted from outside
 //! (`kubectl delete`) stays terminating until the controller has cleaned up:
 //! [`Store::deletions_requested`] reports it.
+//!
+//! # Warm pools
+//!
+//! A warm pool is a `SandboxWarmPool` named after it, in the controller's
+//! namespace: the whole pool is its spec (no annotation), so one applied
+//! with `kubectl` is a pool like one made through `WarmPoolService`. The
+//! revision is the resourceVersion, the generation the object's. Reads
+//! come from a watch cache with an own-writes overlay, as for Sandboxes. No
+//! finalizer: deleting a pool only drains its buffers, nothing waits on it.
+//! `status` belongs to the leader's publisher (`warm_pool_status`).
+//! A cluster without the CRD (Helm installs a chart's CRDs only on first
+//! install, not on upgrade) runs without warm pools: none are listed and
+//! every write says why.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -46,18 +61,21 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
+use sandbolt_deploy::pool::{LimitValues, OciRuntime};
 use sandbolt_deploy::sandbox::{
     DataPlaneState, DataPlaneStatus, FINALIZER, FailurePolicy as CrFailurePolicy, READY_CONDITION,
     RuntimeState, RuntimeStatus, SandboxNetworkPolicy, SandboxResources, SandboxVolume,
     labels_to_metadata, metadata_to_labels,
 };
-use sandbolt_deploy::{Sandbox, SandboxSpec, SandboxStatus};
+use sandbolt_deploy::warm_pool::{WarmPoolCapacity, WarmPoolTemplate};
+use sandbolt_deploy::{Sandbox, SandboxSpec, SandboxStatus, SandboxWarmPool, SandboxWarmPoolSpec};
 use sandbolt_proto::egress::NetworkPolicy;
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +84,7 @@ use crate::ids::{AgentId, SandboxId, SandboxKey};
 use super::{
     AgentRecord, Consistency, Event, FailurePolicy, HostVolume, ListRange, Phase, PvcVolume,
     Resources, SandboxRecord, SandboxSpec as RecordSpec, Store, StoreError, StoreResult,
+    WarmPoolRecord,
 };
 
 /// Annotation holding the controller's part of the record (JSON).
@@ -74,6 +93,10 @@ pub const STATE_ANNOTATION: &str = "sandbolt.io/state";
 pub const AGENT_ANNOTATION: &str = "sandbolt.io/agent";
 /// Label on the Leases that are agent records (not leader-election locks).
 pub const AGENT_RECORD_LABEL: &str = "sandbolt.io/agent-record";
+/// Annotation on a SandboxWarmPool made by the controller: the pool's
+/// creation time in milliseconds (`metadata.creationTimestamp` has seconds;
+/// a pool without it, e.g. applied with kubectl, uses that).
+pub const WARM_CREATED_ANNOTATION: &str = "sandbolt.io/created-at-unix-ms";
 /// How long an own write shadows the watch cache at most.
 pub const OVERLAY_TTL: Duration = Duration::from_secs(10);
 
@@ -131,34 +154,49 @@ struct ControllerState {
     /// only (its schema is the chart's), so the controller keeps them here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pvc_volumes: Vec<PvcVolume>,
+    /// The warm pool the sandbox belongs to: a controller decision (the
+    /// resource's `poolRef` stays the agent pool the OpenSandbox server
+    /// reads), so it lives here rather than in the spec.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    warm_pool: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    claimed_warm: bool,
 }
 
 /// An own write the watch has not delivered yet.
-enum Pending {
-    Present(Arc<Sandbox>),
+enum Pending<T> {
+    Present(Arc<T>),
     Deleted { uid: String },
 }
 
-struct Overlay {
-    entries: HashMap<SandboxKey, (Pending, Instant)>,
+/// Own writes of one kind (Sandboxes by namespace and name, warm pools by
+/// name) that shadow its watch cache.
+struct Overlay<K, T> {
+    entries: HashMap<K, (Pending<T>, Instant)>,
 }
 
-impl Overlay {
-    fn fresh(&self, key: &SandboxKey) -> Option<&Pending> {
+impl<K: Eq + std::hash::Hash, T: kube::Resource> Overlay<K, T> {
+    fn new() -> Self {
+        Self {
+            entries: HashMap::new(),
+        }
+    }
+
+    fn fresh(&self, key: &K) -> Option<&Pending<T>> {
         self.entries
             .get(key)
             .filter(|(_, at)| at.elapsed() < OVERLAY_TTL)
             .map(|(p, _)| p)
     }
 
-    /// The watch delivered `obj` (`deleted`: as a DELETED event).
-    fn observed(&mut self, obj: &Sandbox, deleted: bool) {
-        let key = key_of(obj);
-        let uid = obj.metadata.uid.as_deref().unwrap_or_default();
+    /// The watch delivered `obj`, stored at `key` (`deleted`: as a DELETED
+    /// event).
+    fn observed(&mut self, key: K, obj: &T, deleted: bool) {
+        let uid = obj.meta().uid.as_deref().unwrap_or_default();
         let settled = match self.entries.get(&key) {
             Some((Pending::Present(mine), _)) => {
-                mine.metadata.uid.as_deref() == Some(uid)
-                    && (deleted || mine.metadata.resource_version == obj.metadata.resource_version)
+                mine.meta().uid.as_deref() == Some(uid)
+                    && (deleted || mine.meta().resource_version == obj.meta().resource_version)
             }
             Some((Pending::Deleted { uid: gone }, _)) => deleted && gone == uid,
             None => false,
@@ -167,6 +205,55 @@ impl Overlay {
             self.entries.remove(&key);
         }
         self.entries.retain(|_, (_, at)| at.elapsed() < OVERLAY_TTL);
+    }
+
+    /// Shadows the cache with an own write of `obj` unless the cache
+    /// already holds that version (`cached`, read under this overlay's
+    /// lock: see [`KubeStore::remember`]).
+    fn wrote(&mut self, key: K, obj: Arc<T>, cached: Option<Arc<T>>) {
+        let delivered = cached.is_some_and(|c| {
+            c.meta().uid == obj.meta().uid
+                && c.meta().resource_version == obj.meta().resource_version
+        });
+        if delivered {
+            self.entries.remove(&key);
+        } else {
+            self.entries
+                .insert(key, (Pending::Present(obj), Instant::now()));
+        }
+    }
+
+    /// Shadows the cache with an own delete of `obj` until the watch
+    /// delivers it (nothing to shadow when the cache does not hold it).
+    fn deleted(&mut self, key: K, obj: &T, cached: Option<Arc<T>>) {
+        if cached.is_some_and(|c| c.meta().uid == obj.meta().uid) {
+            let uid = obj.meta().uid.clone().unwrap_or_default();
+            self.entries
+                .insert(key, (Pending::Deleted { uid }, Instant::now()));
+        } else {
+            self.entries.remove(&key);
+        }
+    }
+
+    /// `cache` with the fresh own writes laid over it.
+    fn overlay(&self, mut cache: BTreeMap<K, Arc<T>>) -> BTreeMap<K, Arc<T>>
+    where
+        K: Ord + Clone,
+    {
+        for (key, (pending, at)) in &self.entries {
+            if at.elapsed() >= OVERLAY_TTL {
+                continue;
+            }
+            match pending {
+                Pending::Present(o) => {
+                    cache.insert(key.clone(), o.clone());
+                }
+                Pending::Deleted { .. } => {
+                    cache.remove(key);
+                }
+            }
+        }
+        cache
     }
 }
 
@@ -177,11 +264,75 @@ pub struct KubeStore {
     sandboxes: Api<Sandbox>,
     agents: Api<Lease>,
     cache: reflector::Store<Sandbox>,
-    overlay: Arc<Mutex<Overlay>>,
+    overlay: Arc<Mutex<Overlay<SandboxKey, Sandbox>>>,
+    warm: WarmPools,
     /// Serializes request-id checks with creates: the API server has no
     /// unique index on request ids, this store (one leader) provides it.
     create_lock: Mutex<()>,
     write_timeout: Duration,
+}
+
+/// The warm pools' side of the store.
+struct WarmPools {
+    /// SandboxWarmPools of the controller's namespace.
+    api: Api<SandboxWarmPool>,
+    namespace: String,
+    /// `Err`: why this cluster has no warm pools (see the module docs).
+    cache: Result<reflector::Store<SandboxWarmPool>, String>,
+    overlay: Arc<Mutex<Overlay<String, SandboxWarmPool>>>,
+}
+
+/// Probes for SandboxWarmPools, starts their watch and waits for its first
+/// full list; `Ok(Err(why))` when the cluster has none to offer.
+async fn watch_warm_pools(
+    api: &Api<SandboxWarmPool>,
+    overlay: Arc<Mutex<Overlay<String, SandboxWarmPool>>>,
+    sync_timeout: Duration,
+) -> StoreResult<Result<reflector::Store<SandboxWarmPool>, String>> {
+    match api.list(&ListParams::default().limit(1)).await {
+        Ok(_) => {}
+        // 404: the CRD is missing; 403: the Role predates warm pools. Either
+        // way an operator has to act, and the controller is still useful.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => {
+            let why = format!(
+                "SandboxWarmPool resources are not available ({} {}): apply \
+                 deploy/crds/sandboxwarmpools.sandbolt.io.yaml and let the controller's Role \
+                 manage sandboxwarmpools, then restart the controller",
+                s.code, s.message
+            );
+            tracing::warn!("{why}; running without warm pools");
+            return Ok(Err(why));
+        }
+        // Anything else is the watch's to retry, within the sync deadline.
+        Err(e) => tracing::warn!(error = %e, "probing SandboxWarmPools failed"),
+    }
+    let (cache, writer) = reflector::store();
+    let events = reflector::reflector(
+        writer,
+        watcher(api.clone(), watcher::Config::default()).default_backoff(),
+    );
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                    overlay.lock().observed(o.name_any(), &o, false)
+                }
+                Ok(watcher::Event::Delete(o)) => overlay.lock().observed(o.name_any(), &o, true),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                Err(e) => tracing::warn!(error = %e, "warm pool watch failed; retrying"),
+            }
+        }
+    });
+    tokio::time::timeout(sync_timeout, cache.wait_until_ready())
+        .await
+        .map_err(|_| {
+            StoreError::Unavailable(format!(
+                "no full list of warm pools from the API server within {sync_timeout:?}"
+            ))
+        })?
+        .map_err(backend)?;
+    Ok(Ok(cache))
 }
 
 fn key_of(obj: &Sandbox) -> SandboxKey {
@@ -210,16 +361,17 @@ impl KubeStore {
             .enable_all()
             .build()
             .map_err(backend)?;
-        let overlay = Arc::new(Mutex::new(Overlay {
-            entries: HashMap::new(),
-        }));
+        let overlay = Arc::new(Mutex::new(Overlay::new()));
         let ov = overlay.clone();
+        let warm_overlay = Arc::new(Mutex::new(Overlay::new()));
+        let warm_ov = warm_overlay.clone();
         let sync_timeout = store_config.sync_timeout;
         let ns = store_config.agents_namespace.clone();
         let started = runtime.spawn(async move {
             let client = Client::try_from(config).map_err(backend)?;
             let sandboxes: Api<Sandbox> = Api::all(client.clone());
-            let agents: Api<Lease> = Api::namespaced(client, &ns);
+            let agents: Api<Lease> = Api::namespaced(client.clone(), &ns);
+            let warm_pools: Api<SandboxWarmPool> = Api::namespaced(client, &ns);
             let (cache, writer) = reflector::store();
             let events = reflector::reflector(
                 writer,
@@ -230,9 +382,9 @@ impl KubeStore {
                 while let Some(ev) = events.next().await {
                     match ev {
                         Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                            ov.lock().observed(&o, false)
+                            ov.lock().observed(key_of(&o), &o, false)
                         }
-                        Ok(watcher::Event::Delete(o)) => ov.lock().observed(&o, true),
+                        Ok(watcher::Event::Delete(o)) => ov.lock().observed(key_of(&o), &o, true),
                         Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
                         Err(e) => tracing::warn!(error = %e, "sandbox watch failed; retrying"),
                     }
@@ -246,16 +398,27 @@ impl KubeStore {
                     ))
                 })?
                 .map_err(backend)?;
-            Ok::<_, StoreError>((sandboxes, agents, cache))
+            let warm_cache = watch_warm_pools(&warm_pools, warm_ov, sync_timeout).await?;
+            Ok::<_, StoreError>((sandboxes, agents, cache, warm_pools, warm_cache))
         });
-        let (sandboxes, agents, cache) = wait(started)?;
-        tracing::info!(sandboxes = cache.len(), "kubernetes store synced");
+        let (sandboxes, agents, cache, warm_api, warm_cache) = wait(started)?;
+        tracing::info!(
+            sandboxes = cache.len(),
+            warm_pools = warm_cache.as_ref().map(|c| c.len()).ok(),
+            "kubernetes store synced"
+        );
         Ok(Self {
             runtime: Some(runtime),
             sandboxes,
             agents,
             cache,
             overlay,
+            warm: WarmPools {
+                api: warm_api,
+                namespace: store_config.agents_namespace.clone(),
+                cache: warm_cache,
+                overlay: warm_overlay,
+            },
             create_lock: Mutex::new(()),
             write_timeout: store_config.write_timeout,
         })
@@ -290,27 +453,13 @@ impl KubeStore {
 
     /// Every Sandbox as this store sees it, keyed by namespace and name.
     fn snapshot(&self) -> BTreeMap<SandboxKey, Arc<Sandbox>> {
-        let mut all: BTreeMap<_, _> = self
+        let all: BTreeMap<_, _> = self
             .cache
             .state()
             .into_iter()
             .map(|o| (key_of(&o), o))
             .collect();
-        let overlay = self.overlay.lock();
-        for (key, (pending, at)) in &overlay.entries {
-            if at.elapsed() >= OVERLAY_TTL {
-                continue;
-            }
-            match pending {
-                Pending::Present(o) => {
-                    all.insert(key.clone(), o.clone());
-                }
-                Pending::Deleted { .. } => {
-                    all.remove(key);
-                }
-            }
-        }
-        all
+        self.overlay.lock().overlay(all)
     }
 
     /// Shadows the cache with an own write until the watch delivers it.
@@ -324,17 +473,7 @@ impl KubeStore {
         let key = key_of(&obj);
         let mut overlay = self.overlay.lock();
         let cached = self.cache.get(&object_ref(&key));
-        let delivered = cached.is_some_and(|c| {
-            c.metadata.uid == obj.metadata.uid
-                && c.metadata.resource_version == obj.metadata.resource_version
-        });
-        if delivered {
-            overlay.entries.remove(&key);
-        } else {
-            overlay
-                .entries
-                .insert(key, (Pending::Present(obj.clone()), Instant::now()));
-        }
+        overlay.wrote(key, obj.clone(), cached);
         obj
     }
 
@@ -343,14 +482,7 @@ impl KubeStore {
         let key = key_of(obj);
         let mut overlay = self.overlay.lock();
         let cached = self.cache.get(&object_ref(&key));
-        if cached.is_some_and(|c| c.metadata.uid == obj.metadata.uid) {
-            let uid = obj.metadata.uid.clone().unwrap_or_default();
-            overlay
-                .entries
-                .insert(key, (Pending::Deleted { uid }, Instant::now()));
-        } else {
-            overlay.entries.remove(&key);
-        }
+        overlay.deleted(key, obj, cached);
     }
 
     /// Writes the status derived from `record` if it differs from `written`'s;
@@ -382,6 +514,44 @@ impl KubeStore {
 
     fn sandboxes_in(&self, namespace: &str) -> Api<Sandbox> {
         Api::namespaced(self.sandboxes.clone().into_client(), namespace)
+    }
+
+    fn warm_cache(&self) -> StoreResult<&reflector::Store<SandboxWarmPool>> {
+        self.warm
+            .cache
+            .as_ref()
+            .map_err(|why| StoreError::Backend(why.clone()))
+    }
+
+    fn warm_lookup(&self, name: &str) -> Option<Arc<SandboxWarmPool>> {
+        let cache = self.warm.cache.as_ref().ok()?;
+        let overlay = self.warm.overlay.lock();
+        match overlay.fresh(&name.to_string()) {
+            Some(Pending::Present(o)) => Some(o.clone()),
+            Some(Pending::Deleted { .. }) => None,
+            None => cache.get(&ObjectRef::new(name).within(&self.warm.namespace)),
+        }
+    }
+
+    /// [`KubeStore::remember`] for warm pools.
+    fn remember_warm(&self, obj: SandboxWarmPool) -> StoreResult<Arc<SandboxWarmPool>> {
+        let cache = self.warm_cache()?;
+        let obj = Arc::new(obj);
+        let name = obj.name_any();
+        let mut overlay = self.warm.overlay.lock();
+        let cached = cache.get(&ObjectRef::new(&name).within(&self.warm.namespace));
+        overlay.wrote(name, obj.clone(), cached);
+        Ok(obj)
+    }
+
+    /// [`KubeStore::forget`] for warm pools.
+    fn forget_warm(&self, obj: &SandboxWarmPool) -> StoreResult<()> {
+        let cache = self.warm_cache()?;
+        let name = obj.name_any();
+        let mut overlay = self.warm.overlay.lock();
+        let cached = cache.get(&ObjectRef::new(&name).within(&self.warm.namespace));
+        overlay.deleted(name, obj, cached);
+        Ok(())
     }
 }
 
@@ -500,6 +670,8 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
         network_policy_transition_unix_ms: record.network_policy_transition_unix_ms,
         ip_address: record.ip_address.clone(),
         pvc_volumes: record.spec.pvc_volumes.clone(),
+        warm_pool: record.spec.warm_pool.clone(),
+        claimed_warm: record.claimed_warm,
     };
     obj.metadata
         .annotations
@@ -562,6 +734,7 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
             runtime: spec.runtime.clone().unwrap_or_default(),
             network_policy_json: policy_from_spec(spec.network_policy.as_ref(), obj)?,
             pvc_volumes: state.pvc_volumes,
+            warm_pool: state.warm_pool,
         },
         reset_revision: spec.reset_revision.clone().unwrap_or_default(),
         generation: state.generation,
@@ -579,6 +752,7 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
         network_policy_pending: state.network_policy_pending,
         network_policy_transition_unix_ms: state.network_policy_transition_unix_ms,
         ip_address: state.ip_address,
+        claimed_warm: state.claimed_warm,
     }))
 }
 
@@ -693,6 +867,133 @@ fn derive_status(record: &SandboxRecord, generation: i64) -> SandboxStatus {
     }
 }
 
+/// The SandboxWarmPool for `pool`, on top of `base` (the stored object: keeps
+/// its foreign labels and annotations; the replace carries `pool.revision`).
+fn warm_to_object(
+    pool: &WarmPoolRecord,
+    base: Option<&SandboxWarmPool>,
+    namespace: &str,
+) -> StoreResult<SandboxWarmPool> {
+    let runtime = match pool.runtime.as_str() {
+        "" => None,
+        "runc" => Some(OciRuntime::Runc),
+        "crun" => Some(OciRuntime::Crun),
+        "runsc" => Some(OciRuntime::Runsc),
+        other => {
+            return Err(StoreError::Invalid(format!(
+                "warm pool {}: runtime {other:?} is none of runc, crun, runsc",
+                pool.name
+            )));
+        }
+    };
+    let quantity = |q: &String| (!q.is_empty()).then(|| IntOrString::String(q.clone()));
+    let limits = LimitValues {
+        cpu: quantity(&pool.limits.cpu_limit),
+        memory: quantity(&pool.limits.memory_limit),
+        pids: (pool.limits.pids_limit > 0).then_some(pool.limits.pids_limit),
+    };
+    let spec = SandboxWarmPoolSpec {
+        agent_pool: (!pool.agent_pool.is_empty()).then(|| pool.agent_pool.clone()),
+        template: WarmPoolTemplate {
+            image: pool.image.clone(),
+            runtime,
+            limits: (limits != LimitValues::default()).then_some(limits),
+            env: pool.env.clone(),
+        },
+        capacity: WarmPoolCapacity {
+            buffer_min: pool.buffer_min,
+            buffer_max: pool.buffer_max,
+            pool_min: pool.pool_min,
+            pool_max: pool.pool_max,
+        },
+    };
+    let mut obj = match base {
+        Some(base) => {
+            let mut o = base.clone();
+            o.spec = spec;
+            o.metadata.resource_version = Some(pool.revision.clone());
+            o
+        }
+        None => {
+            let mut o = SandboxWarmPool::new(&pool.name, spec);
+            o.metadata.namespace = Some(namespace.to_string());
+            o
+        }
+    };
+    if pool.created_at_unix_ms > 0 {
+        obj.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                WARM_CREATED_ANNOTATION.into(),
+                pool.created_at_unix_ms.to_string(),
+            );
+    }
+    Ok(obj)
+}
+
+/// The warm pool `obj` holds. Total: the API server checked the object
+/// against the CRD, and the controller validates pools it uses.
+fn warm_from_object(obj: &SandboxWarmPool) -> WarmPoolRecord {
+    let spec = &obj.spec;
+    let template = &spec.template;
+    let limits = template.limits.clone().unwrap_or_default();
+    let quantity = |q: Option<IntOrString>| match q {
+        None => String::new(),
+        Some(IntOrString::Int(i)) => i.to_string(),
+        Some(IntOrString::String(s)) => s,
+    };
+    let created_at_unix_ms = obj
+        .annotations()
+        .get(WARM_CREATED_ANNOTATION)
+        .and_then(|v| v.parse().ok())
+        .or_else(|| {
+            obj.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_millisecond())
+        })
+        .unwrap_or(0);
+    WarmPoolRecord {
+        name: obj.name_any(),
+        agent_pool: spec.agent_pool().to_string(),
+        image: template.image.clone(),
+        runtime: template
+            .runtime
+            .map(|r| r.as_str().to_string())
+            .unwrap_or_default(),
+        limits: Resources {
+            cpu_limit: quantity(limits.cpu),
+            memory_limit: quantity(limits.memory),
+            pids_limit: limits.pids.unwrap_or(0),
+            ..Resources::default()
+        },
+        env: template.env.clone(),
+        buffer_min: spec.capacity.buffer_min,
+        buffer_max: spec.capacity.buffer_max,
+        pool_min: spec.capacity.pool_min,
+        pool_max: spec.capacity.pool_max,
+        created_at_unix_ms,
+        generation: obj.metadata.generation.unwrap_or(0),
+        revision: obj.resource_version().unwrap_or_default(),
+    }
+}
+
+/// Maps an API error of a request about warm pool `name`.
+fn warm_api_error(e: kube::Error, name: &str) -> StoreError {
+    match &e {
+        kube::Error::Api(s) if s.code == 404 => StoreError::WarmPoolNotFound(name.to_string()),
+        kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => {
+            StoreError::WarmPoolExists(name.to_string())
+        }
+        kube::Error::Api(s) if s.code == 409 => StoreError::WarmPoolConflict(name.to_string()),
+        kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
+            StoreError::Invalid(format!("warm pool {name}: {}", s.message))
+        }
+        _ => StoreError::Backend(format!("kubernetes API: warm pool {name}: {e}")),
+    }
+}
+
 /// Lease name of an agent record: a DNS-1123 subdomain, unique per agent id.
 fn agent_lease_name(agent_id: &str) -> String {
     let mut clean: String = agent_id
@@ -722,6 +1023,106 @@ fn agent_lease_name(agent_id: &str) -> String {
 }
 
 impl Store for KubeStore {
+    fn put_warm_pool(&self, pool: &WarmPoolRecord) -> StoreResult<WarmPoolRecord> {
+        self.warm_cache()?;
+        let name = pool.name.clone();
+        let api = self.warm.api.clone();
+        let written = if pool.revision.is_empty() {
+            let obj = warm_to_object(pool, None, &self.warm.namespace)?;
+            self.call("warm pool create", async move {
+                api.create(&PostParams::default(), &obj).await
+            })?
+            // Any 409 of a create is the name being taken.
+            .map_err(|e| match e {
+                kube::Error::Api(s) if s.code == 409 => StoreError::WarmPoolExists(name.clone()),
+                e => warm_api_error(e, &name),
+            })?
+        } else {
+            // The base must be the version the caller read: built on an
+            // older one (a lagging cache), the replace, which the server
+            // checks against the caller's revision only, would drop what
+            // others added to the metadata in between.
+            let base = match self.warm_lookup(&name) {
+                Some(o) if o.metadata.resource_version.as_deref() == Some(&pool.revision) => o,
+                _ => {
+                    let (api, n) = (api.clone(), name.clone());
+                    self.call("warm pool get", async move { api.get_opt(&n).await })?
+                        .map_err(|e| warm_api_error(e, &name))?
+                        .map(Arc::new)
+                        .ok_or_else(|| StoreError::WarmPoolNotFound(name.clone()))?
+                }
+            };
+            let obj = warm_to_object(pool, Some(&base), &self.warm.namespace)?;
+            let n = name.clone();
+            self.call("warm pool replace", async move {
+                api.replace(&n, &PostParams::default(), &obj).await
+            })?
+            .map_err(|e| warm_api_error(e, &name))?
+        };
+        let written = self.remember_warm(written)?;
+        Ok(warm_from_object(&written))
+    }
+
+    fn list_warm_pools(&self) -> StoreResult<Vec<WarmPoolRecord>> {
+        let Ok(cache) = &self.warm.cache else {
+            return Ok(Vec::new());
+        };
+        let cached = cache
+            .state()
+            .into_iter()
+            .map(|o| (o.name_any(), o))
+            .collect();
+        let all = self.warm.overlay.lock().overlay(cached);
+        Ok(all.values().map(|o| warm_from_object(o)).collect())
+    }
+
+    fn get_warm_pool(&self, name: &str) -> StoreResult<Option<WarmPoolRecord>> {
+        Ok(self.warm_lookup(name).map(|o| warm_from_object(&o)))
+    }
+
+    fn delete_warm_pool(&self, name: &str) -> StoreResult<Option<WarmPoolRecord>> {
+        if self.warm.cache.is_err() {
+            return Ok(None);
+        }
+        let api = self.warm.api.clone();
+        let n = name.to_string();
+        let deleted = self
+            .call("warm pool delete", async move {
+                // Read, then delete that very object (uid precondition): the
+                // pool returned is the one removed, even when it was deleted
+                // and made again in between (then: read again).
+                loop {
+                    let Some(current) = api.get_opt(&n).await? else {
+                        return Ok(None);
+                    };
+                    let dp = DeleteParams {
+                        preconditions: Some(kube::api::Preconditions {
+                            uid: current.metadata.uid.clone(),
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(&n, &dp).await {
+                        Ok(_) => return Ok(Some(current)),
+                        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+                        Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+            })?
+            .map_err(|e| warm_api_error(e, name))?;
+        match deleted {
+            Some(obj) => {
+                self.forget_warm(&obj)?;
+                Ok(Some(warm_from_object(&obj)))
+            }
+            None => {
+                // Gone already: make sure no own write still shows it.
+                self.warm.overlay.lock().entries.remove(name);
+                Ok(None)
+            }
+        }
+    }
     fn create(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
         let _serial = self.create_lock.lock();
         if !record.request_id.is_empty()
@@ -985,6 +1386,69 @@ mod tests {
     }
 
     #[test]
+    fn warm_pool_survives_the_object_round_trip() {
+        let pool = WarmPoolRecord {
+            name: "py".into(),
+            agent_pool: "gpu".into(),
+            image: "docker.io/library/python:3.12".into(),
+            runtime: "runsc".into(),
+            limits: Resources {
+                cpu_limit: "1500m".into(),
+                memory_limit: "1Gi".into(),
+                pids_limit: 32,
+                ..Resources::default()
+            },
+            env: BTreeMap::from([("K".to_string(), "V".to_string())]),
+            buffer_min: 1,
+            buffer_max: 2,
+            pool_min: 3,
+            pool_max: 4,
+            created_at_unix_ms: 1_700_000_000_001,
+            generation: 5,
+            revision: String::new(),
+        };
+        let mut obj = warm_to_object(&pool, None, "ctl").unwrap();
+        assert_eq!(obj.metadata.namespace.as_deref(), Some("ctl"));
+        assert!(obj.metadata.resource_version.is_none(), "a create");
+        obj.metadata.resource_version = Some("7".into());
+        obj.metadata.generation = Some(5);
+        let back = warm_from_object(&obj);
+        assert_eq!(back.revision, "7");
+        assert_eq!(
+            back,
+            WarmPoolRecord {
+                revision: "7".into(),
+                ..pool.clone()
+            }
+        );
+
+        // A replace carries the caller's revision on the stored object.
+        let mut base = obj.clone();
+        base.metadata.labels = Some(BTreeMap::from([("team".into(), "ml".into())]));
+        let mut next = back.clone();
+        next.revision = "9".into();
+        let replaced = warm_to_object(&next, Some(&base), "ctl").unwrap();
+        assert_eq!(replaced.metadata.resource_version.as_deref(), Some("9"));
+        assert_eq!(replaced.labels()["team"], "ml");
+
+        // Unset fields stay unset; an unset agent pool reads as "default".
+        let bare = WarmPoolRecord {
+            name: "bare".into(),
+            image: "busybox".into(),
+            ..WarmPoolRecord::default()
+        };
+        let obj = warm_to_object(&bare, None, "ctl").unwrap();
+        assert!(obj.spec.agent_pool.is_none() && obj.spec.template.limits.is_none());
+        assert!(obj.annotations().get(WARM_CREATED_ANNOTATION).is_none());
+        let back = warm_from_object(&obj);
+        assert_eq!(
+            (back.agent_pool.as_str(), back.runtime.as_str()),
+            ("default", "")
+        );
+        assert!(back.limits.is_empty());
+    }
+
+    #[test]
     fn status_is_ready_only_when_running() {
         let mut r = crate::store::tests_support::record("default", "fsb-1", "");
         r.phase = Phase::Running;
@@ -1015,6 +1479,8 @@ mod tests {
         r.network_policy_pending = true;
         r.network_policy_transition_unix_ms = 1_700_000_000_000;
         r.ip_address = "10.203.0.7".into();
+        r.spec.warm_pool = "py".into();
+        r.claimed_warm = true;
         r.spec.pvc_volumes = vec![PvcVolume {
             name: "data".into(),
             claim_name: "work".into(),

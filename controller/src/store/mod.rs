@@ -40,6 +40,15 @@ pub enum StoreError {
     Invalid(String),
     #[error("store record is corrupt: {0}")]
     Corrupt(String),
+    /// A warm pool of that name exists already.
+    #[error("warm pool {0} already exists")]
+    WarmPoolExists(String),
+    /// No warm pool of that name.
+    #[error("warm pool {0} not found")]
+    WarmPoolNotFound(String),
+    /// The warm pool was modified since it was read.
+    #[error("warm pool {0} was modified concurrently")]
+    WarmPoolConflict(String),
     /// Injected by tests (a store that refuses writes), never by a backend.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -194,6 +203,10 @@ pub struct SandboxSpec {
     /// (records from before networking read back so).
     #[serde(default)]
     pub network_policy_json: String,
+    /// The warm pool the sandbox belongs to (see `crate::warm`); empty =
+    /// none (records from before warm pools have none).
+    #[serde(default)]
+    pub warm_pool: String,
 }
 
 /// One sandbox as stored. The spec is flattened, so the stored JSON keeps
@@ -243,6 +256,10 @@ pub struct SandboxRecord {
     /// answered its create (empty without networking).
     #[serde(default)]
     pub ip_address: String,
+    /// The create was served by claiming a warm sandbox (false for cold
+    /// creates and for records from before warm pools).
+    #[serde(default)]
+    pub claimed_warm: bool,
 }
 
 impl SandboxRecord {
@@ -307,6 +324,35 @@ pub struct AgentPod {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+}
+
+/// A warm pool as stored (control.proto `WarmPool`, without its status,
+/// which the controller computes from the agents' reports).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WarmPoolRecord {
+    pub name: String,
+    /// The agent pool whose agents keep the buffer ("default" when unset).
+    pub agent_pool: String,
+    /// Normalized image reference.
+    pub image: String,
+    /// OCI runtime; empty = the agent pool's.
+    pub runtime: String,
+    /// Limits of the idle warm sandboxes and the defaults of a claim
+    /// (only the `*_limit` fields are used).
+    pub limits: Resources,
+    /// Environment every claim starts with (the request's wins).
+    pub env: BTreeMap<String, String>,
+    pub buffer_min: i32,
+    pub buffer_max: i32,
+    pub pool_min: i32,
+    pub pool_max: i32,
+    pub created_at_unix_ms: i64,
+    /// Bumped by every change of the spec (capacity).
+    pub generation: i64,
+    /// Opaque, set by the store; empty in a pool that is to be created.
+    #[serde(skip)]
+    pub revision: String,
 }
 
 /// Which records [`Store::list`] returns: those of one namespace (all when
@@ -386,6 +432,19 @@ pub trait Store: Send + Sync + 'static {
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()>;
     fn list_agents(&self) -> StoreResult<Vec<AgentRecord>>;
 
+    /// Creates a warm pool (`pool.revision` empty; `WarmPoolExists` when the
+    /// name is taken) or replaces one (`pool.revision` = the stored one,
+    /// else `WarmPoolConflict`; `WarmPoolNotFound` when gone). Returns it
+    /// with its new revision.
+    fn put_warm_pool(&self, pool: &WarmPoolRecord) -> StoreResult<WarmPoolRecord>;
+    /// Every warm pool, in name order.
+    fn list_warm_pools(&self) -> StoreResult<Vec<WarmPoolRecord>>;
+    /// Removes a warm pool; `None` if it did not exist.
+    fn delete_warm_pool(&self, name: &str) -> StoreResult<Option<WarmPoolRecord>>;
+    fn get_warm_pool(&self, name: &str) -> StoreResult<Option<WarmPoolRecord>> {
+        Ok(self.list_warm_pools()?.into_iter().find(|p| p.name == name))
+    }
+
     /// Records someone outside the controller asked to delete (a Kubernetes
     /// `kubectl delete` leaves the object terminating behind its finalizer
     /// until the controller removed the container and calls `delete`).
@@ -447,6 +506,10 @@ pub(crate) mod tests_support {
         assert!(
             r.spec.pvc_volumes.is_empty(),
             "old records mount no named volume"
+        );
+        assert!(
+            r.spec.warm_pool.is_empty() && !r.claimed_warm,
+            "old records belong to no warm pool"
         );
         // And the same flat names are written back.
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();

@@ -124,6 +124,7 @@ impl AgentService for Svc {
             return Ok(Response::new(pb::CreateSandboxResponse {
                 status: Some(s.clone()),
                 timings: None,
+                claimed_warm: false,
             }));
         }
         if g.len() >= self.capacity {
@@ -169,6 +170,7 @@ impl AgentService for Svc {
         Ok(Response::new(pb::CreateSandboxResponse {
             status: Some(st),
             timings: Some(Default::default()),
+            claimed_warm: false,
         }))
     }
 

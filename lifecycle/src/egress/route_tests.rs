@@ -74,6 +74,7 @@ impl Backend for Memory {
             created_at: DateTime::from_timestamp(1, 0).unwrap(),
             expires_at: None,
             last_transition_at: None,
+            allocation: None,
         })
     }
     async fn list(&self) -> ApiResult<Vec<SandboxRecord>> {

@@ -1,0 +1,276 @@
+//! Warm pools (issue 17): `kill -9` of the agent with a full buffer leaks
+//! nothing. The agent is a real `sandbolt agent` process (sandbox
+//! networking on: every warm sandbox has its own network namespace and
+//! veth) on a test bed's containerd, heartbeating to a real controller that
+//! holds a warm pool of busybox with a buffer of 4. Once the buffer is
+//! full, the agent is SIGKILLed: its warm sandboxes keep running (checked),
+//! with nobody owning them. The agent is started again on the same state:
+//! every old warm sandbox is removed (container, task, rootfs snapshot,
+//! namespace) and the buffer is rebuilt with new ones, which the controller
+//! sees. Then the pool is deleted (the buffer drains), the agent stops
+//! gracefully and the controller too, and nothing is left: no container,
+//! no active snapshot, no namespace, veth or nftables table of the agent
+//! (`sandbolt_agent::network::purge` finds nothing to remove), no mount,
+//! process or directory of the bed.
+
+#[path = "support/warm.rs"]
+mod warm;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use sandbolt_controller::{Controller, ControllerConfig};
+use sandbolt_e2e::bed::{CNI_BIN_DIR, connect, eventually, running_tasks, start_bed};
+use sandbolt_proto::control::v1 as native;
+use sandbolt_test_support::{Proc, free_port};
+use sandbolt_testbed::Testbed;
+use warm::{FILLED_WITHIN, TOKEN, active_snapshots, drop_bed_checked};
+
+type WarmPools = native::warm_pool_service_client::WarmPoolServiceClient<tonic::transport::Channel>;
+
+const POOL: &str = "warm-k9";
+const BUFFER: usize = 4;
+/// Network namespaces the agent keeps prepared ahead of creates.
+const NET_POOL: usize = 2;
+
+/// The `sandbolt agent` process, restartable on the same state.
+struct AgentProc {
+    proc: Option<Proc>,
+    listen: SocketAddr,
+    state: PathBuf,
+    controller: SocketAddr,
+    starts: u32,
+}
+
+impl AgentProc {
+    fn command(&self, bed: &Testbed) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_e2e-sandbolt"));
+        cmd.arg("agent")
+            .args(["--agent-id", "agent-warm-k9", "--node-name", "node-warm-k9"])
+            .args(["--token", TOKEN])
+            .arg("--controller")
+            .arg(format!("http://{}", self.controller))
+            .arg("--listen")
+            .arg(self.listen.to_string())
+            .arg("--proxy-listen")
+            .arg(format!("127.0.0.1:{}", free_port()))
+            .arg("--containerd-socket")
+            .arg(bed.containerd_socket())
+            .arg("--execd-bin")
+            .arg(sandbolt_testbed::execd_binary().expect("static execd"))
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(["--max-sandboxes", "16", "--volume-backend", "none"])
+            .args(["--network", "egress", "--dns-upstream", "127.0.0.1:9"])
+            .args(["--network-pool-size", &NET_POOL.to_string()])
+            .args(["--cni-bin-dir", CNI_BIN_DIR])
+            .env("SANDBOLT_LOG", "sandbolt_agent=debug")
+            .env_remove("SANDBOLT_CONTROLLER");
+        cmd
+    }
+
+    fn start(&mut self, bed: &Testbed) {
+        self.starts += 1;
+        let log = self
+            .state
+            .with_file_name(format!("agent-warm-k9-{}.log", self.starts));
+        self.proc = Some(Proc::spawn("agent", &mut self.command(bed), log));
+    }
+
+    fn output(&self) -> String {
+        self.proc.as_ref().map(Proc::output).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill9();
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            let status = p.terminate(Duration::from_secs(30));
+            eprintln!("the agent stopped: {status}");
+        }
+    }
+}
+
+/// Whatever happens to the test, the agent process goes and its network
+/// state is purged from the host (a passing test purges nothing: it checks
+/// that first, see [`assert_network_clean`]).
+struct Cleanup {
+    agent: AgentProc,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.agent.kill9();
+        if let Err(e) = sandbolt_agent::network::purge(&self.agent.state, Path::new(CNI_BIN_DIR)) {
+            eprintln!("purging the agent's network state: {e}");
+        }
+    }
+}
+
+/// Mounted network namespaces under the agent's state dir.
+fn netns_mounts(state: &Path) -> Vec<String> {
+    let dir = state.join("network/netns").display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.starts_with(&dir))
+        .map(String::from)
+        .collect()
+}
+
+async fn available(pools: &mut WarmPools) -> i32 {
+    pools
+        .get_warm_pool(native::WarmPoolRef { name: POOL.into() })
+        .await
+        .expect("GetWarmPool")
+        .into_inner()
+        .status
+        .map(|s| s.available)
+        .unwrap_or(0)
+}
+
+/// Waits until containerd runs exactly [`BUFFER`] containers, none of them
+/// in `not`, and the controller counts [`BUFFER`] available; the set.
+async fn wait_buffer(
+    bed: &Testbed,
+    pools: &WarmPools,
+    not: &BTreeSet<String>,
+    agent: &AgentProc,
+) -> BTreeSet<String> {
+    let what = format!("a buffer of {BUFFER} warm sandboxes, none of {not:?}");
+    let mut last = BTreeSet::new();
+    let started = std::time::Instant::now();
+    loop {
+        let running: BTreeSet<String> = running_tasks(bed).await.into_keys().collect();
+        let all: BTreeSet<String> = sandbolt_e2e::bed::containers(bed)
+            .await
+            .into_iter()
+            .collect();
+        let ready = all.len() == BUFFER
+            && running == all
+            && all.is_disjoint(not)
+            && available(&mut pools.clone()).await == BUFFER as i32;
+        if ready {
+            return all;
+        }
+        if all != last {
+            eprintln!("containers now: {all:?} (running {running:?})");
+            last = all;
+        }
+        assert!(
+            started.elapsed() < FILLED_WITHIN,
+            "{what}: not within {FILLED_WITHIN:?}; containers {last:?}\nagent log:\n{}",
+            agent.output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agent_kill_9_with_a_full_buffer_leaks_nothing() {
+    let bed = start_bed().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir.path(), TOKEN);
+    cfg.heartbeat_interval = Duration::from_millis(200);
+    let ctl = Controller::start(cfg).await.expect("controller starts");
+    let addr = ctl.local_addr();
+    let mut guard = Cleanup {
+        agent: AgentProc {
+            proc: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            state: bed.root().join("agent-warm-k9-state"),
+            controller: addr,
+            starts: 0,
+        },
+    };
+    guard.agent.start(&bed);
+    sandbolt_e2e::bed::wait_agents(&connect(addr).await, 1).await;
+
+    let mut pools = WarmPools::connect(format!("http://{addr}"))
+        .await
+        .expect("WarmPoolService");
+    pools
+        .create_warm_pool(native::CreateWarmPoolRequest {
+            pool: Some(native::WarmPool {
+                name: POOL.into(),
+                template: Some(native::WarmTemplate {
+                    image: sandbolt_testbed::BUSYBOX_REF.into(),
+                    ..Default::default()
+                }),
+                capacity: Some(native::WarmCapacity {
+                    buffer_min: BUFFER as i32,
+                    buffer_max: BUFFER as i32,
+                    pool_min: 0,
+                    pool_max: 10,
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("CreateWarmPool");
+    let first = wait_buffer(&bed, &pools, &BTreeSet::new(), &guard.agent).await;
+    let ns_full = netns_mounts(&guard.agent.state);
+    assert!(
+        ns_full.len() >= BUFFER,
+        "every warm sandbox has its own namespace: {ns_full:?}"
+    );
+
+    guard.agent.kill9();
+    // The kill leaves them running, owned by nobody: this is what the
+    // restart must clean up.
+    let running: BTreeSet<String> = running_tasks(&bed).await.into_keys().collect();
+    assert_eq!(running, first, "the warm sandboxes outlive their agent");
+
+    guard.agent.start(&bed);
+    let second = wait_buffer(&bed, &pools, &first, &guard.agent).await;
+    eprintln!("buffer before the kill: {first:?}; rebuilt: {second:?}");
+    // Nothing of the old ones: no active snapshot beyond the live
+    // containers' own, no namespace beyond the live ones' and the prepared.
+    let snaps = active_snapshots(&bed).await;
+    assert_eq!(
+        snaps.len(),
+        BUFFER,
+        "one rootfs per live container, none of the killed agent's: {snaps:?}"
+    );
+    for id in &first {
+        assert!(
+            !snaps.iter().any(|s| s.starts_with(id.as_str())),
+            "{id}'s snapshot survived: {snaps:?}"
+        );
+    }
+    let ns = netns_mounts(&guard.agent.state);
+    assert!(
+        ns.len() <= BUFFER + NET_POOL,
+        "namespaces of the killed agent's sandboxes are left: {ns:?}"
+    );
+
+    // Drain, stop, and check that nothing is left.
+    pools
+        .delete_warm_pool(native::WarmPoolRef { name: POOL.into() })
+        .await
+        .expect("DeleteWarmPool");
+    eventually("the buffer drained", FILLED_WITHIN, || async {
+        sandbolt_e2e::bed::containers(&bed).await.is_empty()
+    })
+    .await;
+    guard.agent.stop();
+    ctl.shutdown().await;
+    let left = netns_mounts(&guard.agent.state);
+    assert!(left.is_empty(), "namespaces left after the stop: {left:?}");
+    let purged = sandbolt_agent::network::purge(&guard.agent.state, Path::new(CNI_BIN_DIR))
+        .expect("purge after the agent stopped");
+    assert_eq!(
+        (purged.namespaces, purged.table.clone()),
+        (0, None),
+        "the stopped agent left network state: {purged:?}"
+    );
+    drop_bed_checked(bed).await;
+}
