@@ -26,10 +26,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use containerd_client::services::v1::snapshots::{
-    Kind, ListSnapshotsRequest, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
+    MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
 };
 use containerd_client::types::Mount;
-use futures::StreamExt;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tonic::Code;
@@ -244,32 +243,19 @@ impl Prepared {
     /// process's; `referenced` = the snapshot keys of this agent's
     /// containers). Returns how many it removed.
     pub async fn remove_stale(&self, referenced: &HashSet<String>) -> Result<usize> {
-        let mut stream = self
+        let stale: Vec<String> = self
             .ctrd
-            .snapshots()
-            .list(self.ctrd.req(ListSnapshotsRequest {
-                snapshotter: self.snapshotter.clone(),
-                filters: vec![],
-            }))
+            .active_snapshots(&self.snapshotter)
             .await
             .map_err(AgentError::containerd("snapshots.List"))?
-            .into_inner();
-        let mut stale = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(AgentError::containerd("snapshots.List"))?;
-            stale.extend(
-                chunk
-                    .info
-                    .into_iter()
-                    .filter(|i| {
-                        i.kind == Kind::Active as i32
-                            && i.name.starts_with(labels::PREPARED_KEY_PREFIX)
-                            && i.labels.get(labels::PREPARED) == Some(&self.agent_id)
-                            && !referenced.contains(&i.name)
-                    })
-                    .map(|i| i.name),
-            );
-        }
+            .into_iter()
+            .filter(|i| {
+                i.name.starts_with(labels::PREPARED_KEY_PREFIX)
+                    && i.labels.get(labels::PREPARED) == Some(&self.agent_id)
+                    && !referenced.contains(&i.name)
+            })
+            .map(|i| i.name)
+            .collect();
         let mut n = 0;
         for key in stale {
             if self.remove(&key).await {

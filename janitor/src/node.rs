@@ -8,11 +8,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use containerd_client::services::v1::snapshots::{
-    Info as SnapshotInfo, Kind, ListSnapshotsRequest,
-};
+use containerd_client::services::v1::snapshots::Info as SnapshotInfo;
 use containerd_client::services::v1::{Container, GetContainerRequest, ListContainersRequest};
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use sandbolt_node::containerd::Containerd;
 use sandbolt_node::teardown::{Hook, SnapshotRef, Step, Stop, Teardown, TeardownError};
 use tonic::Code;
@@ -100,27 +98,10 @@ impl Node {
 
     /// Active (writable) snapshots of the agent's snapshotter.
     pub async fn active_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        let mut stream = self
-            .ctrd
-            .snapshots()
-            .list(self.ctrd.req(ListSnapshotsRequest {
-                snapshotter: self.snapshotter.clone(),
-                filters: vec![],
-            }))
+        self.ctrd
+            .active_snapshots(&self.snapshotter)
             .await
-            .map_err(JanitorError::containerd("snapshots.List"))?
-            .into_inner();
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(JanitorError::containerd("snapshots.List"))?;
-            out.extend(
-                chunk
-                    .info
-                    .into_iter()
-                    .filter(|i| i.kind == Kind::Active as i32),
-            );
-        }
-        Ok(out)
+            .map_err(JanitorError::containerd("snapshots.List"))
     }
 
     /// `<id>.log` files in the agent's log dir → last modification (unix ms).

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use backon::Retryable;
+use containerd_client::services::v1::snapshots::{Info, Kind, ListSnapshotsRequest};
 use containerd_client::services::v1::{
     containers_client::ContainersClient, content_client::ContentClient, diff_client::DiffClient,
     events_client::EventsClient, images_client::ImagesClient, leases_client::LeasesClient,
@@ -128,6 +129,34 @@ impl Containerd {
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20)
     }
+    /// Every active (writable) snapshot of `snapshotter`: the janitor's
+    /// leftovers and the agent's prepared snapshots are among them. The
+    /// caller names the failure (`snapshots.List`) in its own error.
+    pub async fn active_snapshots(
+        &self,
+        snapshotter: &str,
+    ) -> std::result::Result<Vec<Info>, tonic::Status> {
+        use futures::StreamExt;
+        let mut stream = self
+            .snapshots()
+            .list(self.req(ListSnapshotsRequest {
+                snapshotter: snapshotter.to_string(),
+                filters: vec![],
+            }))
+            .await?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            out.extend(
+                chunk?
+                    .info
+                    .into_iter()
+                    .filter(|i| i.kind == Kind::Active as i32),
+            );
+        }
+        Ok(out)
+    }
+
     pub fn snapshots(&self) -> SnapshotsClient<Channel> {
         SnapshotsClient::new(self.channel.clone())
     }
