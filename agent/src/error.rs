@@ -74,6 +74,23 @@ pub enum AgentError {
     },
     #[error("volume {volume:?} is not mounted in sandbox {sandbox}")]
     VolumeNotMounted { sandbox: String, volume: String },
+    /// A capture named the id of a snapshot of another sandbox.
+    #[error("snapshot {id} already exists, of sandbox {sandbox}")]
+    SnapshotTaken { id: String, sandbox: String },
+    /// containerd keeps a snapshot while a writable layer sits on it.
+    #[error(
+        "snapshot {0} is in use: sandboxes restored from it (or snapshots of those) still exist on this node; it can be deleted once they are gone"
+    )]
+    SnapshotInUse(String),
+    /// A restore named a snapshot this agent does not have.
+    #[error("snapshot {0} is not on this agent")]
+    SnapshotNotHere(String),
+    /// This node cannot capture sandbox snapshots (the reason says why).
+    #[error("sandbox snapshots are unavailable here: {0}")]
+    SnapshotUnsupported(String),
+    /// Copying a sandbox's writable layer failed on the host.
+    #[error("capturing the writable layer: {0}")]
+    SnapshotCopy(String),
 }
 
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
@@ -128,6 +145,11 @@ impl AgentError {
                 Code::FailedPrecondition
             }
             AgentError::VolumeNotMounted { .. } => Code::NotFound,
+            AgentError::SnapshotTaken { .. } => Code::AlreadyExists,
+            AgentError::SnapshotInUse(_)
+            | AgentError::SnapshotNotHere(_)
+            | AgentError::SnapshotUnsupported(_) => Code::FailedPrecondition,
+            AgentError::SnapshotCopy(_) => Code::Internal,
         }
     }
 
@@ -299,6 +321,20 @@ mod tests {
                 },
                 Code::NotFound,
             ),
+            (
+                AgentError::SnapshotTaken {
+                    id: s(),
+                    sandbox: s(),
+                },
+                Code::AlreadyExists,
+            ),
+            (AgentError::SnapshotInUse(s()), Code::FailedPrecondition),
+            (AgentError::SnapshotNotHere(s()), Code::FailedPrecondition),
+            (
+                AgentError::SnapshotUnsupported(s()),
+                Code::FailedPrecondition,
+            ),
+            (AgentError::SnapshotCopy(s()), Code::Internal),
             (
                 AgentError::VolumeStore(crate::volume_store::VolumeStoreError::NoSpace {
                     what: s(),

@@ -25,13 +25,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use containerd_client::services::v1::snapshots::{
-    MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
-};
 use containerd_client::types::Mount;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
-use tonic::Code;
 
 use crate::containerd::Containerd;
 use crate::error::{AgentError, Result};
@@ -48,8 +44,6 @@ const MAX_DEFER: Duration = Duration::from_millis(500);
 const PAUSE: Duration = Duration::from_millis(20);
 /// How often a deferred refill looks again.
 const DEFER_STEP: Duration = Duration::from_millis(50);
-/// containerd's GC keeps a snapshot carrying this label.
-const GC_ROOT: &str = "containerd.io/gc.root";
 
 /// The prepared snapshots of one agent process.
 pub struct Prepared {
@@ -174,17 +168,10 @@ impl Prepared {
 
     /// The rootfs mounts of prepared snapshot `key`.
     pub async fn mounts(&self, key: &str) -> Result<Vec<Mount>> {
-        Ok(self
-            .ctrd
-            .snapshots()
-            .mounts(self.ctrd.req(MountsRequest {
-                snapshotter: self.snapshotter.clone(),
-                key: key.to_string(),
-            }))
+        self.ctrd
+            .snapshot_mounts(&self.snapshotter, key)
             .await
-            .map_err(AgentError::containerd("snapshots.Mounts"))?
-            .into_inner()
-            .mounts)
+            .map_err(AgentError::containerd("snapshots.Mounts"))
     }
 
     /// Prepares one snapshot on top of `parent` and makes it ready.
@@ -197,16 +184,13 @@ impl Prepared {
         let labels = HashMap::from([
             (labels::PREPARED.to_string(), self.agent_id.clone()),
             (labels::AGENT_INSTANCE.to_string(), self.instance_id.clone()),
-            (GC_ROOT.to_string(), crate::sandbox::now_ms().to_string()),
+            (
+                labels::GC_ROOT.to_string(),
+                crate::sandbox::now_ms().to_string(),
+            ),
         ]);
         self.ctrd
-            .snapshots()
-            .prepare(self.ctrd.req(PrepareSnapshotRequest {
-                snapshotter: self.snapshotter.clone(),
-                key: key.clone(),
-                parent: parent.to_string(),
-                labels,
-            }))
+            .prepare_snapshot(&self.snapshotter, &key, parent, labels)
             .await
             .map_err(AgentError::containerd("snapshots.Prepare"))?;
         self.state
@@ -220,17 +204,8 @@ impl Prepared {
 
     /// Removes snapshot `key` ("already gone" is fine).
     async fn remove(&self, key: &str) -> bool {
-        let res = self
-            .ctrd
-            .snapshots()
-            .remove(self.ctrd.req(RemoveSnapshotRequest {
-                snapshotter: self.snapshotter.clone(),
-                key: key.to_string(),
-            }))
-            .await;
-        match res {
+        match self.ctrd.remove_snapshot(&self.snapshotter, key).await {
             Ok(_) => true,
-            Err(s) if s.code() == Code::NotFound => true,
             Err(s) => {
                 tracing::warn!(key, error = %s, "could not remove a prepared snapshot");
                 false

@@ -27,7 +27,8 @@ use parking_lot::RwLock;
 use sandbolt_node::NodeError;
 use sandbolt_node::retry;
 use sandbolt_proto::agent::v1::{
-    CreateTimings, NamedVolumeMount, Resources, SandboxPhase, SandboxSpec, SandboxStatus, WarmClass,
+    CreateTimings, NamedVolumeMount, Resources, SandboxPhase, SandboxSpec, SandboxStatus,
+    SnapshotInfo, WarmClass,
 };
 use sandbolt_proto::egress::NetworkPolicy;
 use sandbolt_proto::quantity::QuantityError;
@@ -43,6 +44,7 @@ use crate::labels;
 use crate::network::{Attachment, Network};
 use crate::prepared::Prepared;
 use crate::runtime::RuntimeInfo;
+use crate::snapshot::{self, Snapshots};
 use crate::teardown::{SnapshotRef, Stop, Teardown};
 use crate::volume_mounts::{self, VolumeMounts};
 use crate::{hardening, proxy, spec, volumes};
@@ -185,6 +187,8 @@ pub struct Sandboxes {
     warm_wake: Arc<tokio::sync::Notify>,
     /// Writable snapshots prepared ahead of cold creates.
     prepared: Arc<Prepared>,
+    /// Committed sandbox snapshots (captures, deletes, restores' parents).
+    snapshots: Arc<Snapshots>,
 }
 
 pub fn now_ms() -> i64 {
@@ -244,7 +248,17 @@ fn validate_request(spec: &SandboxSpec) -> Result<()> {
             labels::RESERVED_PREFIX
         )));
     }
+    if !spec.snapshot_id.is_empty() {
+        snapshot::validate_id(&spec.snapshot_id)?;
+    }
     volume_mounts::validate(&spec.volume_mounts, "volume_mounts")
+}
+
+/// The key of snapshot `id`'s operation lock in the per-id lock map ('/'
+/// is never in a sandbox id): a delete of the snapshot waits for a capture
+/// of it and for a restore's writable layer to exist.
+fn snapshot_lock_key(id: &str) -> String {
+    format!("snapshot/{id}")
 }
 
 /// `value`, or `default` when `value` is empty (proto3 strings have no
@@ -309,6 +323,14 @@ impl Sandboxes {
                 instance_id,
                 cfg.prepared_snapshots,
             )),
+            snapshots: Arc::new(Snapshots::new(
+                ctrd.clone(),
+                &cfg.snapshotter,
+                &cfg.agent_id,
+                &cfg.node_name,
+                instance_id,
+                volumes.clone(),
+            )),
             cfg,
             ctrd,
             runtimes,
@@ -331,6 +353,11 @@ impl Sandboxes {
     /// The writable snapshots prepared ahead of cold creates.
     pub fn prepared(&self) -> &Arc<Prepared> {
         &self.prepared
+    }
+
+    /// This agent's committed sandbox snapshots.
+    pub fn snapshots(&self) -> &Arc<Snapshots> {
+        &self.snapshots
     }
 
     /// Hands the started network to the table (once, at agent start).
@@ -436,6 +463,16 @@ impl Sandboxes {
                 status,
                 timings: CreateTimings::default(),
                 claimed_warm: false,
+            });
+        }
+        if !spec.snapshot_id.is_empty() && self.is_warm(&id) {
+            return Err(AgentError::AlreadyExists {
+                id,
+                owner: "a warm sandbox of this agent".into(),
+                requested: format!(
+                    "a restore of snapshot {} (restores never claim warm sandboxes)",
+                    spec.snapshot_id
+                ),
             });
         }
         if self.is_warm(&id) {
@@ -613,6 +650,8 @@ impl Sandboxes {
         let held = self.bind_mounts(spec)?;
         let held = self.with_named_volumes(spec, held).await?;
         let policy = self.network_policy(spec)?;
+        // Held until the writable layer sits on the snapshot.
+        let restore = self.restore_parent(spec).await?;
 
         // A prepared namespace is taken while the image resolves.
         let (image, attachment) =
@@ -634,7 +673,10 @@ impl Sandboxes {
             self.create_container(spec, runtime, &image, &oci, labels, &key)
                 .await?;
             *created = true;
-            let rootfs = self.rootfs(&key, prepared, &image.chain_id).await?;
+            let parent = restore
+                .as_ref()
+                .map_or(image.chain_id.as_str(), |(p, _)| p.as_str());
+            let rootfs = self.rootfs(&key, prepared, parent).await?;
             // Container and rootfs ready (with a prepared snapshot: no
             // snapshots.Prepare on this path).
             timings.container_created_us = clock.elapsed_us();
@@ -979,7 +1021,9 @@ impl Sandboxes {
     /// image when one is ready (user creates only: warm starts refill on
     /// their own schedule), else the sandbox id. True when prepared.
     fn snapshot_key_for(&self, spec: &SandboxSpec, image: &ResolvedImage) -> (String, bool) {
-        if !self.is_warm(&spec.sandbox_id)
+        // A restore's layer sits on its snapshot, never on the image.
+        if spec.snapshot_id.is_empty()
+            && !self.is_warm(&spec.sandbox_id)
             && let Some(key) = self.prepared.take(&spec.sandbox_id, &image.chain_id)
         {
             return (key, true);
@@ -1313,6 +1357,11 @@ impl Sandboxes {
                     continue;
                 }
             };
+            if c.labels.contains_key(labels::FROZEN_FOR_SNAPSHOT)
+                && let Err(e) = snapshot::thaw_after_dead_capture(&self.ctrd, &c.id).await
+            {
+                tracing::warn!(sandbox = %c.id, error = %e, "could not thaw a sandbox a dead capture froze");
+            }
             self.refresh_from_task(&mut entry).await;
             self.volumes.adopt(&entry.id, &entry.volume_mounts);
             tracing::info!(sandbox = %entry.id, phase = ?entry.phase, pid = entry.pid, volumes = entry.volume_mounts.len(), "recovered sandbox");
@@ -1330,6 +1379,7 @@ impl Sandboxes {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not list prepared snapshots to remove"),
         }
+        self.snapshots.recover().await?;
         Ok(n)
     }
 
@@ -1349,21 +1399,10 @@ impl Sandboxes {
         if old == Some(uid) {
             return Ok(());
         }
-        // Only the one label: the mask keeps every other field (and label)
-        // exactly as containerd has it.
-        let update = Container {
-            id: c.id.clone(),
-            labels: HashMap::from([(labels::AGENT_POD_UID.to_string(), uid.to_string())]),
-            ..Default::default()
-        };
+        // Only the one label: every other field (and label) stays exactly
+        // as containerd has it.
         self.ctrd
-            .containers()
-            .update(self.ctrd.req(UpdateContainerRequest {
-                container: Some(update),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: vec![format!("labels.{}", labels::AGENT_POD_UID)],
-                }),
-            }))
+            .set_container_label(&c.id, labels::AGENT_POD_UID, uid)
             .await
             .map_err(AgentError::containerd("containers.Update"))?;
         tracing::info!(sandbox = %c.id, from = old.unwrap_or(""), to = uid, "adopted sandbox into this agent pod");
@@ -1676,25 +1715,116 @@ impl Sandboxes {
     /// Rewrites the container's [`labels::VOLUME_MOUNTS`] label (only it:
     /// the mask keeps every other field and label as containerd has it).
     async fn write_volume_label(&self, id: &str, mounts: &[NamedVolumeMount]) -> Result<()> {
-        let update = Container {
-            id: id.to_string(),
-            labels: HashMap::from([(
-                labels::VOLUME_MOUNTS.to_string(),
-                volume_mounts::to_label(mounts)?,
-            )]),
-            ..Default::default()
-        };
         self.ctrd
-            .containers()
-            .update(self.ctrd.req(UpdateContainerRequest {
-                container: Some(update),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: vec![format!("labels.{}", labels::VOLUME_MOUNTS)],
-                }),
-            }))
+            .set_container_label(id, labels::VOLUME_MOUNTS, &volume_mounts::to_label(mounts)?)
             .await
-            .map_err(AgentError::containerd("containers.Update"))?;
-        Ok(())
+            .map_err(AgentError::containerd("containers.Update"))
+    }
+
+    /// Captures sandbox `sandbox_id` as snapshot `snapshot_id` (see
+    /// [`crate::snapshot`]) under the sandbox's lock (a pause, resume or
+    /// delete of it waits for the capture) and the snapshot's. Idempotent
+    /// by snapshot id.
+    pub async fn create_snapshot(
+        &self,
+        snapshot_id: &str,
+        sandbox_id: &str,
+    ) -> Result<SnapshotInfo> {
+        snapshot::validate_id(snapshot_id)?;
+        validate_id(sandbox_id)?;
+        let lock = self.lock_for(sandbox_id);
+        let _guard = lock.lock().await;
+        let key = snapshot_lock_key(snapshot_id);
+        let snapshot_lock = self.lock_for(&key);
+        let snapshot_guard = snapshot_lock.lock().await;
+        let captured = self.capture_locked(snapshot_id, sandbox_id).await;
+        drop(snapshot_guard);
+        self.release_lock(&key, &snapshot_lock);
+        if !self.table.read().contains_key(sandbox_id) {
+            self.release_lock(sandbox_id, &lock);
+        }
+        captured
+    }
+
+    /// The capture, both locks held: the snapshot when it exists already,
+    /// else a capture of the sandbox as the table has it.
+    async fn capture_locked(&self, snapshot_id: &str, sandbox_id: &str) -> Result<SnapshotInfo> {
+        if let Some(info) = self.snapshots.existing(snapshot_id, sandbox_id).await? {
+            return Ok(info);
+        }
+        let source = self.capture_source(sandbox_id)?;
+        let info = self.snapshots.capture(snapshot_id, &source).await?;
+        // A reconcile that read the task while it was frozen saw it paused.
+        if source.running
+            && let Some(e) = self.table.write().get_mut(sandbox_id)
+            && e.phase == SandboxPhase::Paused
+        {
+            e.phase = SandboxPhase::Running;
+        }
+        Ok(info)
+    }
+
+    /// What a capture needs of sandbox `id`: it must be a sandbox of the
+    /// API (not warm), running or paused.
+    fn capture_source(&self, id: &str) -> Result<snapshot::Source> {
+        let table = self.table.read();
+        let e = table
+            .get(id)
+            .filter(|e| e.warm.is_none())
+            .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))?;
+        let running = match e.phase {
+            SandboxPhase::Running => true,
+            SandboxPhase::Paused => false,
+            phase => {
+                return Err(AgentError::WrongPhase {
+                    id: id.to_string(),
+                    phase: phase.as_str_name(),
+                    action: "snapshot",
+                });
+            }
+        };
+        Ok(snapshot::Source {
+            sandbox_id: id.to_string(),
+            name: e.name.clone(),
+            namespace: e.namespace.clone(),
+            image: e.image.clone(),
+            running,
+            volume_mounts: e.volume_mounts.clone(),
+        })
+    }
+
+    /// Deletes snapshot `snapshot_id` (see [`Snapshots::delete`]) under its
+    /// lock. Returns whether it existed.
+    pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<bool> {
+        snapshot::validate_id(snapshot_id)?;
+        let key = snapshot_lock_key(snapshot_id);
+        let lock = self.lock_for(&key);
+        let guard = lock.lock().await;
+        let deleted = self.snapshots.delete(snapshot_id).await;
+        drop(guard);
+        self.release_lock(&key, &lock);
+        deleted
+    }
+
+    /// For a restore (`snapshot_id` set): the parent of its writable layer,
+    /// checked (see [`Snapshots::restore_parent`]), with the snapshot's
+    /// lock, which keeps a delete off the snapshot until the layer exists.
+    async fn restore_parent(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<Option<(String, tokio::sync::OwnedMutexGuard<()>)>> {
+        if spec.snapshot_id.is_empty() {
+            return Ok(None);
+        }
+        let held = self
+            .lock_for(&snapshot_lock_key(&spec.snapshot_id))
+            .lock_owned()
+            .await;
+        let parent = self
+            .snapshots
+            .restore_parent(&spec.snapshot_id, &spec.image)
+            .await?;
+        Ok(Some((parent, held)))
     }
 
     /// A task's init process exited.

@@ -11,6 +11,7 @@ use sandbolt_proto::agent::v1::{
     GetInventoryRequest, ImageInfo, Inventory, RuntimeSupport, SandboxRef, SandboxStatus,
 };
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::error::AgentError;
 use crate::sandbox::{Sandboxes, now_ms};
@@ -84,6 +85,7 @@ impl AgentApi {
             volume_capabilities: self.volumes().capabilities(),
             warm,
             warm_starting,
+            snapshots: self.sandboxes.snapshots().inventory(),
         })
     }
 
@@ -98,6 +100,7 @@ impl AgentService for AgentApi {
         sandbox_id = request.get_ref().spec.as_ref().map_or("", |s| s.sandbox_id.as_str()),
         name = request.get_ref().spec.as_ref().map_or("", |s| s.name.as_str()),
         namespace = request.get_ref().spec.as_ref().map_or("", |s| s.namespace.as_str()),
+        snapshot_id = request.get_ref().spec.as_ref().map_or("", |s| s.snapshot_id.as_str()),
     ))]
     async fn create_sandbox(
         &self,
@@ -224,6 +227,7 @@ impl AgentService for AgentApi {
         request: Request<v1::CreateVolumeSnapshotRequest>,
     ) -> Result<Response<v1::VolumeSnapshot>, Status> {
         let r = request.into_inner();
+        reserved_volume_snapshot(&r.name)?;
         Ok(Response::new(
             self.volumes().snapshot(&r.volume, &r.name).await?,
         ))
@@ -235,6 +239,7 @@ impl AgentService for AgentApi {
         request: Request<v1::VolumeSnapshotRef>,
     ) -> Result<Response<v1::DeleteVolumeResponse>, Status> {
         let r = request.into_inner();
+        reserved_volume_snapshot(&r.name)?;
         let existed = self.volumes().delete_snapshot(&r.volume, &r.name).await?;
         Ok(Response::new(v1::DeleteVolumeResponse { existed }))
     }
@@ -282,5 +287,56 @@ impl AgentService for AgentApi {
             .detach_volume(&r.sandbox_id, &r.volume)
             .await?;
         Ok(Response::new(status))
+    }
+
+    // Sandbox snapshots (see `crate::snapshot`). Errors: INVALID_ARGUMENT
+    // (a malformed id), NOT_FOUND (no such sandbox), FAILED_PRECONDITION
+    // (the sandbox is not running or paused; the node cannot capture;
+    // delete: sandboxes restored from it exist), ALREADY_EXISTS (the id is
+    // another sandbox's snapshot).
+    #[tracing::instrument(skip_all, fields(snapshot_id = %request.get_ref().snapshot_id, sandbox_id = %request.get_ref().sandbox_id))]
+    async fn create_snapshot(
+        &self,
+        request: Request<v1::CreateSnapshotRequest>,
+    ) -> Result<Response<v1::SnapshotInfo>, Status> {
+        let r = request.into_inner();
+        let sandboxes = self.sandboxes.clone();
+        // Its own task: a caller that gives up (deadline, disconnect) must
+        // not drop a capture half way, with the sandbox frozen.
+        let capture = async move {
+            sandboxes
+                .create_snapshot(&r.snapshot_id, &r.sandbox_id)
+                .await
+        };
+        let info = tokio::spawn(capture.in_current_span())
+            .await
+            .map_err(|e| Status::internal(format!("the capture task failed: {e}")))??;
+        Ok(Response::new(info))
+    }
+
+    #[tracing::instrument(skip_all, fields(snapshot_id = %request.get_ref().snapshot_id))]
+    async fn delete_snapshot(
+        &self,
+        request: Request<v1::SnapshotRef>,
+    ) -> Result<Response<v1::DeleteSnapshotResponse>, Status> {
+        let existed = self
+            .sandboxes
+            .delete_snapshot(&request.get_ref().snapshot_id)
+            .await?;
+        Ok(Response::new(v1::DeleteSnapshotResponse { existed }))
+    }
+}
+
+/// Volume snapshots named `sbs-<id>` belong to sandbox snapshot `<id>` (its
+/// capture makes them, its deletion removes them, an agent start removes
+/// those without their sandbox snapshot): the volume API may not make or
+/// remove one.
+fn reserved_volume_snapshot(name: &str) -> Result<(), Status> {
+    match name.strip_prefix(crate::snapshot::VOLUME_SNAPSHOT_PREFIX) {
+        Some(id) => Err(Status::invalid_argument(format!(
+            "name: volume snapshots named {}* belong to sandbox snapshots ({name} is sandbox snapshot {id}'s); choose another name",
+            crate::snapshot::VOLUME_SNAPSHOT_PREFIX
+        ))),
+        None => Ok(()),
     }
 }

@@ -39,7 +39,7 @@ use crate::volume_store::{
 use crate::volumes::{self, HeldMount};
 
 /// containerd refuses a label whose key and value together are longer.
-const MAX_LABEL_BYTES: usize = 4096;
+pub(crate) const MAX_LABEL_BYTES: usize = 4096;
 
 /// One sandbox's mount of a volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,10 +150,11 @@ fn refuse_if_mounted(table: &Table, volume: &str, action: &'static str) -> Resul
     })
 }
 
-/// One mount as the [`labels::VOLUME_MOUNTS`] label stores it.
+/// One mount as the [`labels::VOLUME_MOUNTS`] label stores it (and, with
+/// its volume snapshot, a sandbox snapshot's [`labels::SNAPSHOT_VOLUMES`]).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct LabelMount {
+pub(crate) struct LabelMount {
     volume: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     sub_path: String,
@@ -162,18 +163,32 @@ struct LabelMount {
     read_only: bool,
 }
 
-/// The label value for a sandbox's mounts; refused when containerd would
-/// refuse the label (too long).
-pub fn to_label(mounts: &[pb::NamedVolumeMount]) -> Result<String> {
-    let list: Vec<LabelMount> = mounts
-        .iter()
-        .map(|m| LabelMount {
+impl From<&pb::NamedVolumeMount> for LabelMount {
+    fn from(m: &pb::NamedVolumeMount) -> Self {
+        Self {
             volume: m.volume.clone(),
             sub_path: m.sub_path.clone(),
             mount_path: m.mount_path.clone(),
             read_only: m.read_only,
-        })
-        .collect();
+        }
+    }
+}
+
+impl From<LabelMount> for pb::NamedVolumeMount {
+    fn from(m: LabelMount) -> Self {
+        Self {
+            volume: m.volume,
+            sub_path: m.sub_path,
+            mount_path: m.mount_path,
+            read_only: m.read_only,
+        }
+    }
+}
+
+/// The label value for a sandbox's mounts; refused when containerd would
+/// refuse the label (too long).
+pub fn to_label(mounts: &[pb::NamedVolumeMount]) -> Result<String> {
+    let list: Vec<LabelMount> = mounts.iter().map(LabelMount::from).collect();
     let value = serde_json::to_string(&list).expect("strings and bools serialize");
     if value.len() + labels::VOLUME_MOUNTS.len() > MAX_LABEL_BYTES {
         return Err(AgentError::InvalidArgument(format!(
@@ -192,15 +207,7 @@ pub fn from_label(value: &str) -> Result<Vec<pb::NamedVolumeMount>, serde_json::
         return Ok(Vec::new());
     }
     let list: Vec<LabelMount> = serde_json::from_str(value)?;
-    Ok(list
-        .into_iter()
-        .map(|m| pb::NamedVolumeMount {
-            volume: m.volume,
-            sub_path: m.sub_path,
-            mount_path: m.mount_path,
-            read_only: m.read_only,
-        })
-        .collect())
+    Ok(list.into_iter().map(Into::into).collect())
 }
 
 /// The checks of a sandbox's named volume mounts that need neither the

@@ -13,6 +13,7 @@ pub mod progress;
 pub mod report;
 pub mod scenarios;
 pub mod sdk;
+pub mod snapshot;
 pub mod stats;
 pub mod systems;
 pub mod warm;
@@ -84,6 +85,13 @@ pub struct Options {
     /// Creates at once in the warm pools burst, with a buffer of as many
     /// (and the same burst cold); 0 leaves the burst out.
     pub warm_burst: u32,
+    /// Captures per size in the snapshots scenario (issue 18), and its
+    /// rounds of create-from-snapshot vs cold create; 0 leaves the whole
+    /// snapshots scenario out.
+    pub snapshot_rounds: u32,
+    /// MiB of filesystem changes in the snapshotted sandboxes, one source
+    /// sandbox (and its captures) per size.
+    pub snapshot_sizes_mib: Vec<u64>,
     /// OCI runtime of sandbolt's agents (`runc`, `crun`, `runsc`).
     pub runtime: String,
     pub out_dir: PathBuf,
@@ -101,6 +109,8 @@ impl Options {
             sdk_rounds: 2,
             warm_rounds: 3,
             warm_burst: 4,
+            snapshot_rounds: 3,
+            snapshot_sizes_mib: vec![1],
             runtime: "runc".into(),
             out_dir,
             progress: false,
@@ -115,6 +125,8 @@ impl Options {
             sdk_rounds: 20,
             warm_rounds: 50,
             warm_burst: 100,
+            snapshot_rounds: 10,
+            snapshot_sizes_mib: vec![1, 100, 1024],
             runtime: "runc".into(),
             out_dir,
             progress: true,

@@ -35,6 +35,14 @@ struct Args {
     /// Creates at once in the warm pools burst, with a buffer of as many.
     #[arg(long)]
     warm_burst: Option<u32>,
+    /// Captures per size in the snapshots scenario, and its rounds of
+    /// create-from-snapshot vs cold create (0 leaves it out).
+    #[arg(long)]
+    snapshot_rounds: Option<u32>,
+    /// MiB of changes in the snapshotted sandboxes, comma-separated
+    /// (default: 1 with --quick, else 1,100,1024).
+    #[arg(long, value_delimiter = ',')]
+    snapshot_sizes_mib: Option<Vec<u64>>,
     /// OCI runtime of sandbolt's agents: runc, crun or runsc (one that
     /// cannot run on this machine is reported as such).
     #[arg(long, default_value = "runc")]
@@ -64,6 +72,10 @@ async fn main() -> anyhow::Result<()> {
     opts.sdk_rounds = args.sdk_rounds.unwrap_or(opts.sdk_rounds);
     opts.warm_rounds = args.warm_rounds.unwrap_or(opts.warm_rounds);
     opts.warm_burst = args.warm_burst.unwrap_or(opts.warm_burst);
+    opts.snapshot_rounds = args.snapshot_rounds.unwrap_or(opts.snapshot_rounds);
+    if let Some(sizes) = args.snapshot_sizes_mib {
+        opts.snapshot_sizes_mib = sizes;
+    }
     opts.runtime = args.runtime;
     opts.progress = std::io::IsTerminal::is_terminal(&std::io::stderr()) || !args.quick;
     let command = std::env::args().collect::<Vec<_>>().join(" ");

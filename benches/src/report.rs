@@ -58,6 +58,7 @@ pub fn ratios(out: &RunOutput) -> Vec<(String, f64)> {
         .collect();
     ratios.extend(crate::sdk::ratios(&out.samples));
     ratios.extend(crate::warm::ratios(&out.samples));
+    ratios.extend(crate::snapshot::ratios(&out.samples));
     ratios
 }
 

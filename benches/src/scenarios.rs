@@ -46,7 +46,8 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
         + BURST_SYSTEMS.len() as u64
         + opts.churn as u64
         + u64::from(opts.sdk_rounds > 0)
-        + u64::from(opts.warm_rounds > 0);
+        + u64::from(opts.warm_rounds > 0)
+        + u64::from(opts.snapshot_rounds > 0);
     let mut run = Run {
         bench,
         enabled,
@@ -62,18 +63,21 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
     run.churn(opts.churn).await;
     run.sdk(opts.sdk_rounds).await;
     run.warm(opts).await;
+    run.snapshots(opts).await;
     run.progress.finish();
     run.bench.shutdown().await;
     Ok(RunOutput {
         machine,
         options: format!(
-            "iterations={} burst={} churn={} sdk_rounds={} warm_rounds={} warm_burst={} runtime={}",
+            "iterations={} burst={} churn={} sdk_rounds={} warm_rounds={} warm_burst={} snapshot_rounds={} snapshot_sizes_mib={:?} runtime={}",
             opts.iterations,
             opts.burst,
             opts.churn,
             opts.sdk_rounds,
             opts.warm_rounds,
             opts.warm_burst,
+            opts.snapshot_rounds,
+            opts.snapshot_sizes_mib,
             opts.runtime
         ),
         samples: run.samples,
@@ -284,6 +288,23 @@ impl Run {
         self.bursts.extend(warm.bursts);
         self.skipped.extend(warm.skipped);
         self.notes.extend(warm.notes);
+    }
+
+    /// Sandbox snapshots (issue 18): capture latency and pause window per
+    /// size of changes, and create-from-snapshot vs cold create.
+    async fn snapshots(&mut self, opts: &Options) {
+        if opts.snapshot_rounds == 0 {
+            return;
+        }
+        self.progress.step(&format!(
+            "snapshots x{} (sizes {:?} MiB)",
+            opts.snapshot_rounds, opts.snapshot_sizes_mib
+        ));
+        let snapshots =
+            crate::snapshot::run(&self.bench, opts.snapshot_rounds, &opts.snapshot_sizes_mib).await;
+        self.samples.extend(snapshots.samples);
+        self.skipped.extend(snapshots.skipped);
+        self.notes.extend(snapshots.notes);
     }
 }
 

@@ -3,7 +3,7 @@
 //! asserts that the harness works — never a speed.
 
 use sandbolt_benches::systems::System;
-use sandbolt_benches::{Options, report, scenarios, sdk, warm};
+use sandbolt_benches::{Options, report, scenarios, sdk, snapshot, warm};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_run_measures_every_system_and_writes_results() {
@@ -15,6 +15,8 @@ async fn quick_run_measures_every_system_and_writes_results() {
     opts.sdk_rounds = 2;
     opts.warm_rounds = 2;
     opts.warm_burst = 3;
+    opts.snapshot_rounds = 2;
+    opts.snapshot_sizes_mib = vec![1];
     let out = scenarios::run(&opts).await.expect("harness runs");
     assert!(
         out.skipped.is_empty(),
@@ -72,6 +74,28 @@ async fn quick_run_measures_every_system_and_writes_results() {
         "{:?}",
         out.notes
     );
+    // Snapshots (issue 18): every capture answered READY with its pause
+    // window, and every create from the snapshot and its cold counterpart
+    // ran.
+    let count = |scenario: &str, system: &str| {
+        out.samples
+            .iter()
+            .filter(|s| s.scenario == scenario && s.system == system)
+            .count()
+    };
+    let one_mib = snapshot::capture_system(1);
+    assert_eq!(count(snapshot::CAPTURE, &one_mib), 2, "{:?}", out.notes);
+    assert_eq!(count(snapshot::PAUSE, &one_mib), 2);
+    assert!(
+        out.samples
+            .iter()
+            .filter(|s| s.scenario == snapshot::CAPTURE)
+            .all(|s| s.stages.iter().any(|(k, us)| k == "paused" && *us > 0)),
+        "a running sandbox is frozen for its capture, for some time"
+    );
+    for system in [snapshot::COLD.to_string(), snapshot::restore_system(1)] {
+        assert_eq!(count(snapshot::RESTORE, &system), 2, "{system}");
+    }
     // The SDK scenario: every lifecycle server, the OpenSandbox server 1.1.1
     // included, answers every round (skipped is empty, checked above).
     for system in sdk::SYSTEMS {
@@ -106,6 +130,15 @@ async fn quick_run_measures_every_system_and_writes_results() {
             warm::SCENARIO,
             warm::WARM_V2,
             warm::COLD_V2
+        )),
+        "{md}"
+    );
+    assert!(
+        md.contains(&format!(
+            "{}: {} ÷ {}",
+            snapshot::RESTORE,
+            snapshot::restore_system(1),
+            snapshot::COLD
         )),
         "{md}"
     );

@@ -384,6 +384,58 @@ impl AgentClients {
     }
 }
 
+/// Sandbox snapshot calls (see `crate::snapshot`). Errors are
+/// [`Error::Agent`] carrying the agent's status.
+impl AgentClients {
+    /// Captures `sandbox_id` as snapshot `snapshot_id`; idempotent by id.
+    pub async fn create_snapshot(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        snapshot_id: &str,
+        sandbox_id: &SandboxId,
+        deadline: Duration,
+    ) -> Result<pb::SnapshotInfo> {
+        let body = pb::CreateSnapshotRequest {
+            snapshot_id: snapshot_id.into(),
+            sandbox_id: sandbox_id.to_string(),
+        };
+        self.call(
+            agent,
+            endpoint,
+            "create_snapshot",
+            deadline,
+            body,
+            |mut c, r| async move { c.create_snapshot(r).await },
+        )
+        .await
+    }
+
+    /// True if the snapshot existed.
+    pub async fn delete_snapshot(
+        &self,
+        agent: &AgentId,
+        endpoint: &str,
+        snapshot_id: &str,
+        deadline: Duration,
+    ) -> Result<bool> {
+        let body = pb::SnapshotRef {
+            snapshot_id: snapshot_id.into(),
+        };
+        let resp = self
+            .call(
+                agent,
+                endpoint,
+                "delete_snapshot",
+                deadline,
+                body,
+                |mut c, r| async move { c.delete_snapshot(r).await },
+            )
+            .await?;
+        Ok(resp.existed)
+    }
+}
+
 /// The agent calls that take a sandbox id and return its status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusRpc {

@@ -113,6 +113,7 @@ fn pvc_in(field: &str, v: &pb::Volume, p: &pb::PvcSource) -> Result<PvcVolume, S
         backend: p.backend.clone(),
         delete_on_sandbox_delete: p.delete_on_sandbox_delete,
         created_by_sandbox: false,
+        fork_from: String::new(),
     })
 }
 
@@ -126,17 +127,14 @@ fn failure_policy_in(p: i32) -> Result<FailurePolicy, Status> {
 
 fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> {
     let spec = q.spec.ok_or_else(|| invalid("spec is required"))?;
-    // A warm pool's template gives the image (the core resolves the pool).
+    // A warm pool's template or a snapshot gives the image (the core
+    // resolves both).
     if spec.image.trim().is_empty()
         && spec.pool.trim().is_empty()
         && spec.warm_pool.trim().is_empty()
+        && spec.snapshot_id.trim().is_empty()
     {
         return Err(invalid("spec.image is required"));
-    }
-    if !spec.snapshot_id.is_empty() {
-        return Err(invalid(
-            "spec.snapshot_id: snapshots are not supported by sandbolt yet; create from an image",
-        ));
     }
     let consistency = match pb::Consistency::try_from(q.consistency) {
         Ok(pb::Consistency::Unspecified) => None,
@@ -170,6 +168,7 @@ fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> 
             network_policy_json: policy_in(&spec.network_policy_json, "spec.network_policy_json")?
                 .to_json(),
             warm_pool: spec.warm_pool,
+            snapshot_id: spec.snapshot_id,
         },
     })
 }
@@ -240,7 +239,7 @@ fn spec_out(s: &SandboxSpec) -> pb::SandboxSpec {
         metadata: s.metadata.clone().into_iter().collect(),
         exposed_ports: s.exposed_ports.clone(),
         network_policy_json: s.network_policy_json.clone(),
-        snapshot_id: String::new(),
+        snapshot_id: s.snapshot_id.clone(),
         warm_pool: s.warm_pool.clone(),
     }
 }
@@ -601,13 +600,6 @@ mod tests {
         let cases = [
             (
                 pb::SandboxSpec {
-                    snapshot_id: "snap-1".into(),
-                    ..base()
-                },
-                "snapshot_id",
-            ),
-            (
-                pb::SandboxSpec {
                     resources: Some(pb::Resources {
                         limits: Some(pb::ResourceList {
                             ephemeral_storage: "1Gi".into(),
@@ -664,6 +656,22 @@ mod tests {
                 e.message()
             );
         }
+    }
+
+    #[test]
+    fn a_restore_reaches_the_core_without_an_image_and_comes_back_out() {
+        let s = create_request(request(pb::SandboxSpec {
+            snapshot_id: "5f0c6f1e-1d2b-4c3a-9e8f-0a1b2c3d4e5f".into(),
+            ..Default::default()
+        }))
+        .unwrap();
+        assert_eq!(s.spec.snapshot_id, "5f0c6f1e-1d2b-4c3a-9e8f-0a1b2c3d4e5f");
+        assert!(s.spec.image.is_empty(), "the core takes the snapshot's");
+        assert_eq!(spec_out(&s.spec).snapshot_id, s.spec.snapshot_id);
+        // Without a snapshot (nor a pool) the image is still required.
+        let e = create_request(request(pb::SandboxSpec::default())).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("spec.image"), "{}", e.message());
     }
 
     #[test]

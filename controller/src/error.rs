@@ -120,11 +120,17 @@ impl From<Error> for Status {
             Error::Unimplemented(_) => Code::Unimplemented,
             Error::Store(StoreError::NotFound(..)) => Code::NotFound,
             Error::Store(StoreError::Invalid(_)) => Code::InvalidArgument,
-            Error::Store(StoreError::AlreadyExists(_) | StoreError::WarmPoolExists(_)) => {
-                Code::AlreadyExists
+            Error::Store(
+                StoreError::AlreadyExists(_)
+                | StoreError::WarmPoolExists(_)
+                | StoreError::SnapshotExists(_),
+            ) => Code::AlreadyExists,
+            Error::Store(StoreError::WarmPoolNotFound(_) | StoreError::SnapshotNotFound(_)) => {
+                Code::NotFound
             }
-            Error::Store(StoreError::WarmPoolNotFound(_)) => Code::NotFound,
-            Error::Store(StoreError::WarmPoolConflict(_)) => Code::Aborted,
+            Error::Store(StoreError::WarmPoolConflict(_) | StoreError::SnapshotConflict(_)) => {
+                Code::Aborted
+            }
             Error::Store(StoreError::Conflict(..)) => Code::Aborted,
             Error::Store(StoreError::Unavailable(_) | StoreError::Backend(_)) => Code::Unavailable,
             Error::Store(StoreError::Corrupt(_)) | Error::Internal(_) => Code::Internal,

@@ -1,7 +1,8 @@
 //! sandbolt controller: the central scheduler.
 //!
 //! It serves sandbolt's native control API (the whole sandbox, named
-//! volumes and warm pools, see [`warm`]), FastPath v2 (what the OpenSandbox server speaks), FastPath v1
+//! volumes, warm pools, see [`warm`], and sandbox snapshots, see
+//! [`snapshot`]), FastPath v2 (what the OpenSandbox server speaks), FastPath v1
 //! (fast-sandbox's API) and sandbolt's RegistryService on one gRPC port,
 //! places sandboxes on agents in memory (image-affinity score, sub-linear
 //! index) and keeps a durable record per sandbox behind the [`Store`] trait.
@@ -33,6 +34,7 @@ pub mod pool_status;
 pub mod registry;
 pub mod registry_server;
 pub mod sandbox;
+pub mod snapshot;
 pub mod store;
 pub mod volume;
 pub mod volume_index;
@@ -46,6 +48,7 @@ use std::time::{Duration, Instant};
 use sandbolt_proto::agent::v1::registry_service_server::RegistryServiceServer;
 use sandbolt_proto::auth::RequireBearer;
 use sandbolt_proto::control::v1::sandbox_service_server::SandboxServiceServer;
+use sandbolt_proto::control::v1::snapshot_service_server::SnapshotServiceServer;
 use sandbolt_proto::control::v1::volume_service_server::VolumeServiceServer;
 use sandbolt_proto::control::v1::warm_pool_service_server::WarmPoolServiceServer;
 use sandbolt_proto::fastpath::v1::fast_path_service_server::FastPathServiceServer as V1Server;
@@ -93,6 +96,9 @@ impl Controller {
         // Records and known agents first: the port opens on a registry that
         // already holds every slot the store knows about.
         core.rebuild()?;
+        // Captures a previous leader did not see finish, listed before any
+        // request can add new ones (those have their own capture task).
+        let pending_snapshots = core.pending_snapshots()?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|e| Error::Unavailable(format!("bind {}: {e}", config.listen)))?;
@@ -105,7 +111,6 @@ impl Controller {
         let agent_auth = RequireBearer::new(Some(&config.agent_token), "registry");
         let health = serving_health().await;
         let router = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(health)
             .add_service(V2Server::with_interceptor(
                 fastpath::v2::FastPathV2::new(core.clone()),
@@ -130,6 +135,11 @@ impl Controller {
             // same token.
             .add_service(WarmPoolServiceServer::with_interceptor(
                 warm::service::WarmPoolServer::new(core.clone()),
+                fp_auth.clone(),
+            ))
+            // Sandbox snapshots: the same clients, the same token.
+            .add_service(SnapshotServiceServer::with_interceptor(
+                snapshot::service::SnapshotServer::new(core.clone()),
                 fp_auth,
             ))
             .add_service(RegistryServiceServer::with_interceptor(
@@ -138,7 +148,12 @@ impl Controller {
             ));
         let mut rx = stop_rx.clone();
         let server = tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            // Accepted connections get TCP_NODELAY here: `Server::tcp_nodelay`
+            // applies only to listeners tonic binds itself. Without it, a
+            // response written in two segments waits for the client's
+            // delayed ACK (40 ms).
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             let shutdown = async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
@@ -162,6 +177,13 @@ impl Controller {
                 c.recovery_tick(started).await;
             }
         });
+        // Only a serving controller (the leader, see `ha`) gets here: the
+        // re-drives and the sweep run on one replica.
+        let snapshots = tokio::spawn(core.clone().snapshot_upkeep(
+            pending_snapshots,
+            tick,
+            stop_rx.clone(),
+        ));
         let c = core.clone();
         let mut rx = stop_rx;
         let sweep = config.expiry_sweep_interval.max(Duration::from_millis(10));
@@ -174,12 +196,12 @@ impl Controller {
                 c.sweep_deletion_requests().await;
             }
         });
-        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving sandbolt.control.v1 (sandboxes, volumes, warm pools), fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
+        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving sandbolt.control.v1 (sandboxes, volumes, warm pools, snapshots), fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
         Ok(ControllerHandle {
             addr,
             core,
             stop,
-            tasks: vec![server, recovery, expiry],
+            tasks: vec![server, recovery, expiry, snapshots],
         })
     }
 }
@@ -252,6 +274,9 @@ async fn serving_health()
         .await;
     reporter
         .set_serving::<WarmPoolServiceServer<warm::service::WarmPoolServer>>()
+        .await;
+    reporter
+        .set_serving::<SnapshotServiceServer<snapshot::service::SnapshotServer>>()
         .await;
     reporter
         .set_serving::<RegistryServiceServer<registry_server::RegistryServer>>()

@@ -71,6 +71,7 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
                     .into(),
             // Warm pool membership rides in the state annotation.
             warm_pool: "py".into(),
+            snapshot_id: "snap-1".into(),
         },
         reset_revision: String::new(),
         generation: 1,

@@ -22,24 +22,18 @@ use sandbolt_proto::control::v1 as native;
 use sandbolt_proto::fastpath::v1;
 use sandbolt_proto::fastpath::v2;
 use sandbolt_test_support::now_unix_secs as now;
-use support::standin::{AGENT_TOKEN, StandInAgent, create_request as create_req};
+use support::standin::{StandInAgent, create_request as create_req};
+use support::{HB, sref, standin_config};
 use tonic::Code;
 
 type V2 = v2::fast_path_service_client::FastPathServiceClient<tonic::transport::Channel>;
 type V1 = v1::fast_path_service_client::FastPathServiceClient<tonic::transport::Channel>;
 
-const HB: Duration = Duration::from_millis(100);
-
 fn config(dir: &Path, mode: Consistency) -> ControllerConfig {
-    let mut c = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir, AGENT_TOKEN);
+    let mut c = standin_config(dir);
     c.default_consistency = mode;
-    c.heartbeat_interval = HB;
-    c.lost_agent_timeout = Duration::from_millis(600);
-    c.startup_grace = Duration::from_secs(3);
     c.expiry_sweep_interval = Duration::from_millis(100);
-    c.create_deadline = Duration::from_secs(10);
     c.default_recovery_timeout = Duration::from_secs(10);
-    c.failpoint = None;
     c
 }
 
@@ -549,17 +543,9 @@ async fn nativec(addr: SocketAddr) -> Native {
     Native::connect(format!("http://{addr}")).await.unwrap()
 }
 
-fn native_ref(name: &str) -> Option<native::SandboxRef> {
-    Some(native::SandboxRef {
-        namespace: String::new(),
-        name: name.into(),
-        expected_uid: String::new(),
-    })
-}
-
 async fn native_get(c: &mut Native, name: &str) -> native::Sandbox {
     c.get_sandbox(native::GetSandboxRequest {
-        sandbox: native_ref(name),
+        sandbox: sref(name),
     })
     .await
     .unwrap()
@@ -572,7 +558,7 @@ async fn set_policy(
     json: &str,
 ) -> Result<native::Sandbox, tonic::Status> {
     c.update_sandbox(native::UpdateSandboxRequest {
-        sandbox: native_ref(name),
+        sandbox: sref(name),
         network_policy_json: Some(json.into()),
         ..Default::default()
     })

@@ -12,34 +12,24 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sandbolt_controller::registry::{AgentPresence, AgentWhereabouts, Presence};
-use sandbolt_controller::{Controller, ControllerConfig, ControllerHandle};
+use sandbolt_controller::{Controller, ControllerHandle};
 use sandbolt_proto::control::v1 as native;
-use support::standin::{AGENT_TOKEN, StandInAgent, node_of};
+use support::standin::{StandInAgent, node_of};
+use support::{
+    HB, assert_code, eventually, node_deleted_config, pvc, sandbox_request as sandbox, sref,
+    standin_config, with_spec,
+};
 use tonic::Code;
 use tonic::transport::Channel;
 
 type Native = native::sandbox_service_client::SandboxServiceClient<Channel>;
 type Vols = native::volume_service_client::VolumeServiceClient<Channel>;
 
-const HB: Duration = Duration::from_millis(100);
-
-fn config(dir: &Path) -> ControllerConfig {
-    let mut c = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir, AGENT_TOKEN);
-    c.heartbeat_interval = HB;
-    c.lost_agent_timeout = Duration::from_millis(600);
-    c.startup_grace = Duration::from_secs(3);
-    c.create_deadline = Duration::from_secs(10);
-    c.failpoint = None;
-    c
-}
-
 async fn start(dir: &Path) -> ControllerHandle {
-    Controller::start(config(dir)).await.unwrap()
+    Controller::start(standin_config(dir)).await.unwrap()
 }
 
 async fn clients(addr: SocketAddr) -> (Native, Vols) {
@@ -79,41 +69,6 @@ fn vref(name: &str) -> native::VolumeRef {
     native::VolumeRef { name: name.into() }
 }
 
-fn sref(name: &str) -> Option<native::SandboxRef> {
-    Some(native::SandboxRef {
-        namespace: String::new(),
-        name: name.into(),
-        expected_uid: String::new(),
-    })
-}
-
-fn pvc(claim: &str, mount: &str, f: impl FnOnce(&mut native::PvcSource)) -> native::Volume {
-    let mut p = native::PvcSource {
-        claim_name: claim.into(),
-        ..Default::default()
-    };
-    f(&mut p);
-    native::Volume {
-        name: format!("{claim}-entry"),
-        source: Some(native::volume::Source::Pvc(p)),
-        mount_path: mount.into(),
-        ..Default::default()
-    }
-}
-
-fn sandbox(name: &str, volumes: Vec<native::Volume>) -> native::CreateSandboxRequest {
-    native::CreateSandboxRequest {
-        request_id: name.into(),
-        name: name.into(),
-        spec: Some(native::SandboxSpec {
-            image: "busybox".into(),
-            volumes,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 async fn get_sandbox(c: &mut Native, name: &str) -> native::Sandbox {
     c.get_sandbox(native::GetSandboxRequest {
         sandbox: sref(name),
@@ -134,26 +89,6 @@ fn pvcs(s: &native::Sandbox) -> Vec<native::PvcSource> {
             _ => None,
         })
         .collect()
-}
-
-fn assert_code<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, says: &[&str]) {
-    let e = r.expect_err("the call must fail");
-    assert_eq!(e.code(), code, "{}", e.message());
-    for s in says {
-        assert!(
-            e.message().contains(s),
-            "{:?} should say {s:?}",
-            e.message()
-        );
-    }
-}
-
-async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Creation spreads volumes (fewest first), honours `node_name`, keeps names
@@ -744,7 +679,7 @@ async fn a_restarted_controller_waits_for_its_agents_before_new_names() {
     a.set_heartbeats(false);
     h.shutdown().await;
 
-    let mut cfg = config(dir.path());
+    let mut cfg = standin_config(dir.path());
     cfg.startup_grace = Duration::from_secs(60);
     let h = Controller::start(cfg).await.unwrap();
     a.retarget(h.local_addr());
@@ -771,35 +706,22 @@ async fn a_restarted_controller_waits_for_its_agents_before_new_names() {
     h.shutdown().await;
 }
 
-/// Says every silent agent is gone (its node was deleted).
-#[derive(Debug)]
-struct NodeDeleted;
-
-#[async_trait::async_trait]
-impl AgentPresence for NodeDeleted {
-    async fn check(&self, _: &AgentWhereabouts) -> sandbolt_controller::Result<Presence> {
-        Ok(Presence::Gone("test: node deleted".into()))
-    }
-}
-
 /// AUTO_RECREATE moves a sandbox off a gone node, except one that mounts
 /// its local volumes: that one fails, saying why; it is never recreated
 /// elsewhere without its data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_recreate_never_moves_a_sandbox_away_from_its_volumes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(dir.path());
-    cfg.agent_presence = Some(Arc::new(NodeDeleted));
-    cfg.agent_gone_timeout = Duration::from_millis(800);
-    cfg.default_recovery_timeout = Duration::from_secs(30);
-    let h = Controller::start(cfg).await.unwrap();
+    let h = Controller::start(node_deleted_config(dir.path()))
+        .await
+        .unwrap();
     let a = rooted("a", 4, &["busybox"], &h).await;
     let (mut c, mut v) = clients(h.local_addr()).await;
     create_volume(&mut v, "work", &node_of("a")).await;
     let recreate = |name: &str, volumes| {
-        let mut s = sandbox(name, volumes);
-        s.spec.as_mut().unwrap().failure_policy = native::FailurePolicy::AutoRecreate as i32;
-        s
+        with_spec(sandbox(name, volumes), |s| {
+            s.failure_policy = native::FailurePolicy::AutoRecreate as i32;
+        })
     };
     c.create_sandbox(recreate("pinned", vec![pvc("work", "/w", |_| {})]))
         .await

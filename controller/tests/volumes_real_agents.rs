@@ -8,6 +8,8 @@
 //! sandboxes (bytes written, read back, restored, forked) is covered end to
 //! end in `tests/tests/volumes_end_to_end.rs`.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,6 +22,7 @@ use sandbolt_proto::auth::BearerToken;
 use sandbolt_proto::control::v1 as native;
 use sandbolt_test_support::eventually_async;
 use sandbolt_testbed::{Testbed, busybox_image, execd_binary};
+use support::{code, pvc, sandbox_request, sref, with_spec};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -89,49 +92,15 @@ async fn agent_client(
     AgentServiceClient::with_interceptor(ch, BearerToken::new(TOKEN).unwrap())
 }
 
-fn pvc(claim: &str, mount: &str, f: impl FnOnce(&mut native::PvcSource)) -> native::Volume {
-    let mut p = native::PvcSource {
-        claim_name: claim.into(),
-        ..Default::default()
-    };
-    f(&mut p);
-    native::Volume {
-        name: claim.into(),
-        source: Some(native::volume::Source::Pvc(p)),
-        mount_path: mount.into(),
-        ..Default::default()
-    }
-}
-
+/// A busybox sandbox that stays up (sleeps) mounting `volumes`.
 fn sandbox(name: &str, volumes: Vec<native::Volume>) -> native::CreateSandboxRequest {
-    native::CreateSandboxRequest {
-        request_id: name.into(),
-        name: name.into(),
-        spec: Some(native::SandboxSpec {
-            image: "busybox".into(),
-            command: vec!["sleep".into(), "600".into()],
-            volumes,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn sref(name: &str) -> Option<native::SandboxRef> {
-    Some(native::SandboxRef {
-        namespace: String::new(),
-        name: name.into(),
-        expected_uid: String::new(),
+    with_spec(sandbox_request(name, volumes), |s| {
+        s.command = vec!["sleep".into(), "600".into()];
     })
 }
 
 fn vref(name: &str) -> native::VolumeRef {
     native::VolumeRef { name: name.into() }
-}
-
-fn code<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) {
-    let e = r.expect_err("the call must fail");
-    (e.code(), e.message().to_string())
 }
 
 fn agent_of(s: &native::Sandbox) -> String {

@@ -8,6 +8,8 @@
 //! marker file). Also WarmPoolService CRUD and validation, and FastPath
 //! v2's GetPool/ListPools counts.
 
+mod support;
+
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use sandbolt_proto::control::v1 as native;
 use sandbolt_proto::fastpath::v2 as fp;
 use sandbolt_test_support::{eventually_async, http};
 use sandbolt_testbed::{Testbed, execd_binary};
+use support::{code, sref};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -177,20 +180,8 @@ fn create(name: &str, pool: &str, image: &str) -> native::CreateSandboxRequest {
     }
 }
 
-fn sref(name: &str) -> Option<native::SandboxRef> {
-    Some(native::SandboxRef {
-        name: name.into(),
-        ..Default::default()
-    })
-}
-
 fn status(s: &native::Sandbox) -> &native::SandboxStatus {
     s.status.as_ref().unwrap()
-}
-
-fn code<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) {
-    let e = r.expect_err("the call must fail");
-    (e.code(), e.message().to_string())
 }
 
 /// One call to the sandbox's execd through the agent's proxy.

@@ -6,7 +6,7 @@ use anyhow::Context;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{Sandbox, SandboxPool, SandboxWarmPool};
+use crate::{Sandbox, SandboxPool, SandboxSnapshot, SandboxWarmPool};
 
 /// Command that rewrites every checked-in CRD file from the types.
 pub const REGENERATE: &str =
@@ -19,7 +19,12 @@ const HEADER: &str = "# Generated from the Rust types in deploy/src by `cargo ru
 
 /// Every CRD of the project.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Sandbox::crd(), SandboxPool::crd(), SandboxWarmPool::crd()]
+    vec![
+        Sandbox::crd(),
+        SandboxPool::crd(),
+        SandboxWarmPool::crd(),
+        SandboxSnapshot::crd(),
+    ]
 }
 
 /// File name of a CRD: `<plural>.<group>.yaml`, as `kubectl` names CRDs.

@@ -9,6 +9,9 @@
 //! - [`warm_pool::SandboxWarmPool`] (`sandbolt.io/v1alpha1`): a buffer of
 //!   started, idle sandboxes of one image on an agent pool's agents, claimed
 //!   by creates.
+//! - [`snapshot::SandboxSnapshot`] (`sandbolt.io/v1alpha1`): one sandbox
+//!   snapshot's record (a sandbox's filesystem committed on its node, the
+//!   parent of the sandboxes restored from it).
 //!
 //! The CRD YAML in `deploy/crds/` and `deploy/helm/sandbolt/crds/` is
 //! generated from these types by [`crd`] (`cargo run -p sandbolt-deploy --bin
@@ -17,8 +20,10 @@
 pub mod crd;
 pub mod pool;
 pub mod sandbox;
+pub mod snapshot;
 pub mod warm_pool;
 
 pub use pool::{SandboxPool, SandboxPoolSpec, SandboxPoolStatus};
 pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};
+pub use snapshot::{SandboxSnapshot, SandboxSnapshotSpec};
 pub use warm_pool::{SandboxWarmPool, SandboxWarmPoolSpec, SandboxWarmPoolStatus};

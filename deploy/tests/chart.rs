@@ -723,3 +723,46 @@ fn warm_pools_ship_with_the_chart_and_the_controller_may_keep_them() {
         );
     }
 }
+
+/// Snapshots: their CRD ships with the chart, the controller's Role lets its
+/// store keep them (create, replace, delete, watch), and a SandboxSnapshot is
+/// checked against the CRD like any other object.
+#[test]
+fn snapshots_ship_with_the_chart_and_the_controller_may_keep_them() {
+    let snap = "apiVersion: sandbolt.io/v1alpha1\nkind: SandboxSnapshot\nmetadata: {name: 7f1c2a9e-0b4d-4c6e-9a57-3d2e1f0a8b6c}\nspec:\n  sandboxNamespace: team-a\n  sourceSandbox: fsb-1\n  phase: Ready\n  sizeBytes: 1048576\n  volumes: [{volume: work, mountPath: /work, volumeSnapshot: sbs-7f1c}]\n  metadata: {team: ml}\n  createdAtUnixMs: 1700000000123\n";
+    let (objs, _) = check(None, &[snap]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let crds = std::fs::read_dir(repo().join("deploy/helm/sandbolt/crds"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect::<Vec<_>>();
+    assert!(
+        crds.contains(&"sandboxsnapshots.sandbolt.io.yaml".to_string()),
+        "{crds:?}"
+    );
+    let role = find(&objs, "Role", "sb-sandbolt-controller");
+    assert!(
+        grants(
+            role,
+            "sandboxsnapshots",
+            &[
+                "get", "list", "watch", "create", "update", "patch", "delete"
+            ]
+        ),
+        "{role}"
+    );
+    assert_least_privilege(&objs);
+
+    let bad = "apiVersion: sandbolt.io/v1alpha1\nkind: SandboxSnapshot\nmetadata: {name: s}\nspec:\n  sandboxNamespace: team-a\n  phase: Done\n  sizeBytes: -1\n  extra: 1\n";
+    let err = check(None, &[bad]).expect_err("a bad SandboxSnapshot passed");
+    for part in [
+        "spec: 'sourceSandbox' is a required property",
+        "spec.phase",
+        "spec.sizeBytes",
+        "'extra' was unexpected",
+    ] {
+        assert!(
+            err.contains("SandboxSnapshot/s does not match its CRD") && err.contains(part),
+            "{part}: {err}"
+        );
+    }
+}

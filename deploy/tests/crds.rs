@@ -10,10 +10,11 @@ use sandbolt_deploy::pool::{CapacityBounds, LimitValues, OciRuntime};
 use sandbolt_deploy::sandbox::{
     self, DataPlaneState, DataPlaneStatus, RuntimeState, RuntimeStatus,
 };
+use sandbolt_deploy::snapshot::{SnapshotPhase, SnapshotVolume};
 use sandbolt_deploy::warm_pool::{WarmPoolCapacity, WarmPoolTemplate};
 use sandbolt_deploy::{
-    Sandbox, SandboxPool, SandboxPoolSpec, SandboxSpec, SandboxStatus, SandboxWarmPool,
-    SandboxWarmPoolSpec,
+    Sandbox, SandboxPool, SandboxPoolSpec, SandboxSnapshot, SandboxSnapshotSpec, SandboxSpec,
+    SandboxStatus, SandboxWarmPool, SandboxWarmPoolSpec,
 };
 
 #[test]
@@ -64,6 +65,24 @@ fn yaml(v: &impl serde::Serialize) -> serde_json::Value {
     serde_json::to_value(v).unwrap()
 }
 
+/// Names of a CRD version's printer columns, in order.
+fn printer_columns(version: &serde_json::Value) -> Vec<String> {
+    version["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Whether the generated CRD files include `file`.
+fn is_generated(file: &str) -> bool {
+    crd::rendered()
+        .unwrap()
+        .iter()
+        .any(|(name, _)| name == file)
+}
+
 #[test]
 fn sandbox_crd_has_the_shape_the_opensandbox_server_reads() {
     let crd = yaml(&Sandbox::crd());
@@ -104,12 +123,7 @@ fn sandbox_crd_has_the_shape_the_opensandbox_server_reads() {
     for field in ["type", "status", "observedGeneration", "reason", "message"] {
         assert!(cond[field].is_object(), "condition.{field} missing: {cond}");
     }
-    let columns: Vec<String> = v["additionalPrinterColumns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap().to_string())
-        .collect();
+    let columns = printer_columns(v);
     assert_eq!(
         columns,
         [
@@ -316,12 +330,7 @@ fn warm_pool_crd_has_template_capacity_and_status_counts() {
         assert_eq!(status[field]["type"], "integer", "status.{field}: {status}");
     }
     assert_eq!(status["observedGeneration"]["format"], "int64");
-    let columns: Vec<&str> = v["additionalPrinterColumns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let columns = printer_columns(v);
     assert_eq!(
         columns,
         [
@@ -335,12 +344,7 @@ fn warm_pool_crd_has_template_capacity_and_status_counts() {
         ]
     );
     // Every CRD file is generated, the warm pool's included.
-    assert!(
-        crd::rendered()
-            .unwrap()
-            .iter()
-            .any(|(name, _)| name == "sandboxwarmpools.sandbolt.io.yaml")
-    );
+    assert!(is_generated("sandboxwarmpools.sandbolt.io.yaml"));
 }
 
 #[test]
@@ -390,4 +394,125 @@ fn warm_pool_serializes_in_camel_case_without_unset_fields() {
         Some(IntOrString::Int(2))
     );
     assert!(kubectl.template.runtime.is_none() && kubectl.template.env.is_empty());
+}
+
+#[test]
+fn snapshot_crd_holds_the_whole_record_in_spec() {
+    let crd = yaml(&SandboxSnapshot::crd());
+    assert_eq!(crd["metadata"]["name"], "sandboxsnapshots.sandbolt.io");
+    assert_eq!(crd["spec"]["group"], "sandbolt.io");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    let names = &crd["spec"]["names"];
+    assert_eq!(names["kind"], "SandboxSnapshot");
+    assert_eq!(names["shortNames"], serde_json::json!(["sbsnap"]));
+    assert_eq!(names["categories"], serde_json::json!(["sandbolt"]));
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(v["name"], "v1alpha1");
+    // The record is written in one request: no status subresource.
+    assert!(v.get("subresources").is_none(), "{v}");
+    let props = &v["schema"]["openAPIV3Schema"]["properties"];
+    assert!(props.get("status").is_none(), "{props}");
+    let spec = &props["spec"];
+    assert_eq!(
+        spec["required"],
+        serde_json::json!(["sandboxNamespace", "sourceSandbox"])
+    );
+    let p = &spec["properties"];
+    for field in [
+        "uid",
+        "displayName",
+        "requestId",
+        "sourceUid",
+        "sourceSandboxId",
+        "message",
+        "agentId",
+        "nodeName",
+        "image",
+        "runtime",
+    ] {
+        assert_eq!(p[field]["type"], "string", "spec.{field}: {p}");
+    }
+    for field in [
+        "sizeBytes",
+        "pausedUs",
+        "tookUs",
+        "createdAtUnixMs",
+        "completedAtUnixMs",
+        "lastTransitionUnixMs",
+    ] {
+        assert_eq!(p[field]["format"], "int64", "spec.{field}: {p}");
+    }
+    assert_eq!(p["displayName"]["maxLength"].as_f64(), Some(253.0));
+    let mut phases: Vec<&str> = p["phase"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    phases.sort_unstable();
+    assert_eq!(phases, ["Deleting", "Failed", "Pending", "Ready"]);
+    assert_eq!(p["metadata"]["additionalProperties"]["type"], "string");
+    let volume = &p["volumes"]["items"];
+    assert_eq!(
+        volume["required"],
+        serde_json::json!(["mountPath", "volume"])
+    );
+    for field in ["subPath", "volumeSnapshot"] {
+        assert_eq!(volume["properties"][field]["type"], "string");
+    }
+    assert_eq!(volume["properties"]["readOnly"]["type"], "boolean");
+    let columns = printer_columns(v);
+    assert_eq!(
+        columns,
+        [
+            "SandboxNamespace",
+            "Source",
+            "Phase",
+            "Node",
+            "Size",
+            "Image",
+            "Age"
+        ]
+    );
+    assert!(is_generated("sandboxsnapshots.sandbolt.io.yaml"));
+}
+
+#[test]
+fn snapshot_serializes_in_camel_case_without_unset_fields() {
+    let snap = SandboxSnapshot::new(
+        "5e0c",
+        SandboxSnapshotSpec {
+            sandbox_namespace: "team-a".into(),
+            source_sandbox: "fsb-1".into(),
+            phase: SnapshotPhase::Ready,
+            size_bytes: 42,
+            volumes: vec![SnapshotVolume {
+                volume: "work".into(),
+                mount_path: "/work".into(),
+                volume_snapshot: "sbs-5e0c".into(),
+                ..SnapshotVolume::default()
+            }],
+            ..SandboxSnapshotSpec::default()
+        },
+    );
+    let v = yaml(&snap);
+    assert_eq!(v["apiVersion"], "sandbolt.io/v1alpha1");
+    assert_eq!(v["kind"], "SandboxSnapshot");
+    assert_eq!(
+        v["spec"],
+        serde_json::json!({
+            "sandboxNamespace": "team-a",
+            "sourceSandbox": "fsb-1",
+            "phase": "Ready",
+            "sizeBytes": 42,
+            "volumes": [{"volume": "work", "mountPath": "/work", "volumeSnapshot": "sbs-5e0c"}],
+        })
+    );
+    // Absent fields read as unset; an absent phase is Pending.
+    let read: SandboxSnapshotSpec = serde_json::from_value(serde_json::json!({
+        "sandboxNamespace": "team-a", "sourceSandbox": "fsb-1"
+    }))
+    .unwrap();
+    assert_eq!(read.phase, SnapshotPhase::Pending);
+    assert!(read.volumes.is_empty() && read.size_bytes == 0 && read.uid.is_empty());
 }

@@ -13,7 +13,10 @@
 //! are lost and says so in their records. On Kubernetes the janitor can
 //! also read the agent pods of its node ([`AgentPods`]): a container left
 //! behind by an agent pod that is gone goes as soon as the controller is
-//! recreating its sandbox elsewhere (see [`rules`]).
+//! recreating its sandbox elsewhere (see [`rules`]). Snapshots that are no
+//! sandbox's writable layer go too: committed sandbox snapshots no snapshot
+//! record names, and the scratch snapshots (prepared, mid-capture) of agent
+//! processes that are gone.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), sandbolt_janitor::JanitorError> {
@@ -42,6 +45,6 @@ pub use config::{FAILPOINT_ENV, Failpoint, JanitorConfig};
 pub use error::{JanitorError, Result};
 pub use metrics::Metrics;
 pub use ownership::{ControllerOwnership, OwnershipSource, ReapNotice};
-pub use rules::{KeepReason, ReapReason, Verdict};
+pub use rules::{KeepReason, ReapReason, SnapshotKeepReason, SnapshotReapReason, Verdict};
 pub use run::JanitorHandle;
-pub use scan::{Janitor, Kept, Reaped, ScanReport};
+pub use scan::{Janitor, Kept, KeptSnapshot, Reaped, ReapedSnapshot, ScanReport};

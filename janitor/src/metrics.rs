@@ -5,7 +5,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use crate::rules::ReapReason;
+use crate::rules::{ReapReason, SnapshotReapReason};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
@@ -15,6 +15,9 @@ struct ReasonLabel {
 pub struct Metrics {
     registry: Registry,
     reaped: Family<ReasonLabel, Counter>,
+    /// Snapshots that are no sandbox's writable layer (sandbox snapshots,
+    /// scratch snapshots), removed by reason.
+    snapshots_reaped: Family<ReasonLabel, Counter>,
     scans: Counter,
     /// Scans that reaped nothing because ownership could not be established.
     fail_safe: Counter,
@@ -33,6 +36,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let reaped = Family::<ReasonLabel, Counter>::default();
+        let snapshots_reaped = Family::<ReasonLabel, Counter>::default();
         let scans = Counter::default();
         let fail_safe = Counter::default();
         let cleanup_errors = Counter::default();
@@ -41,6 +45,11 @@ impl Metrics {
             "sandbolt_janitor_reaped",
             "Sandboxes removed by the janitor, by reason",
             reaped.clone(),
+        );
+        registry.register(
+            "sandbolt_janitor_snapshots_reaped",
+            "Snapshots that were no sandbox's writable layer removed by the janitor (sandbox snapshots no record names, scratch snapshots of gone agent processes), by reason",
+            snapshots_reaped.clone(),
         );
         registry.register("sandbolt_janitor_scans", "Janitor scans run", scans.clone());
         registry.register(
@@ -61,6 +70,7 @@ impl Metrics {
         Self {
             registry,
             reaped,
+            snapshots_reaped,
             scans,
             fail_safe,
             cleanup_errors,
@@ -70,6 +80,14 @@ impl Metrics {
 
     pub(crate) fn reaped(&self, reason: ReapReason) {
         self.reaped
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn snapshot_reaped(&self, reason: SnapshotReapReason) {
+        self.snapshots_reaped
             .get_or_create(&ReasonLabel {
                 reason: reason.as_str().into(),
             })
@@ -98,6 +116,14 @@ impl Metrics {
 
     pub fn reaped_count(&self, reason: ReapReason) -> u64 {
         self.reaped
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .get()
+    }
+
+    pub fn snapshots_reaped_count(&self, reason: SnapshotReapReason) -> u64 {
+        self.snapshots_reaped
             .get_or_create(&ReasonLabel {
                 reason: reason.as_str().into(),
             })
@@ -137,5 +163,14 @@ mod tests {
             "{text}"
         );
         assert_eq!(m.reaped_count(ReapReason::NoRecord), 2);
+        m.snapshot_reaped(SnapshotReapReason::CaptureAbandoned);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "sandbolt_janitor_snapshots_reaped_total{reason=\"capture-abandoned\"} 1"
+            ),
+            "{text}"
+        );
+        assert_eq!(m.reaped_count(ReapReason::NoRecord), 2, "sandboxes apart");
     }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use containerd_client::services::v1::snapshots::Info as SnapshotInfo;
+use containerd_client::services::v1::snapshots::{Info as SnapshotInfo, RemoveSnapshotRequest};
 use containerd_client::services::v1::{Container, GetContainerRequest, ListContainersRequest};
 use futures::FutureExt;
 use sandbolt_node::containerd::Containerd;
@@ -18,6 +18,17 @@ use tonic::Code;
 use crate::config::{Failpoint, JanitorConfig};
 use crate::error::{JanitorError, Result};
 use crate::journal::safe_id;
+
+/// What [`Node::remove_snapshot`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotRemoval {
+    Removed,
+    /// Already gone (another remover, containerd's GC).
+    Gone,
+    /// containerd refused: snapshots are built on it (sandboxes restored
+    /// from a sandbox snapshot).
+    HasChildren,
+}
 
 pub struct Node {
     ctrd: Containerd,
@@ -96,12 +107,31 @@ impl Node {
         }
     }
 
-    /// Active (writable) snapshots of the agent's snapshotter.
-    pub async fn active_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+    /// Every snapshot of the agent's snapshotter, active and committed (one
+    /// listing serves the leftover, scratch and sandbox-snapshot rules).
+    pub async fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
         self.ctrd
-            .active_snapshots(&self.snapshotter)
+            .list_snapshots(&self.snapshotter, vec![])
             .await
             .map_err(JanitorError::containerd("snapshots.List"))
+    }
+
+    /// Removes one snapshot of the agent's snapshotter by name.
+    pub async fn remove_snapshot(&self, name: &str) -> Result<SnapshotRemoval> {
+        let removed = self
+            .ctrd
+            .snapshots()
+            .remove(self.ctrd.req(RemoveSnapshotRequest {
+                snapshotter: self.snapshotter.clone(),
+                key: name.to_string(),
+            }))
+            .await;
+        match removed {
+            Ok(_) => Ok(SnapshotRemoval::Removed),
+            Err(s) if s.code() == Code::NotFound => Ok(SnapshotRemoval::Gone),
+            Err(s) if s.code() == Code::FailedPrecondition => Ok(SnapshotRemoval::HasChildren),
+            Err(s) => Err(JanitorError::containerd("snapshots.Remove")(s)),
+        }
     }
 
     /// `<id>.log` files in the agent's log dir → last modification (unix ms).

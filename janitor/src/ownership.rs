@@ -13,6 +13,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::error::{JanitorError, Result};
 use crate::rules::{
     AgentFacts, ContainerFacts, OwnershipAnswer, OwnershipReport, ReapReason, RecordState,
+    SnapshotOwnershipReport,
 };
 
 #[tonic::async_trait]
@@ -27,6 +28,20 @@ pub trait OwnershipSource: Send + Sync + 'static {
 
     /// Tells the owner a container was removed, so its slot is released.
     async fn report_reaped(&self, reaped: &ReapNotice<'_>) -> Result<()>;
+
+    /// Whether a snapshot record names each sandbox snapshot id, in order.
+    /// An error means "do not know": the caller removes no sandbox
+    /// snapshot. The default is a source that keeps no snapshot records.
+    async fn snapshot_ownership(
+        &self,
+        node_name: &str,
+        snapshot_ids: &[String],
+    ) -> Result<SnapshotOwnershipReport> {
+        let _ = (node_name, snapshot_ids);
+        Err(JanitorError::OwnershipUnavailable(
+            "this ownership source does not answer for sandbox snapshots".into(),
+        ))
+    }
 }
 
 /// One container the janitor removed, as its owner is told of it.
@@ -136,6 +151,31 @@ pub(crate) fn from_proto(
     })
 }
 
+/// The answer for `asked` sandbox snapshot ids; one that does not match
+/// them, in order, proves nothing.
+pub(crate) fn snapshots_from_proto(
+    resp: pb::GetOwnershipResponse,
+    asked: &[String],
+) -> Result<SnapshotOwnershipReport> {
+    let matches = resp.snapshots.len() == asked.len()
+        && resp
+            .snapshots
+            .iter()
+            .zip(asked)
+            .all(|(a, id)| &a.snapshot_id == id);
+    if !matches {
+        return Err(JanitorError::OwnershipUnavailable(format!(
+            "asked about {} sandbox snapshots, got {} answers that do not match them",
+            asked.len(),
+            resp.snapshots.len()
+        )));
+    }
+    Ok(SnapshotOwnershipReport {
+        ready: resp.ready,
+        recorded: resp.snapshots.iter().map(|a| a.recorded).collect(),
+    })
+}
+
 #[tonic::async_trait]
 impl OwnershipSource for ControllerOwnership {
     async fn ownership(
@@ -155,6 +195,7 @@ impl OwnershipSource for ControllerOwnership {
                     agent_id: c.agent_id.clone(),
                 })
                 .collect(),
+            snapshot_ids: Vec::new(),
         };
         let resp = self.call(self.client.clone().get_ownership(req)).await?;
         from_proto(resp, queries.len())
@@ -169,5 +210,48 @@ impl OwnershipSource for ControllerOwnership {
         };
         self.call(self.client.clone().report_reaped(req)).await?;
         Ok(())
+    }
+
+    async fn snapshot_ownership(
+        &self,
+        node_name: &str,
+        snapshot_ids: &[String],
+    ) -> Result<SnapshotOwnershipReport> {
+        let req = pb::GetOwnershipRequest {
+            node_name: node_name.to_string(),
+            queries: Vec::new(),
+            snapshot_ids: snapshot_ids.to_vec(),
+        };
+        let resp = self.call(self.client.clone().get_ownership(req)).await?;
+        snapshots_from_proto(resp, snapshot_ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(ids: &[(&str, bool)]) -> pb::GetOwnershipResponse {
+        pb::GetOwnershipResponse {
+            ready: true,
+            snapshots: ids
+                .iter()
+                .map(|(id, recorded)| pb::SnapshotOwnership {
+                    snapshot_id: id.to_string(),
+                    recorded: *recorded,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_snapshot_answer_counts_only_when_it_matches_the_ids_asked() {
+        let asked = vec!["a".to_string(), "b".to_string()];
+        let r = snapshots_from_proto(answer(&[("a", true), ("b", false)]), &asked).unwrap();
+        assert_eq!((r.ready, r.recorded), (true, vec![true, false]));
+        // A controller that does not know the field answers nothing: unknown.
+        assert!(snapshots_from_proto(answer(&[]), &asked).is_err());
+        assert!(snapshots_from_proto(answer(&[("b", false), ("a", true)]), &asked).is_err());
     }
 }

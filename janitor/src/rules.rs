@@ -48,17 +48,33 @@
 //! container that has a record (a claim rewrote its labels, or is doing so)
 //! is judged by the record rules.
 //!
-//! # Prepared snapshots
+//! # Scratch snapshots
 //!
-//! An agent keeps writable snapshots prepared ahead of cold creates (keys
-//! `sandbolt-prepared-<uuid>`, labelled with its agent id and agent process
-//! instance). One that no container references is not a sandbox's remains:
-//! it is kept while the agent process that made it heartbeats
-//! ([`PreparedVerdict::Keep`]), and removed otherwise, once the controller
-//! knows agent liveness and after the grace period (a restarted agent
-//! removes its predecessor's itself; this covers an agent that never comes
-//! back). It is never reported to the controller (no sandbox, no record);
-//! one a container references is that sandbox's snapshot and goes with it.
+//! An agent process keeps writable snapshots for itself ([`ScratchKind`]):
+//! prepared ahead of cold creates (keys `sandbolt-prepared-<uuid>`) and the
+//! snapshot a capture fills before committing it
+//! (`sandbolt-snapshotting-<id>`), each labelled with its agent id and
+//! agent process instance. One that no container references is not a
+//! sandbox's remains: it is kept while the agent process that made it
+//! heartbeats ([`SnapshotKeepReason::AgentProcessLive`]), and removed
+//! otherwise, once the controller knows agent liveness and after the grace
+//! period (a restarted agent removes its predecessor's itself; this covers
+//! an agent that never comes back). It is never reported to the controller
+//! (no sandbox, no record); one a container references is that sandbox's
+//! snapshot and goes with it.
+//!
+//! # Sandbox snapshots
+//!
+//! A committed `sandbolt-snapshot-<id>` (a captured sandbox, labelled with
+//! its id) goes once, in an answer obtained after it was listed and again
+//! immediately before the removal, the controller has no snapshot record
+//! with that id ([`SnapshotReapReason::NoRecord`]), it knows agent liveness
+//! (`ready`, as for containers), and it is older than the grace period. The
+//! controller writes the record before it asks an agent to capture, so a
+//! snapshot without one is left by a deleted record whose agent was away,
+//! or by a capture whose record is gone. containerd refuses to remove a
+//! snapshot sandboxes are built on ([`SnapshotKeepReason::HasChildren`]):
+//! it goes in a later scan, after the last sandbox restored from it.
 //!
 //! # Agent pods (Kubernetes)
 //!
@@ -339,9 +355,33 @@ fn warm_rule(c: &ContainerFacts, o: &OwnershipAnswer, ready: bool) -> Verdict {
     }
 }
 
-/// An unreferenced prepared snapshot, from its labels.
+/// A writable snapshot an agent process keeps for itself, never a
+/// sandbox's: it lives exactly as long as that process (see the module
+/// header, "Scratch snapshots").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScratchKind {
+    /// `sandbolt-prepared-<uuid>`, made ahead of cold creates.
+    #[default]
+    Prepared,
+    /// `sandbolt-snapshotting-<snapshot id>`, a capture's snapshot before
+    /// its commit.
+    Capture,
+}
+
+impl ScratchKind {
+    /// Why such a snapshot goes once its agent process is gone.
+    pub fn orphan_reason(self) -> SnapshotReapReason {
+        match self {
+            Self::Prepared => SnapshotReapReason::PreparedOrphan,
+            Self::Capture => SnapshotReapReason::CaptureAbandoned,
+        }
+    }
+}
+
+/// An unreferenced scratch snapshot, from its labels.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PreparedFacts {
+pub struct ScratchFacts {
+    pub kind: ScratchKind,
     pub key: String,
     pub agent_id: String,
     pub agent_instance: String,
@@ -349,27 +389,105 @@ pub struct PreparedFacts {
     pub created_at_ms: Option<i64>,
 }
 
-/// What to do with an unreferenced prepared snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PreparedVerdict {
-    /// Its agent process heartbeats (or too young, or liveness unknown).
-    Keep,
-    /// Its agent process is gone.
-    Reap,
+/// A committed sandbox snapshot (`sandbolt-snapshot-<id>`, labelled with
+/// its id) as the janitor found it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SandboxSnapshotFacts {
+    /// The containerd snapshot name.
+    pub name: String,
+    pub snapshot_id: String,
+    /// Unix ms: the later of the created-at label and containerd's creation
+    /// time; `None` when neither can be read.
+    pub created_at_ms: Option<i64>,
 }
 
-/// Decides about an unreferenced prepared snapshot (see the module header);
+/// What the ownership source says about sandbox snapshot ids.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SnapshotOwnershipReport {
+    /// Agent liveness is complete (see [`crate::ownership`]).
+    pub ready: bool,
+    /// One per asked id, in order: a snapshot record with that id exists.
+    pub recorded: Vec<bool>,
+}
+
+/// Why a snapshot that is not a sandbox's writable layer went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SnapshotReapReason {
+    /// A committed sandbox snapshot no controller record names.
+    NoRecord,
+    /// A prepared snapshot whose agent process is gone.
+    PreparedOrphan,
+    /// A capture's snapshot whose agent process is gone: the capture died
+    /// with it.
+    CaptureAbandoned,
+}
+
+impl SnapshotReapReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoRecord => "no-record",
+            Self::PreparedOrphan => "prepared-orphan",
+            Self::CaptureAbandoned => "capture-abandoned",
+        }
+    }
+}
+
+impl fmt::Display for SnapshotReapReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a snapshot that is not a sandbox's writable layer stays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SnapshotKeepReason {
+    /// Younger than the grace period.
+    Young,
+    /// Its age is unknown: never touched.
+    UnknownAge,
+    /// Agent liveness is not known yet (a restarted controller).
+    ControllerNotReady,
+    /// A scratch snapshot of the agent process heartbeating now.
+    AgentProcessLive,
+    /// A snapshot record names it (any phase: its owner removes it).
+    Recorded,
+    /// containerd refused to remove it: snapshots are built on it (a
+    /// sandbox restored from it still exists).
+    HasChildren,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotVerdict {
+    Keep(SnapshotKeepReason),
+    Reap(SnapshotReapReason),
+}
+
+fn snapshot_young(
+    created_at_ms: Option<i64>,
+    now_ms: i64,
+    grace: Duration,
+) -> Option<SnapshotKeepReason> {
+    young(created_at_ms, now_ms, grace).map(|k| match k {
+        KeepReason::UnknownAge => SnapshotKeepReason::UnknownAge,
+        _ => SnapshotKeepReason::Young,
+    })
+}
+
+/// Decides about an unreferenced scratch snapshot (see the module header);
 /// `agents`: the agents as the controller sees them, `ready`: whether it
 /// knows their liveness.
-pub fn evaluate_prepared(
-    p: &PreparedFacts,
+pub fn evaluate_scratch(
+    p: &ScratchFacts,
     agents: &[AgentFacts],
     ready: bool,
     now_ms: i64,
     grace: Duration,
-) -> PreparedVerdict {
-    if young(p.created_at_ms, now_ms, grace).is_some() || !ready {
-        return PreparedVerdict::Keep;
+) -> SnapshotVerdict {
+    if let Some(k) = snapshot_young(p.created_at_ms, now_ms, grace) {
+        return SnapshotVerdict::Keep(k);
+    }
+    if !ready {
+        return SnapshotVerdict::Keep(SnapshotKeepReason::ControllerNotReady);
     }
     let live = agents.iter().any(|a| {
         a.agent_id == p.agent_id
@@ -378,9 +496,30 @@ pub fn evaluate_prepared(
             && a.instance_id == p.agent_instance
     });
     if live {
-        PreparedVerdict::Keep
+        SnapshotVerdict::Keep(SnapshotKeepReason::AgentProcessLive)
     } else {
-        PreparedVerdict::Reap
+        SnapshotVerdict::Reap(p.kind.orphan_reason())
+    }
+}
+
+/// Decides about a committed sandbox snapshot (see the module header):
+/// `recorded` and `ready` come from one ownership answer obtained after the
+/// snapshot was listed.
+pub fn evaluate_sandbox_snapshot(
+    s: &SandboxSnapshotFacts,
+    recorded: bool,
+    ready: bool,
+    now_ms: i64,
+    grace: Duration,
+) -> SnapshotVerdict {
+    if let Some(k) = snapshot_young(s.created_at_ms, now_ms, grace) {
+        SnapshotVerdict::Keep(k)
+    } else if recorded {
+        SnapshotVerdict::Keep(SnapshotKeepReason::Recorded)
+    } else if !ready {
+        SnapshotVerdict::Keep(SnapshotKeepReason::ControllerNotReady)
+    } else {
+        SnapshotVerdict::Reap(SnapshotReapReason::NoRecord)
     }
 }
 
@@ -923,33 +1062,93 @@ mod tests {
     }
 
     #[test]
-    fn a_prepared_snapshot_lives_as_long_as_the_agent_process_that_made_it() {
-        let p = PreparedFacts {
-            key: "sandbolt-prepared-1".into(),
-            agent_id: "agent-1".into(),
-            agent_instance: "i1".into(),
-            created_at_ms: Some(0),
+    fn a_scratch_snapshot_lives_as_long_as_the_agent_process_that_made_it() {
+        for kind in [ScratchKind::Prepared, ScratchKind::Capture] {
+            let p = ScratchFacts {
+                kind,
+                key: "sandbolt-prepared-1".into(),
+                agent_id: "agent-1".into(),
+                agent_instance: "i1".into(),
+                created_at_ms: Some(0),
+            };
+            let agent = |instance: &str, heartbeating: bool| AgentFacts {
+                agent_id: "agent-1".into(),
+                registered: true,
+                heartbeating,
+                instance_id: instance.into(),
+                ..Default::default()
+            };
+            let eval =
+                |agents: &[AgentFacts], ready| evaluate_scratch(&p, agents, ready, NOW, GRACE);
+            let orphan = SnapshotVerdict::Reap(kind.orphan_reason());
+            assert_eq!(
+                eval(&[agent("i1", true)], true),
+                SnapshotVerdict::Keep(SnapshotKeepReason::AgentProcessLive)
+            );
+            assert_eq!(eval(&[agent("i2", true)], true), orphan);
+            assert_eq!(eval(&[agent("i1", false)], true), orphan);
+            assert_eq!(eval(&[], true), orphan);
+            assert_eq!(
+                eval(&[], false),
+                SnapshotVerdict::Keep(SnapshotKeepReason::ControllerNotReady),
+                "liveness unknown"
+            );
+            let young = ScratchFacts {
+                created_at_ms: Some(NOW - 1),
+                ..p.clone()
+            };
+            assert_eq!(
+                evaluate_scratch(&young, &[], true, NOW, GRACE),
+                SnapshotVerdict::Keep(SnapshotKeepReason::Young)
+            );
+        }
+        assert_eq!(
+            ScratchKind::Capture.orphan_reason(),
+            SnapshotReapReason::CaptureAbandoned
+        );
+    }
+
+    #[test]
+    fn a_sandbox_snapshot_goes_only_when_no_record_names_it_and_the_controller_is_ready() {
+        let s = SandboxSnapshotFacts {
+            name: "sandbolt-snapshot-1".into(),
+            snapshot_id: "1".into(),
+            created_at_ms: Some(NOW - 60_000),
         };
-        let agent = |instance: &str, heartbeating: bool| AgentFacts {
-            agent_id: "agent-1".into(),
-            registered: true,
-            heartbeating,
-            instance_id: instance.into(),
-            ..Default::default()
-        };
-        let eval = |agents: &[AgentFacts], ready| evaluate_prepared(&p, agents, ready, NOW, GRACE);
-        assert_eq!(eval(&[agent("i1", true)], true), PreparedVerdict::Keep);
-        assert_eq!(eval(&[agent("i2", true)], true), PreparedVerdict::Reap);
-        assert_eq!(eval(&[agent("i1", false)], true), PreparedVerdict::Reap);
-        assert_eq!(eval(&[], true), PreparedVerdict::Reap);
-        assert_eq!(eval(&[], false), PreparedVerdict::Keep, "liveness unknown");
-        let young = PreparedFacts {
-            created_at_ms: Some(NOW - 1),
-            ..p.clone()
+        let eval = |s: &SandboxSnapshotFacts, recorded, ready| {
+            evaluate_sandbox_snapshot(s, recorded, ready, NOW, GRACE)
         };
         assert_eq!(
-            evaluate_prepared(&young, &[], true, NOW, GRACE),
-            PreparedVerdict::Keep
+            eval(&s, false, true),
+            SnapshotVerdict::Reap(SnapshotReapReason::NoRecord)
+        );
+        assert_eq!(
+            eval(&s, true, true),
+            SnapshotVerdict::Keep(SnapshotKeepReason::Recorded)
+        );
+        assert_eq!(
+            eval(&s, true, false),
+            SnapshotVerdict::Keep(SnapshotKeepReason::Recorded)
+        );
+        assert_eq!(
+            eval(&s, false, false),
+            SnapshotVerdict::Keep(SnapshotKeepReason::ControllerNotReady)
+        );
+        let young = SandboxSnapshotFacts {
+            created_at_ms: Some(NOW - 1),
+            ..s.clone()
+        };
+        assert_eq!(
+            eval(&young, false, true),
+            SnapshotVerdict::Keep(SnapshotKeepReason::Young)
+        );
+        let unknown = SandboxSnapshotFacts {
+            created_at_ms: None,
+            ..s
+        };
+        assert_eq!(
+            eval(&unknown, false, true),
+            SnapshotVerdict::Keep(SnapshotKeepReason::UnknownAge)
         );
     }
 

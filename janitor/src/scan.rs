@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use containerd_client::services::v1::Container;
-use containerd_client::services::v1::snapshots::Info as SnapshotInfo;
+use containerd_client::services::v1::snapshots::{Info as SnapshotInfo, Kind};
 use parking_lot::Mutex;
 use sandbolt_node::labels;
 
@@ -14,11 +14,12 @@ use crate::config::JanitorConfig;
 use crate::error::{JanitorError, Result};
 use crate::journal::{self, Journal};
 use crate::metrics::Metrics;
-use crate::node::{self, Node};
+use crate::node::{self, Node, SnapshotRemoval};
 use crate::ownership::{ControllerOwnership, OwnershipSource, ReapNotice};
 use crate::rules::{
-    self, AgentPodList, ContainerFacts, KeepReason, OwnershipReport, PodEvidence, PreparedFacts,
-    PreparedVerdict, ReapReason, Verdict,
+    self, AgentPodList, ContainerFacts, KeepReason, OwnershipReport, PodEvidence, ReapReason,
+    SandboxSnapshotFacts, ScratchFacts, ScratchKind, SnapshotKeepReason, SnapshotReapReason,
+    SnapshotVerdict, Verdict,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,11 +53,32 @@ pub struct ScanReport {
     /// when the janitor does not read them.
     pub agent_pods_error: Option<String>,
     /// Unreferenced prepared snapshots (keys) kept: their agent process
-    /// heartbeats (see `rules`, "Prepared snapshots"). Not sandboxes: never
+    /// heartbeats (see `rules`, "Scratch snapshots"). Not sandboxes: never
     /// in `kept` or `reaped`, never reported to the controller.
     pub prepared_kept: Vec<String>,
     /// Unreferenced prepared snapshots removed: their agent process is gone.
     pub prepared_reaped: Vec<String>,
+    /// Sandbox snapshots and capture snapshots kept (see `rules`, "Sandbox
+    /// snapshots" and "Scratch snapshots"). Not sandboxes either.
+    pub snapshots_kept: Vec<KeptSnapshot>,
+    /// Sandbox snapshots and capture snapshots removed.
+    pub snapshots_reaped: Vec<ReapedSnapshot>,
+}
+
+/// A snapshot that is no sandbox's writable layer, kept this scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptSnapshot {
+    /// The containerd snapshot name (key).
+    pub name: String,
+    pub reason: SnapshotKeepReason,
+}
+
+/// A snapshot that is no sandbox's writable layer, removed this scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReapedSnapshot {
+    /// The containerd snapshot name (key).
+    pub name: String,
+    pub reason: SnapshotReapReason,
 }
 
 impl ScanReport {
@@ -69,6 +91,35 @@ impl ScanReport {
             .iter()
             .find(|k| k.sandbox_id == sandbox_id)
             .map(|k| k.reason)
+    }
+
+    /// Reports a kept scratch snapshot: prepared ones apart, as they always
+    /// were.
+    fn scratch_kept(&mut self, p: ScratchFacts, reason: SnapshotKeepReason) {
+        match p.kind {
+            ScratchKind::Prepared => self.prepared_kept.push(p.key),
+            ScratchKind::Capture => self.snapshot_kept(p.key, reason),
+        }
+    }
+
+    fn snapshot_kept(&mut self, name: String, reason: SnapshotKeepReason) {
+        self.snapshots_kept.push(KeptSnapshot { name, reason });
+    }
+
+    /// Why the snapshot `name` (sandbox or capture snapshot) was kept.
+    pub fn snapshot_kept_reason(&self, name: &str) -> Option<SnapshotKeepReason> {
+        self.snapshots_kept
+            .iter()
+            .find(|k| k.name == name)
+            .map(|k| k.reason)
+    }
+
+    /// Why the snapshot `name` (sandbox or capture snapshot) was removed.
+    pub fn snapshot_reap_reason(&self, name: &str) -> Option<SnapshotReapReason> {
+        self.snapshots_reaped
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.reason)
     }
 }
 
@@ -88,7 +139,10 @@ struct Listing {
     pending: Vec<journal::Entry>,
     /// Log files: sandbox id → last modification (unix ms).
     logs: HashMap<String, i64>,
+    /// Active (writable) snapshots.
     snapshots: Vec<SnapshotInfo>,
+    /// Committed snapshots named like sandbox snapshots.
+    sandbox_snapshots: Vec<SnapshotInfo>,
     containers: Vec<Container>,
     pods_before: Option<AgentPodList>,
     pods_after: Option<AgentPodList>,
@@ -158,9 +212,9 @@ impl Listing {
 }
 
 impl Listing {
-    /// Prepared snapshots (the agent's, made ahead of cold creates) that no
-    /// container references.
-    fn prepared(&self, snapshotter: &str) -> Vec<PreparedFacts> {
+    /// Scratch snapshots (an agent process's prepared snapshots and capture
+    /// snapshots, see `rules`) that no container references.
+    fn scratch(&self, snapshotter: &str) -> Vec<ScratchFacts> {
         let referenced: HashSet<(&str, &str)> = self
             .containers
             .iter()
@@ -168,22 +222,71 @@ impl Listing {
             .collect();
         self.snapshots
             .iter()
-            .filter(|s| {
-                s.name.starts_with(labels::PREPARED_KEY_PREFIX)
-                    && s.labels.contains_key(labels::PREPARED)
-                    && !referenced.contains(&(snapshotter, s.name.as_str()))
-            })
-            .map(|s| PreparedFacts {
-                key: s.name.clone(),
-                agent_id: s.labels[labels::PREPARED].clone(),
-                agent_instance: s
-                    .labels
-                    .get(labels::AGENT_INSTANCE)
-                    .cloned()
-                    .unwrap_or_default(),
-                created_at_ms: node::ts_ms(&s.created_at),
+            .filter(|s| !referenced.contains(&(snapshotter, s.name.as_str())))
+            .filter_map(|s| {
+                let (kind, agent_id) = scratch_kind(s)?;
+                Some(ScratchFacts {
+                    kind,
+                    key: s.name.clone(),
+                    agent_id: agent_id.clone(),
+                    agent_instance: s
+                        .labels
+                        .get(labels::AGENT_INSTANCE)
+                        .cloned()
+                        .unwrap_or_default(),
+                    created_at_ms: node::ts_ms(&s.created_at),
+                })
             })
             .collect()
+    }
+
+    /// Committed sandbox snapshots that are provably sandbolt's: named
+    /// `sandbolt-snapshot-<id>` and labelled with that id.
+    fn sandbox_snapshots(&self) -> Vec<SandboxSnapshotFacts> {
+        self.sandbox_snapshots
+            .iter()
+            .filter_map(|s| {
+                let id = s.name.strip_prefix(labels::SNAPSHOT_NAME_PREFIX)?;
+                let labelled = s.labels.get(labels::SNAPSHOT).is_some_and(|v| v == id);
+                (journal::safe_id(id) && labelled).then(|| SandboxSnapshotFacts {
+                    name: s.name.clone(),
+                    snapshot_id: id.to_string(),
+                    created_at_ms: later_created_at(
+                        s.labels.get(labels::CREATED_AT),
+                        &s.created_at,
+                    ),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Which scratch snapshot an active snapshot is, and the agent that made
+/// it, from its key and labels; `None` for any other snapshot.
+fn scratch_kind(s: &SnapshotInfo) -> Option<(ScratchKind, &String)> {
+    if s.name.starts_with(labels::PREPARED_KEY_PREFIX) {
+        return s
+            .labels
+            .get(labels::PREPARED)
+            .map(|a| (ScratchKind::Prepared, a));
+    }
+    let id = s.name.strip_prefix(labels::SNAPSHOTTING_KEY_PREFIX)?;
+    if s.labels.get(labels::SNAPSHOT).is_some_and(|v| v == id) {
+        return s
+            .labels
+            .get(labels::AGENT_ID)
+            .map(|a| (ScratchKind::Capture, a));
+    }
+    None
+}
+
+/// The later of a created-at label (unix ms) and containerd's creation
+/// time: a thing never looks older than it is.
+fn later_created_at(label: Option<&String>, ctrd: &Option<prost_types::Timestamp>) -> Option<i64> {
+    let label_ms = label.and_then(|v| v.parse::<i64>().ok()).filter(|t| *t > 0);
+    match (label_ms, node::ts_ms(ctrd)) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -260,15 +363,7 @@ fn facts_of(c: &Container) -> Option<ContainerFacts> {
         tracing::warn!(container = %c.id, sandbox_label = %label_sid, "managed container whose id is not its sandbox id; left alone");
         return None;
     }
-    let label_ms = get(labels::CREATED_AT)
-        .parse::<i64>()
-        .ok()
-        .filter(|t| *t > 0);
-    // The later of the two: a container never looks older than it is.
-    let created_at_ms = match (label_ms, node::ts_ms(&c.created_at)) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    };
+    let created_at_ms = later_created_at(l.get(labels::CREATED_AT), &c.created_at);
     Some(ContainerFacts {
         sandbox_id: c.id.clone(),
         name: get(labels::NAME),
@@ -343,17 +438,35 @@ impl Janitor {
         self.metrics.scan();
         let mut report = ScanReport::default();
         let listing = self.list_node(&mut report).await?;
+        if self
+            .decide_sandboxes_and_scratch(&listing, &mut report)
+            .await?
+        {
+            self.decide_sandbox_snapshots(listing.sandbox_snapshots(), &mut report)
+                .await;
+        }
+        Ok(report)
+    }
+
+    /// The container, leftover and scratch snapshot rules, on one ownership
+    /// answer. Returns false when the scan must stop reaping (a fence could
+    /// not be checked).
+    async fn decide_sandboxes_and_scratch(
+        &self,
+        listing: &Listing,
+        report: &mut ScanReport,
+    ) -> Result<bool> {
         let managed = listing.managed();
         report.containers = managed.len();
         *self.seen_agents.lock() = managed.iter().map(|(_, f)| f.agent_id.clone()).collect();
         let leftovers = listing.leftovers(self.node.snapshotter());
-        let prepared = listing.prepared(self.node.snapshotter());
+        let scratch = listing.scratch(self.node.snapshotter());
 
         let mut queries: Vec<ContainerFacts> = managed.iter().map(|(_, f)| f.clone()).collect();
         queries.extend(leftovers.values().map(|l| l.facts.clone()));
-        if queries.is_empty() && prepared.is_empty() {
+        if queries.is_empty() && scratch.is_empty() {
             report.controller_ready = true;
-            return Ok(report);
+            return Ok(true);
         }
         let answer = match self.owner.ownership(&self.cfg.node_name, &queries).await {
             Ok(a) => a,
@@ -367,20 +480,14 @@ impl Janitor {
         self.check_grace(&answer);
         let (container_answers, leftover_answers) = answer.answers.split_at(managed.len());
         let go_on = self
-            .decide_containers(
-                &managed,
-                container_answers,
-                answer.ready,
-                &listing,
-                &mut report,
-            )
+            .decide_containers(&managed, container_answers, answer.ready, listing, report)
             .await;
         if go_on {
-            self.decide_leftovers(leftovers, leftover_answers, &mut report)
+            self.decide_leftovers(leftovers, leftover_answers, report)
                 .await?;
-            self.decide_prepared(prepared, &answer, &mut report).await;
+            self.decide_scratch(scratch, &answer, report).await;
         }
-        Ok(report)
+        Ok(go_on)
     }
 
     /// What is on the node, in the order that makes remains safe to judge.
@@ -393,7 +500,17 @@ impl Janitor {
     async fn list_node(&self, report: &mut ScanReport) -> Result<Listing> {
         let pending = self.journal.pending()?;
         let logs = self.node.log_files()?;
-        let snapshots = self.node.active_snapshots().await?;
+        let (snapshots, committed): (Vec<_>, Vec<_>) = self
+            .node
+            .snapshots()
+            .await?
+            .into_iter()
+            .filter(|s| s.kind == Kind::Active as i32 || s.kind == Kind::Committed as i32)
+            .partition(|s| s.kind == Kind::Active as i32);
+        let sandbox_snapshots = committed
+            .into_iter()
+            .filter(|s| s.name.starts_with(labels::SNAPSHOT_NAME_PREFIX))
+            .collect();
         let pods_before = self.list_agent_pods(report).await;
         let containers = self.node.containers().await?;
         let pods_after = match pods_before {
@@ -404,6 +521,7 @@ impl Janitor {
             pending,
             logs,
             snapshots,
+            sandbox_snapshots,
             containers,
             pods_before,
             pods_after,
@@ -475,54 +593,178 @@ impl Janitor {
         Ok(())
     }
 
-    /// Keeps the unreferenced prepared snapshots of live agent processes
+    /// Keeps the unreferenced scratch snapshots of live agent processes
     /// and removes the others (see `rules`). Before removing, agent
     /// liveness is asked again (the fence): an agent that came back in
     /// between keeps them.
-    async fn decide_prepared(
+    async fn decide_scratch(
         &self,
-        prepared: Vec<PreparedFacts>,
+        scratch: Vec<ScratchFacts>,
         answer: &OwnershipReport,
         report: &mut ScanReport,
     ) {
         let now = node::now_ms();
         let grace = self.cfg.grace_period;
-        let verdict = |p: &PreparedFacts, agents: &[rules::AgentFacts], ready| {
-            rules::evaluate_prepared(p, agents, ready, now, grace)
+        let verdict = |p: &ScratchFacts, agents: &[rules::AgentFacts], ready| {
+            rules::evaluate_scratch(p, agents, ready, now, grace)
         };
-        let (doomed, kept): (Vec<_>, Vec<_>) = prepared
-            .into_iter()
-            .partition(|p| verdict(p, &answer.agents, answer.ready) == PreparedVerdict::Reap);
-        report.prepared_kept.extend(kept.into_iter().map(|p| p.key));
+        let mut doomed = Vec::new();
+        for p in scratch {
+            match verdict(&p, &answer.agents, answer.ready) {
+                SnapshotVerdict::Keep(k) => report.scratch_kept(p, k),
+                SnapshotVerdict::Reap(_) => doomed.push(p),
+            }
+        }
         if doomed.is_empty() {
             return;
         }
         let fresh = match self.owner.ownership(&self.cfg.node_name, &[]).await {
             Ok(a) => a,
             Err(e) => {
-                report
-                    .errors
-                    .push(format!("prepared snapshots: fence: {e}"));
+                report.errors.push(format!("scratch snapshots: fence: {e}"));
                 return;
             }
         };
         for p in doomed {
-            if verdict(&p, &fresh.agents, fresh.ready) == PreparedVerdict::Keep {
-                report.prepared_kept.push(p.key);
-                continue;
-            }
+            let reason = match verdict(&p, &fresh.agents, fresh.ready) {
+                SnapshotVerdict::Keep(k) => {
+                    report.scratch_kept(p, k);
+                    continue;
+                }
+                SnapshotVerdict::Reap(r) => r,
+            };
             let removed = self
                 .node
                 .remove_remains(&p.key, self.node.snapshotter(), &p.key)
                 .await;
             match removed {
                 Ok(()) => {
-                    tracing::info!(key = %p.key, agent = %p.agent_id, instance = %p.agent_instance, "removed a prepared snapshot of an agent process that is gone");
-                    report.prepared_reaped.push(p.key);
+                    tracing::info!(key = %p.key, agent = %p.agent_id, instance = %p.agent_instance, %reason, "removed a scratch snapshot of an agent process that is gone");
+                    self.snapshot_reaped(p.key, reason, report);
                 }
                 Err(e) => report.errors.push(format!("{}: {e}", p.key)),
             }
         }
+    }
+
+    /// Counts a removed snapshot that was no sandbox's writable layer, and
+    /// reports it (prepared ones apart, as they always were).
+    fn snapshot_reaped(&self, name: String, reason: SnapshotReapReason, report: &mut ScanReport) {
+        self.metrics.snapshot_reaped(reason);
+        if reason == SnapshotReapReason::PreparedOrphan {
+            report.prepared_reaped.push(name);
+        } else {
+            report
+                .snapshots_reaped
+                .push(ReapedSnapshot { name, reason });
+        }
+    }
+
+    /// Removes the committed sandbox snapshots no snapshot record names
+    /// (see `rules`, "Sandbox snapshots"), asking again about each
+    /// immediately before removing it. Reaps nothing when the ownership
+    /// source cannot answer.
+    #[tracing::instrument(skip_all, fields(node = %self.cfg.node_name, snapshots = found.len()))]
+    async fn decide_sandbox_snapshots(
+        &self,
+        found: Vec<SandboxSnapshotFacts>,
+        report: &mut ScanReport,
+    ) {
+        if found.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = found.iter().map(|s| s.snapshot_id.clone()).collect();
+        let answer = match self
+            .owner
+            .snapshot_ownership(&self.cfg.node_name, &ids)
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                self.metrics.fail_safe();
+                tracing::warn!(error = %e, "sandbox snapshot ownership unknown: removing NO sandbox snapshot this scan (fail safe)");
+                report.errors.push(format!("sandbox snapshots: {e}"));
+                return;
+            }
+        };
+        report.controller_ready = answer.ready;
+        let now = node::now_ms();
+        for (s, recorded) in found.into_iter().zip(answer.recorded) {
+            match rules::evaluate_sandbox_snapshot(
+                &s,
+                recorded,
+                answer.ready,
+                now,
+                self.cfg.grace_period,
+            ) {
+                SnapshotVerdict::Keep(reason) => report.snapshots_kept.push(KeptSnapshot {
+                    name: s.name,
+                    reason,
+                }),
+                SnapshotVerdict::Reap(_) => {
+                    if !self.reap_sandbox_snapshot(s, report).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Fences and removes one sandbox snapshot. Returns false when the scan
+    /// must stop (the fence could not be checked).
+    #[tracing::instrument(skip_all, fields(snapshot_id = %s.snapshot_id))]
+    async fn reap_sandbox_snapshot(
+        &self,
+        s: SandboxSnapshotFacts,
+        report: &mut ScanReport,
+    ) -> bool {
+        let fresh = match self
+            .owner
+            .snapshot_ownership(&self.cfg.node_name, std::slice::from_ref(&s.snapshot_id))
+            .await
+        {
+            Ok(a) if a.recorded.len() == 1 => a,
+            Ok(_) => return false,
+            Err(e) => {
+                self.metrics.fail_safe();
+                tracing::warn!(error = %e, "fence check failed: removing NO sandbox snapshot more this scan (fail safe)");
+                report.errors.push(format!("{}: fence: {e}", s.name));
+                return false;
+            }
+        };
+        let verdict = rules::evaluate_sandbox_snapshot(
+            &s,
+            fresh.recorded[0],
+            fresh.ready,
+            node::now_ms(),
+            self.cfg.grace_period,
+        );
+        let reason = match verdict {
+            SnapshotVerdict::Keep(k) => {
+                tracing::info!(now = ?k, "fence: the sandbox snapshot is owned again; kept");
+                report.snapshot_kept(s.name, k);
+                return true;
+            }
+            SnapshotVerdict::Reap(r) => r,
+        };
+        match self.node.remove_snapshot(&s.name).await {
+            Ok(SnapshotRemoval::Removed) => {
+                tracing::info!(name = %s.name, %reason, "removed a sandbox snapshot no record names");
+                self.snapshot_reaped(s.name, reason, report);
+            }
+            Ok(SnapshotRemoval::Gone) => tracing::debug!("already gone"),
+            Ok(SnapshotRemoval::HasChildren) => {
+                // A sandbox restored from it still exists: it goes in a
+                // later scan, after that sandbox.
+                tracing::debug!(name = %s.name, "sandbox snapshot without a record still has children; kept");
+                report.snapshot_kept(s.name, SnapshotKeepReason::HasChildren);
+            }
+            Err(e) => {
+                self.metrics.cleanup_error();
+                report.errors.push(format!("{}: {e}", s.name));
+            }
+        }
+        true
     }
 
     /// `None` when the janitor does not read agent pods or could not (then

@@ -122,5 +122,16 @@ pub(crate) fn builtin() -> Vec<Kind> {
             returns_deleted_object: false,
             extra_fields: &[],
         },
+        Kind {
+            group: "sandbolt.io",
+            version: "v1alpha1",
+            kind: "SandboxSnapshot",
+            plural: "sandboxsnapshots",
+            namespaced: true,
+            status_subresource: false,
+            custom: true,
+            returns_deleted_object: false,
+            extra_fields: &[],
+        },
     ]
 }

@@ -10,6 +10,7 @@
 //! `v1` `pods` (status subresource), `coordination.k8s.io/v1` `leases`,
 //! `sandbox.fast.io/v1alpha2` `sandboxes`, `sandbolt.io/v1alpha1`
 //! `sandboxpools` and `sandboxwarmpools` (custom resources, status
+//! subresource) and `sandboxsnapshots` (custom resource, no status
 //! subresource). All namespaced;
 //! every namespace implicitly exists.
 //!

@@ -79,6 +79,7 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
         .route("/openapi.json", get(openapi))
         .merge(crate::volume_routes::routes())
         .merge(crate::pool_routes::routes())
+        .merge(crate::snapshots::routes())
         .merge(not_implemented_routes())
         .with_state(app.clone());
     Router::new()
@@ -95,9 +96,6 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
 fn not_implemented_routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     let mut r = Router::new();
     for (path, what) in [
-        ("/snapshots", "Snapshots"),
-        ("/snapshots/{id}", "Snapshots"),
-        ("/sandboxes/{id}/snapshots", "Snapshots"),
         ("/templates", "Templates"),
         ("/templates/{id}", "Templates"),
         ("/sandboxes/{id}/diagnostics/{kind}", "Diagnostics"),
@@ -490,24 +488,46 @@ pub fn parse_list_query(q: &str) -> ApiResult<ListQuery> {
                     lq.metadata.insert(percent_decode(mk), percent_decode(mv));
                 }
             }
-            "page" => {
-                lq.page = v
-                    .parse()
-                    .ok()
-                    .filter(|p| *p >= 1)
-                    .ok_or_else(|| ApiError::invalid("page must be an integer >= 1"))?
-            }
-            "pageSize" => {
-                lq.page_size = v
-                    .parse()
-                    .ok()
-                    .filter(|p| (1..=200).contains(p))
-                    .ok_or_else(|| ApiError::invalid("pageSize must be an integer in 1..200"))?
-            }
+            "page" => lq.page = page_number(&v)?,
+            "pageSize" => lq.page_size = page_size(&v)?,
             _ => {}
         }
     }
     Ok(lq)
+}
+
+/// A list's `page` query parameter (1-based).
+pub fn page_number(v: &str) -> ApiResult<u32> {
+    v.parse()
+        .ok()
+        .filter(|p| *p >= 1)
+        .ok_or_else(|| ApiError::invalid("page must be an integer >= 1"))
+}
+
+/// A list's `pageSize` query parameter.
+pub fn page_size(v: &str) -> ApiResult<u32> {
+    v.parse()
+        .ok()
+        .filter(|p| (1..=200).contains(p))
+        .ok_or_else(|| ApiError::invalid("pageSize must be an integer in 1..200"))
+}
+
+/// Page `page` (1-based) of `page_size` items of `all`, and what the
+/// answer says about the pages.
+pub fn paginate<T>(all: Vec<T>, page: u32, page_size: u32) -> (Vec<T>, PaginationInfo) {
+    let total = all.len() as u64;
+    let size = u64::from(page_size);
+    let total_pages = total.div_ceil(size);
+    let start = (u64::from(page) - 1).saturating_mul(size).min(total) as usize;
+    let items = all.into_iter().skip(start).take(size as usize).collect();
+    let info = PaginationInfo {
+        page,
+        page_size,
+        total_items: total,
+        total_pages,
+        has_next_page: u64::from(page) < total_pages,
+    };
+    (items, info)
 }
 
 /// Filters, orders (newest first, then id, so pages are stable) and pages.
@@ -520,25 +540,10 @@ pub fn page_records(mut all: Vec<SandboxRecord>, q: &ListQuery) -> ListSandboxes
             && q.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
     });
     all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
-    let total = all.len() as u64;
-    let size = q.page_size as u64;
-    let total_pages = total.div_ceil(size);
-    let start = (q.page as u64 - 1).saturating_mul(size);
-    let items = all
-        .iter()
-        .skip(start.min(total) as usize)
-        .take(size as usize)
-        .map(SandboxRecord::to_sandbox)
-        .collect();
+    let (page, pagination) = paginate(all, q.page, q.page_size);
     ListSandboxesResponse {
-        items,
-        pagination: PaginationInfo {
-            page: q.page,
-            page_size: q.page_size,
-            total_items: total,
-            total_pages,
-            has_next_page: (q.page as u64) < total_pages,
-        },
+        items: page.iter().map(SandboxRecord::to_sandbox).collect(),
+        pagination,
     }
 }
 
@@ -619,6 +624,7 @@ mod tests {
             expires_at: None,
             last_transition_at: None,
             allocation: None,
+            snapshot_id: None,
         }
     }
 

@@ -15,6 +15,7 @@ use crate::named_volumes::{
     SandboxVolume, Snapshot, Volume, VolumeCreate, VolumeFork, unsupported_route,
 };
 use crate::pools::{Pool, PoolCapacity, PoolCreate, pools_unsupported};
+use crate::snapshots::{SandboxSnapshot, SnapshotFilter};
 use crate::validate::{CreatePlan, Extensions};
 use crate::volumes::VolumeMount;
 
@@ -247,6 +248,37 @@ pub trait Backend: Send + Sync + 'static {
     /// Drains the pool's buffers; sandboxes claimed from it live on.
     fn delete_pool(&self, _: &str) -> impl Future<Output = ApiResult<()>> + Send {
         no_pools(self, "DELETE /pools/{pool_name}")
+    }
+
+    /// Captures sandbox `id`'s filesystem as a new snapshot named `name`;
+    /// answers it `Creating` (the capture goes on) or already `Ready`. 404
+    /// unknown sandbox, 409 not running or paused.
+    fn create_snapshot(
+        &self,
+        _id: &str,
+        _name: Option<String>,
+    ) -> impl Future<Output = ApiResult<SandboxSnapshot>> + Send {
+        std::future::ready(Err(ApiError::not_implemented("Snapshots")))
+    }
+
+    fn get_snapshot(&self, _: &str) -> impl Future<Output = ApiResult<SandboxSnapshot>> + Send {
+        std::future::ready(Err(ApiError::not_implemented("Snapshots")))
+    }
+
+    /// The snapshots `filter` selects (a backend may answer more: the API
+    /// layer filters again, then orders and pages).
+    fn list_snapshots(
+        &self,
+        _: &SnapshotFilter,
+    ) -> impl Future<Output = ApiResult<Vec<SandboxSnapshot>>> + Send {
+        std::future::ready(Err(ApiError::not_implemented("Snapshots")))
+    }
+
+    /// Removes the snapshot, or marks it `Deleting` while sandboxes created
+    /// from it live (it goes with the last of them); 409 while it is being
+    /// captured.
+    fn delete_snapshot(&self, _: &str) -> impl Future<Output = ApiResult<()>> + Send {
+        std::future::ready(Err(ApiError::not_implemented("Snapshots")))
     }
 
     /// The route the reverse proxy forwards to. Unlike [`Backend::route`]

@@ -27,6 +27,7 @@ use crate::named_volumes::{
     AccessMode, SandboxVolume, Snapshot, Volume, VolumeCreate, VolumeFork, check_backend,
 };
 use crate::pools::{Pool, PoolCapacity, PoolCreate};
+use crate::snapshots::{SandboxSnapshot, SnapshotFilter};
 use crate::validate::{
     ConsistencyMode, CreatePlan, Extensions, FailurePolicy, Quantity, ResourceSet,
 };
@@ -63,6 +64,8 @@ pub struct ControllerBackend {
     volumes: crate::controller_volumes::VolumeClient,
     /// `WarmPoolService` on the same channel and token.
     pools: crate::controller_pools::WarmPoolClient,
+    /// `SnapshotService` on the same channel and token.
+    snapshots: crate::controller_snapshots::SnapshotClient,
     namespace: String,
 }
 
@@ -263,6 +266,7 @@ pub fn to_record(s: &pb::Sandbox) -> SandboxRecord {
             pool: spec.warm_pool,
             claimed_warm: status.claimed_warm,
         }),
+        snapshot_id: (!spec.snapshot_id.is_empty()).then_some(spec.snapshot_id),
     }
 }
 
@@ -358,7 +362,8 @@ pub fn create_request(plan: &CreatePlan, namespace: &str) -> ApiResult<pb::Creat
         metadata: plan.metadata.clone().into_iter().collect(),
         exposed_ports: Vec::new(),
         network_policy_json: plan.network_policy.to_json(),
-        snapshot_id: String::new(),
+        // The controller fills the image from the snapshot (`image` is empty).
+        snapshot_id: plan.snapshot_id.clone().unwrap_or_default(),
         // `pool` may name a warm pool: the controller resolves it (and
         // fills the image from its template when the request has none).
         warm_pool: String::new(),
@@ -446,6 +451,10 @@ impl ControllerBackend {
                 token.clone(),
             ),
             pools: pb::warm_pool_service_client::WarmPoolServiceClient::with_interceptor(
+                channel.clone(),
+                token.clone(),
+            ),
+            snapshots: pb::snapshot_service_client::SnapshotServiceClient::with_interceptor(
                 channel, token,
             ),
             namespace: config.namespace,
@@ -487,6 +496,14 @@ impl ControllerBackend {
 
     pub(crate) fn pool_client(&self) -> crate::controller_pools::WarmPoolClient {
         self.pools.clone()
+    }
+
+    pub(crate) fn snapshot_client(&self) -> crate::controller_snapshots::SnapshotClient {
+        self.snapshots.clone()
+    }
+
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     pub(crate) async fn read(&self, id: &str) -> Result<pb::Sandbox, tonic::Status> {
@@ -790,6 +807,22 @@ impl Backend for ControllerBackend {
 
     async fn detach_volume(&self, id: &str, volume: &str) -> ApiResult<()> {
         self.vol_detach(id, volume).await
+    }
+
+    async fn create_snapshot(&self, id: &str, name: Option<String>) -> ApiResult<SandboxSnapshot> {
+        self.snap_create(id, name).await
+    }
+
+    async fn get_snapshot(&self, id: &str) -> ApiResult<SandboxSnapshot> {
+        self.snap_get(id).await
+    }
+
+    async fn list_snapshots(&self, filter: &SnapshotFilter) -> ApiResult<Vec<SandboxSnapshot>> {
+        self.snap_list(filter).await
+    }
+
+    async fn delete_snapshot(&self, id: &str) -> ApiResult<()> {
+        self.snap_delete(id).await
     }
 
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {

@@ -33,9 +33,11 @@ use sandbolt_proto::egress::NetworkPolicy;
 
 use crate::backend::{Backend, Route, paused_sandbox};
 use crate::docker_network;
+use crate::docker_snapshots::{LABEL_IMAGE, LABEL_RESTORED_FROM, Restore};
 use crate::egress::{ENFORCEMENT_NONE, PolicyChange, PolicyStatus};
 use crate::error::{ApiError, ApiResult, StartError};
 use crate::model::{SandboxRecord, State};
+use crate::snapshots::{SandboxSnapshot, SnapshotFilter};
 use crate::validate::{CreatePlan, Extensions, FailurePolicy};
 use crate::volumes::{VolumeMount, VolumeSource, unsupported};
 
@@ -119,6 +121,11 @@ pub struct DockerBackend {
     reach: Mutex<HashMap<String, Reach>>,
     /// The isolated sandbox network, when isolation is on.
     network_mode: Option<String>,
+    /// Held by a snapshot delete, and by a restore from its check of the
+    /// snapshot until its container exists, so a deletion never removes an
+    /// image a container is being created from (see
+    /// [`crate::docker_snapshots`]).
+    pub(crate) snapshot_lock: tokio::sync::Mutex<()>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -139,7 +146,7 @@ fn refuse_restricting_policy(policy: &NetworkPolicy) -> ApiResult<()> {
     ))
 }
 
-fn container_name(id: &str) -> String {
+pub(crate) fn container_name(id: &str) -> String {
     format!("sandbox-{id}")
 }
 
@@ -446,7 +453,7 @@ impl DockerBackend {
             );
             None
         };
-        Ok(Self {
+        let backend = Self {
             docker,
             config,
             execd_tar,
@@ -454,10 +461,15 @@ impl DockerBackend {
             binds_lock: tokio::sync::Mutex::new(()),
             reach: Mutex::new(HashMap::new()),
             network_mode,
-        })
+            snapshot_lock: tokio::sync::Mutex::new(()),
+        };
+        // Containers removed while we were down may have been the last
+        // users of snapshots whose deletion was pending.
+        backend.settle_snapshot_deletes().await;
+        Ok(backend)
     }
 
-    fn metadata_path(&self, id: &str) -> PathBuf {
+    pub(crate) fn metadata_path(&self, id: &str) -> PathBuf {
         self.data_dir.join("metadata").join(format!("{id}.json"))
     }
     fn expiry_path(&self, id: &str) -> PathBuf {
@@ -521,7 +533,7 @@ impl DockerBackend {
             .unwrap_or_else(Utc::now);
         SandboxRecord {
             id: id.to_string(),
-            image,
+            image: labels.get(LABEL_IMAGE).cloned().or(image),
             entrypoint,
             metadata: self.effective_metadata(id, labels),
             state,
@@ -531,10 +543,11 @@ impl DockerBackend {
             expires_at: self.effective_expiry(id, labels),
             last_transition_at: None,
             allocation: None,
+            snapshot_id: labels.get(LABEL_RESTORED_FROM).cloned(),
         }
     }
 
-    async fn inspect(&self, id: &str) -> ApiResult<ContainerInspectResponse> {
+    pub(crate) async fn inspect(&self, id: &str) -> ApiResult<ContainerInspectResponse> {
         check_id(id)?;
         let c = self
             .docker
@@ -554,7 +567,11 @@ impl DockerBackend {
         Ok(c)
     }
 
-    fn record_from_inspect(&self, id: &str, c: &ContainerInspectResponse) -> SandboxRecord {
+    pub(crate) fn record_from_inspect(
+        &self,
+        id: &str,
+        c: &ContainerInspectResponse,
+    ) -> SandboxRecord {
         let cfg = c.config.clone().unwrap_or_default();
         let labels = cfg.labels.clone().unwrap_or_default();
         let st = c.state.clone().unwrap_or_default();
@@ -673,6 +690,7 @@ impl DockerBackend {
         plan: &CreatePlan,
         token: &str,
         delete_volumes: &[String],
+        restore: Option<&Restore>,
     ) -> ApiResult<()> {
         let name = container_name(&plan.id);
         let mut labels = container_labels(plan, token);
@@ -681,6 +699,9 @@ impl DockerBackend {
                 crate::docker_volumes::LABEL_DELETE_VOLUMES.into(),
                 serde_json::to_string(delete_volumes).expect("strings serialize"),
             );
+        }
+        if let Some(r) = restore {
+            r.container_labels(&mut labels);
         }
         let body = ContainerCreateBody {
             image: Some(plan.image.clone()),
@@ -713,6 +734,7 @@ impl DockerBackend {
         plan: &CreatePlan,
         token: &str,
         pvcs: &crate::docker_volumes::PreparedPvcs,
+        restore: Option<&Restore>,
     ) -> ApiResult<Reach> {
         let binds = crate::docker_volumes::host_bindings(plan);
         {
@@ -724,7 +746,7 @@ impl DockerBackend {
                 crate::docker_volumes::check_bindings(&binds, &existing)?;
                 Some(held)
             };
-            self.create_stopped(plan, token, &pvcs.delete_on_delete)
+            self.create_stopped(plan, token, &pvcs.delete_on_delete, restore)
                 .await?;
         }
         self.start_created(plan).await
@@ -884,11 +906,25 @@ impl Backend for DockerBackend {
         })
     }
 
-    #[tracing::instrument(name = "docker", skip_all, fields(call = "create", sandbox_id = %plan.id))]
-    async fn create(&self, plan: CreatePlan) -> ApiResult<SandboxRecord> {
+    #[tracing::instrument(name = "docker", skip_all, fields(call = "create", sandbox_id = %plan.id, snapshot_id = plan.snapshot_id.as_deref()))]
+    async fn create(&self, mut plan: CreatePlan) -> ApiResult<SandboxRecord> {
         let token = random_token();
-        let pvcs = self.prepare_pvcs(&plan).await?;
-        match self.create_container(&plan, &token, &pvcs).await {
+        let _restoring = match plan.snapshot_id {
+            Some(_) => Some(self.snapshot_lock.lock().await),
+            None => None,
+        };
+        let restore = self.prepare_restore(&mut plan).await?;
+        let pvcs = match self.prepare_pvcs(&plan).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.forget(&plan.id);
+                return Err(e);
+            }
+        };
+        match self
+            .create_container(&plan, &token, &pvcs, restore.as_ref())
+            .await
+        {
             Ok(reach) => {
                 self.reach
                     .lock()
@@ -897,7 +933,11 @@ impl Backend for DockerBackend {
                 tracing::info!(id = %plan.id, image = %plan.image, "sandbox created");
                 Ok(SandboxRecord {
                     id: plan.id,
-                    image: Some(plan.image),
+                    image: Some(match &restore {
+                        Some(r) => r.source_image.clone(),
+                        None => plan.image,
+                    }),
+                    snapshot_id: restore.map(|r| r.snapshot_id),
                     entrypoint: plan.entrypoint,
                     metadata: plan.metadata,
                     state: State::Running,
@@ -923,6 +963,7 @@ impl Backend for DockerBackend {
                     )
                     .await;
                 self.remove_volumes(&pvcs.created).await;
+                self.forget(&plan.id);
                 Err(e)
             }
         }
@@ -975,6 +1016,7 @@ impl Backend for DockerBackend {
         self.forget(id);
         tracing::info!(%id, "sandbox deleted");
         self.settle_volume_deletes().await;
+        self.settle_snapshot_deletes().await;
         Ok(())
     }
 
@@ -1043,6 +1085,26 @@ impl Backend for DockerBackend {
     /// between creates: the pool routes answer 501.
     fn pools_unsupported(&self) -> bool {
         true
+    }
+
+    async fn create_snapshot(&self, id: &str, name: Option<String>) -> ApiResult<SandboxSnapshot> {
+        self.snap_create(id, name).await
+    }
+
+    async fn get_snapshot(&self, id: &str) -> ApiResult<SandboxSnapshot> {
+        self.snap_get(id).await
+    }
+
+    async fn list_snapshots(&self, filter: &SnapshotFilter) -> ApiResult<Vec<SandboxSnapshot>> {
+        self.snap_list(filter).await
+    }
+
+    async fn delete_snapshot(&self, id: &str) -> ApiResult<()> {
+        let result = self.snap_delete(id).await;
+        // Snapshots pending deletion whose last container was removed
+        // behind this server's back (`docker rm`) go here too.
+        self.settle_snapshot_deletes().await;
+        result
     }
 
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {

@@ -86,6 +86,9 @@ pub struct Sandbox {
     pub allocation: Option<AllocationSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub extensions: Option<BTreeMap<String, String>>,
+    /// The snapshot the sandbox was restored from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
 }
 
 /// `CreateSandboxResponse`: the sandbox without image.
@@ -195,6 +198,8 @@ pub struct SandboxRecord {
     pub last_transition_at: Option<DateTime<Utc>>,
     /// The warm pool the sandbox belongs to, where the engine has them.
     pub allocation: Option<Allocation>,
+    /// The snapshot the sandbox was restored from (`snapshotId`).
+    pub snapshot_id: Option<String>,
 }
 
 /// A sandbox's membership of a warm pool.
@@ -269,6 +274,7 @@ impl SandboxRecord {
             created_at: rfc3339(self.created_at),
             allocation: self.allocation_out(),
             extensions: self.extensions_out(),
+            snapshot_id: self.snapshot_id.clone(),
         }
     }
 

@@ -23,7 +23,8 @@ pub const RESERVED_PREFIX: &str = "opensandbox.io/";
 #[derive(Debug, Clone)]
 pub struct CreatePlan {
     pub id: String,
-    /// Empty only with `extensions.pool` set: the warm pool's image.
+    /// Empty with `extensions.pool` set (the warm pool's image) or with
+    /// `snapshot_id` (the snapshot's).
     pub image: String,
     pub entrypoint: Vec<String>,
     pub env: BTreeMap<String, String>,
@@ -39,7 +40,13 @@ pub struct CreatePlan {
     pub extensions: Extensions,
     /// `networkPolicy`, checked and normalized; the default allows all.
     pub network_policy: NetworkPolicy,
+    /// `snapshotId`: the snapshot whose filesystem the sandbox starts from.
+    pub snapshot_id: Option<String>,
 }
+
+/// The entrypoint of a sandbox restored from a snapshot when the request
+/// names none (the contract's default: keep the sandbox alive, idle).
+pub const SNAPSHOT_DEFAULT_ENTRYPOINT: [&str; 3] = ["tail", "-f", "/dev/null"];
 
 /// A quantity as the request spelled it (the controller parses the text
 /// again, with the same parser, against its pool maxima) and its value.
@@ -365,8 +372,15 @@ pub fn plan_create(
 ) -> ApiResult<CreatePlan> {
     reject_other_sources(&req)?;
     let extensions = parse_extensions(req.extensions.as_ref())?;
-    let image = check_image(req.image.as_ref(), extensions.pool.as_deref())?;
-    let entrypoint = check_entrypoint(req.entrypoint.as_deref())?;
+    let snapshot_id = check_snapshot_source(&req, &extensions)?;
+    let image = match snapshot_id {
+        Some(_) => String::new(),
+        None => check_image(req.image.as_ref(), extensions.pool.as_deref())?,
+    };
+    let entrypoint = match (&snapshot_id, req.entrypoint.as_deref()) {
+        (Some(_), None) => SNAPSHOT_DEFAULT_ENTRYPOINT.map(str::to_owned).to_vec(),
+        (_, entrypoint) => check_entrypoint(entrypoint)?,
+    };
     let timeout = parse_timeout(req.timeout.as_ref(), policy.max_timeout_secs)?;
     let env = parse_env(req.env.as_ref())?;
     let metadata = req.metadata.clone().unwrap_or_default();
@@ -399,6 +413,7 @@ pub fn plan_create(
         volumes,
         extensions,
         network_policy,
+        snapshot_id,
     })
 }
 
@@ -421,17 +436,39 @@ fn unsupported_field(message: impl Into<String>) -> ApiError {
 /// every other unsupported field (and like OSEP-0003's unsupported volume
 /// backends), not a 5xx that reads as a server fault.
 fn reject_other_sources(req: &CreateSandboxRequest) -> ApiResult<()> {
-    if req.snapshot_id.is_some() {
-        return Err(unsupported_field(
-            "snapshotId is not supported by sandbolt: create from an image",
-        ));
-    }
     if req.template_id.is_some() {
         return Err(unsupported_field(
             "templateId is not supported by sandbolt: create from an image",
         ));
     }
     Ok(())
+}
+
+/// `snapshotId`, when the sandbox is restored from a snapshot: then the
+/// snapshot gives the filesystem and the image, so `image` must be absent,
+/// and a warm pool (whose sandboxes are started from their template's
+/// image) cannot serve it.
+fn check_snapshot_source(
+    req: &CreateSandboxRequest,
+    extensions: &Extensions,
+) -> ApiResult<Option<String>> {
+    let Some(id) = &req.snapshot_id else {
+        return Ok(None);
+    };
+    if id.trim().is_empty() || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ApiError::invalid("snapshotId must be a snapshot id"));
+    }
+    if req.image.is_some() {
+        return Err(ApiError::invalid(
+            "give either image or snapshotId, not both: a sandbox restored from a snapshot runs the snapshot's image",
+        ));
+    }
+    if let Some(pool) = &extensions.pool {
+        return Err(ApiError::invalid(format!(
+            "snapshotId cannot be served by a warm pool (extensions.poolRef '{pool}'): a restored sandbox is always created from its snapshot"
+        )));
+    }
+    Ok(Some(id.clone()))
 }
 
 /// The image reference to run; empty when the request names a pool
@@ -586,19 +623,63 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_and_template_are_client_errors() {
+    fn snapshot_sources() {
         let now = Utc::now();
-        for field in ["snapshotId", "templateId"] {
-            let mut b = base();
-            b[field] = json!("0");
-            let e = plan_create(req(b), &policy(), now).unwrap_err();
-            assert_eq!(e.status, 400, "{field}");
-            assert_eq!(e.code, "UNSUPPORTED_FIELD", "{field}");
-            assert!(e.message.contains(field), "{}", e.message);
-            // null means absent.
+        // No image, no entrypoint: the contract's default entrypoint.
+        let p = plan_create(req(json!({"snapshotId": "snap-1"})), &policy(), now).unwrap();
+        assert_eq!(p.snapshot_id.as_deref(), Some("snap-1"));
+        assert_eq!(p.image, "");
+        assert_eq!(p.entrypoint, ["tail", "-f", "/dev/null"]);
+        let p = plan_create(
+            req(json!({"snapshotId": "snap-1", "entrypoint": ["sleep", "9"]})),
+            &policy(),
+            now,
+        )
+        .unwrap();
+        assert_eq!(p.entrypoint, ["sleep", "9"]);
+        assert_eq!(
+            plan_create(req(base()), &policy(), now)
+                .unwrap()
+                .snapshot_id,
+            None
+        );
+        for (body, words) in [
+            (
+                json!({"snapshotId": "snap-1", "image": {"uri": "busybox"}}),
+                "either image or snapshotId",
+            ),
+            (
+                json!({"snapshotId": "snap-1", "extensions": {"poolRef": "py"}}),
+                "extensions.poolRef",
+            ),
+            (json!({"snapshotId": ""}), "snapshotId"),
+            (json!({"snapshotId": "a b"}), "snapshotId"),
+            (
+                json!({"snapshotId": "snap-1", "entrypoint": []}),
+                "entrypoint",
+            ),
+        ] {
+            let e = plan_create(req(body.clone()), &policy(), now).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert!(e.message.contains(words), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn template_is_a_client_error() {
+        let now = Utc::now();
+        let mut b = base();
+        b["templateId"] = json!("0");
+        let e = plan_create(req(b), &policy(), now).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.code, "UNSUPPORTED_FIELD");
+        assert!(e.message.contains("templateId"), "{}", e.message);
+        // null means absent, for both sources.
+        for field in ["templateId", "snapshotId"] {
             let mut b = base();
             b[field] = Value::Null;
-            plan_create(req(b), &policy(), now).unwrap();
+            let p = plan_create(req(b), &policy(), now).unwrap();
+            assert_eq!(p.snapshot_id, None);
         }
     }
 

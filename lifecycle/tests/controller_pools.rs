@@ -256,17 +256,8 @@ async fn warm_pools_through_rest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_pools_through_the_python_sdk() {
-    let env = common::controller_env(8).await;
-    let data = tempfile::tempdir().unwrap();
-    let lifecycle = env.lifecycle(data.path()).await;
-    let (addr, image) = (lifecycle.addr(), env.image.clone());
-    let suite = tokio::task::spawn_blocking(move || {
-        common::run_lifecycle_pytest("pool_sdk_test.py", addr, &image, "controller")
-    })
-    .await;
-    lifecycle.shutdown().await.unwrap();
-    env.stop().await;
-    if let Err(panic) = suite {
-        std::panic::resume_unwind(panic.into_panic());
-    }
+    common::controller_env(8)
+        .await
+        .run_sdk_suite("pool_sdk_test.py")
+        .await;
 }

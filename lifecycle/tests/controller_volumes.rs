@@ -399,19 +399,10 @@ async fn mount_into_and_out_of_a_running_sandbox() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pvc_through_the_python_sdk() {
-    let env = common::controller_env_with_volumes(8).await;
-    let data = tempfile::tempdir().unwrap();
-    let lifecycle = env.lifecycle(data.path()).await;
-    let (addr, image) = (lifecycle.addr(), env.image.clone());
-    let suite = tokio::task::spawn_blocking(move || {
-        common::run_lifecycle_pytest("pvc_sdk_test.py", addr, &image, "controller")
-    })
-    .await;
-    lifecycle.shutdown().await.unwrap();
-    env.stop().await;
-    if let Err(panic) = suite {
-        std::panic::resume_unwind(panic.into_panic());
-    }
+    common::controller_env_with_volumes(8)
+        .await
+        .run_sdk_suite("pvc_sdk_test.py")
+        .await;
 }
 
 /// No agent has a volume root: the volume cannot be placed, which is a

@@ -9,10 +9,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use backon::Retryable;
-use containerd_client::services::v1::snapshots::{Info, Kind, ListSnapshotsRequest};
+use containerd_client::services::v1::snapshots::{
+    Info, Kind, ListSnapshotsRequest, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
+};
 use containerd_client::services::v1::{
-    containers_client::ContainersClient, content_client::ContentClient, diff_client::DiffClient,
-    events_client::EventsClient, images_client::ImagesClient, leases_client::LeasesClient,
+    Container, UpdateContainerRequest, containers_client::ContainersClient,
+    content_client::ContentClient, diff_client::DiffClient, events_client::EventsClient,
+    images_client::ImagesClient, leases_client::LeasesClient,
     snapshots::snapshots_client::SnapshotsClient, tasks_client::TasksClient,
     version_client::VersionClient,
 };
@@ -129,6 +132,31 @@ impl Containerd {
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20)
     }
+    /// Every snapshot of `snapshotter` matching `filters` (containerd's
+    /// filter syntax, e.g. `name~="^sandbolt-snapshot-"`; empty = all), of
+    /// every kind. The caller names the failure (`snapshots.List`) in its
+    /// own error.
+    pub async fn list_snapshots(
+        &self,
+        snapshotter: &str,
+        filters: Vec<String>,
+    ) -> std::result::Result<Vec<Info>, tonic::Status> {
+        use futures::StreamExt;
+        let mut stream = self
+            .snapshots()
+            .list(self.req(ListSnapshotsRequest {
+                snapshotter: snapshotter.to_string(),
+                filters,
+            }))
+            .await?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            out.extend(chunk?.info);
+        }
+        Ok(out)
+    }
+
     /// Every active (writable) snapshot of `snapshotter`: the janitor's
     /// leftovers and the agent's prepared snapshots are among them. The
     /// caller names the failure (`snapshots.List`) in its own error.
@@ -136,25 +164,21 @@ impl Containerd {
         &self,
         snapshotter: &str,
     ) -> std::result::Result<Vec<Info>, tonic::Status> {
-        use futures::StreamExt;
-        let mut stream = self
-            .snapshots()
-            .list(self.req(ListSnapshotsRequest {
-                snapshotter: snapshotter.to_string(),
-                filters: vec![],
-            }))
-            .await?
-            .into_inner();
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            out.extend(
-                chunk?
-                    .info
-                    .into_iter()
-                    .filter(|i| i.kind == Kind::Active as i32),
-            );
-        }
-        Ok(out)
+        let mut all = self.list_snapshots(snapshotter, vec![]).await?;
+        all.retain(|i| i.kind == Kind::Active as i32);
+        Ok(all)
+    }
+
+    /// The committed snapshots of `snapshotter` whose name starts with
+    /// `prefix` (e.g. `labels::SNAPSHOT_NAME_PREFIX`), labels included.
+    pub async fn committed_snapshots_named(
+        &self,
+        snapshotter: &str,
+        prefix: &str,
+    ) -> std::result::Result<Vec<Info>, tonic::Status> {
+        let mut all = self.list_snapshots(snapshotter, vec![]).await?;
+        all.retain(|i| i.kind == Kind::Committed as i32 && i.name.starts_with(prefix));
+        Ok(all)
     }
 
     pub fn snapshots(&self) -> SnapshotsClient<Channel> {
@@ -168,5 +192,94 @@ impl Containerd {
     }
     pub fn leases(&self) -> LeasesClient<Channel> {
         LeasesClient::new(self.channel.clone())
+    }
+
+    /// The mounts of snapshot `key` (a writable one's: what a task's
+    /// rootfs is made of). The caller names the failure
+    /// (`snapshots.Mounts`) in its own error.
+    pub async fn snapshot_mounts(
+        &self,
+        snapshotter: &str,
+        key: &str,
+    ) -> std::result::Result<Vec<containerd_client::types::Mount>, tonic::Status> {
+        Ok(self
+            .snapshots()
+            .mounts(self.req(MountsRequest {
+                snapshotter: snapshotter.to_string(),
+                key: key.to_string(),
+            }))
+            .await?
+            .into_inner()
+            .mounts)
+    }
+
+    /// Prepares writable snapshot `key` on top of `parent` with `labels`;
+    /// returns its mounts. The caller names the failure
+    /// (`snapshots.Prepare`) in its own error.
+    pub async fn prepare_snapshot(
+        &self,
+        snapshotter: &str,
+        key: &str,
+        parent: &str,
+        labels: std::collections::HashMap<String, String>,
+    ) -> std::result::Result<Vec<containerd_client::types::Mount>, tonic::Status> {
+        Ok(self
+            .snapshots()
+            .prepare(self.req(PrepareSnapshotRequest {
+                snapshotter: snapshotter.to_string(),
+                key: key.to_string(),
+                parent: parent.to_string(),
+                labels,
+            }))
+            .await?
+            .into_inner()
+            .mounts)
+    }
+
+    /// Removes snapshot `key`; false when it did not exist (NOT_FOUND is
+    /// no failure). The caller names other failures (`snapshots.Remove`)
+    /// in its own error.
+    pub async fn remove_snapshot(
+        &self,
+        snapshotter: &str,
+        key: &str,
+    ) -> std::result::Result<bool, tonic::Status> {
+        let res = self
+            .snapshots()
+            .remove(self.req(RemoveSnapshotRequest {
+                snapshotter: snapshotter.to_string(),
+                key: key.to_string(),
+            }))
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(false),
+            Err(s) => Err(s),
+        }
+    }
+
+    /// Sets one label of container `id` (only it: the mask keeps every
+    /// other field and label as containerd has it). An empty `value`
+    /// removes the label (containerd stores no empty label).
+    pub async fn set_container_label(
+        &self,
+        id: &str,
+        key: &str,
+        value: &str,
+    ) -> std::result::Result<(), tonic::Status> {
+        let update = Container {
+            id: id.to_string(),
+            labels: std::collections::HashMap::from([(key.to_string(), value.to_string())]),
+            ..Default::default()
+        };
+        self.containers()
+            .update(self.req(UpdateContainerRequest {
+                container: Some(update),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec![format!("labels.{key}")],
+                }),
+            }))
+            .await?;
+        Ok(())
     }
 }

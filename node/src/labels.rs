@@ -53,3 +53,37 @@ pub const PREPARED: &str = "io.sandbolt.prepared";
 /// create that takes one creates its container with it as `snapshot_key`:
 /// the snapshot key is then not the sandbox id.
 pub const PREPARED_KEY_PREFIX: &str = "sandbolt-prepared-";
+
+/// Name prefix of committed sandbox snapshots
+/// (`sandbolt-snapshot-<snapshot id>`, the agent's `snapshot` module): the
+/// captured writable layer of a sandbox, parent of the writable layers of
+/// the sandboxes restored from it. Such a snapshot also carries
+/// [`SNAPSHOT`], [`AGENT_ID`], [`IMAGE`] and `containerd.io/gc.root`; the
+/// janitor removes one whose id no controller record knows.
+pub const SNAPSHOT_NAME_PREFIX: &str = "sandbolt-snapshot-";
+/// Key prefix of the active snapshot a capture fills before committing it
+/// (`sandbolt-snapshotting-<snapshot id>`). Never outlives its capture: a
+/// restarted agent removes its own, the janitor one whose agent process
+/// ([`AGENT_INSTANCE`]) is gone.
+pub const SNAPSHOTTING_KEY_PREFIX: &str = "sandbolt-snapshotting-";
+/// On a committed sandbox snapshot (and its in-progress key): the snapshot
+/// id.
+pub const SNAPSHOT: &str = "io.sandbolt.snapshot";
+/// On a container whose processes a capture froze (the snapshot id): a
+/// restarted agent thaws a container carrying it (the capture died with the
+/// previous agent process) unless it is paused on purpose.
+pub const FROZEN_FOR_SNAPSHOT: &str = "io.sandbolt.frozen-for-snapshot";
+/// On a committed sandbox snapshot: the named volumes its sandbox mounted
+/// and the volume snapshot taken of each (JSON list of `{volume, subPath,
+/// mountPath, readOnly, volumeSnapshot}`; `volumeSnapshot` is absent for a
+/// read-only mount). Deleting the snapshot deletes those volume snapshots.
+pub const SNAPSHOT_VOLUMES: &str = "io.sandbolt.snapshot-volumes";
+/// On a committed sandbox snapshot: how long the capture froze the
+/// sandbox's processes, in microseconds (0: it was paused already).
+pub const SNAPSHOT_PAUSED_US: &str = "io.sandbolt.snapshot-paused-us";
+/// On a committed sandbox snapshot: how long the capture took up to its
+/// commit, in microseconds.
+pub const SNAPSHOT_TOOK_US: &str = "io.sandbolt.snapshot-took-us";
+/// containerd's garbage collector keeps a snapshot carrying this label
+/// (any value; sandbolt writes the time it was set, in Unix milliseconds).
+pub const GC_ROOT: &str = "containerd.io/gc.root";

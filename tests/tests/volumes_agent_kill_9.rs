@@ -17,18 +17,21 @@
 //! The seed of the kill delays is printed; `SANDBOLT_TEST_SEED` replays it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+
+use agent_proc::AgentProc;
 
 use sandbolt_e2e::bed::start_bed;
 use sandbolt_proto::agent::v1 as agent;
 use sandbolt_proto::auth::BearerToken;
-use sandbolt_test_support::{Proc, free_port};
 use sandbolt_testbed::Testbed;
 use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
+
+#[path = "support/agent_proc.rs"]
+mod agent_proc;
 
 const TOKEN: &str = "volumes-kill-9-token";
 const ROUNDS: u32 = 20;
@@ -63,83 +66,32 @@ impl Rng {
     }
 }
 
-/// One `sandbolt agent` process on the bed, with its state and volume root
-/// in the bed's directory.
-struct AgentProc {
-    proc: Option<Proc>,
-    listen: SocketAddr,
-    state: PathBuf,
-    root: PathBuf,
-    starts: u32,
-}
-
-impl AgentProc {
-    fn command(&self, bed: &Testbed) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_e2e-sandbolt"));
-        cmd.arg("agent")
-            .args(["--agent-id", "agent-k9", "--node-name", "node-k9"])
-            .args(["--token", TOKEN, "--network", "none"])
-            .arg("--listen")
-            .arg(self.listen.to_string())
-            .arg("--proxy-listen")
-            .arg(format!("127.0.0.1:{}", free_port()))
-            .arg("--containerd-socket")
-            .arg(bed.containerd_socket())
-            .arg("--execd-bin")
-            .arg(sandbolt_testbed::execd_binary().expect("static execd"))
-            .arg("--state-dir")
-            .arg(&self.state)
-            .arg("--volume-root")
-            .arg(&self.root)
-            .args(["--volume-backend", "auto", "--volume-pool-size", "4Gi"])
-            .env("SANDBOLT_LOG", "sandbolt_agent=debug")
-            .env_remove("SANDBOLT_CONTROLLER");
-        cmd
-    }
-
-    /// Starts it and waits until its API answers; a client of it.
-    async fn start(&mut self, bed: &Testbed) -> Client {
-        self.starts += 1;
-        let log = self
-            .state
-            .with_file_name(format!("agent-{}.log", self.starts));
-        self.proc = Some(Proc::spawn("agent", &mut self.command(bed), log));
-        let endpoint = format!("http://{}", self.listen);
-        let proc = self.proc.as_mut().unwrap();
-        let started = std::time::Instant::now();
-        loop {
-            if let Ok(ch) = tonic::transport::Endpoint::from_shared(endpoint.clone())
-                .unwrap()
-                .connect()
-                .await
-            {
-                let mut c = agent::agent_service_client::AgentServiceClient::with_interceptor(
-                    ch,
-                    BearerToken::new(TOKEN).unwrap(),
-                );
-                if c.list_volumes(agent::ListVolumesRequest {}).await.is_ok() {
-                    return c;
-                }
-            }
-            assert!(
-                !proc.has_exited() && started.elapsed() < Duration::from_secs(60),
-                "the agent did not serve volumes within 60 s:\n{}",
-                proc.output()
+/// Starts `agent` (again) and waits until its API answers; a client of it.
+async fn start_serving(agent: &mut AgentProc, bed: &Testbed) -> Client {
+    agent.start(bed);
+    let endpoint = format!("http://{}", agent.listen);
+    let proc = agent.proc_mut();
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(endpoint.clone())
+            .unwrap()
+            .connect()
+            .await
+        {
+            let mut c = agent::agent_service_client::AgentServiceClient::with_interceptor(
+                ch,
+                BearerToken::new(TOKEN).unwrap(),
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            if c.list_volumes(agent::ListVolumesRequest {}).await.is_ok() {
+                return c;
+            }
         }
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            p.kill9();
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            p.terminate(Duration::from_secs(30));
-        }
+        assert!(
+            !proc.has_exited() && started.elapsed() < Duration::from_secs(60),
+            "the agent did not serve volumes within 60 s:\n{}",
+            proc.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -231,14 +183,17 @@ async fn kill_9_during_fork_and_restore_never_leaves_half_a_volume() {
     eprintln!("SANDBOLT_TEST_SEED={seed}");
     let mut rng = Rng(seed);
     let bed = start_bed().await;
-    let mut agent = AgentProc {
-        proc: None,
-        listen: SocketAddr::from(([127, 0, 0, 1], free_port())),
-        state: bed.root().join("agent-k9-state"),
-        root: bed.root().join("agent-k9-volumes"),
-        starts: 0,
-    };
-    let mut c = agent.start(&bed).await;
+    let root = bed.root().join("agent-k9-volumes");
+    let mut agent = AgentProc::new(
+        "agent-k9",
+        "node-k9",
+        TOKEN,
+        bed.root().join("agent-k9-state"),
+    )
+    .args(["--network", "none", "--volume-root"])
+    .args([&root])
+    .args(["--volume-backend", "auto", "--volume-pool-size", "4Gi"]);
+    let mut c = start_serving(&mut agent, &bed).await;
 
     let src = c
         .create_volume(agent::CreateVolumeRequest {
@@ -253,7 +208,7 @@ async fn kill_9_during_fork_and_restore_never_leaves_half_a_volume() {
         .into_inner();
     let caps = src.capabilities.clone().unwrap_or_default();
     assert_eq!(caps.backend, "btrfs", "a loop-backed btrfs pool: {src:?}");
-    let data = agent.root.join("volumes/src/data");
+    let data = root.join("volumes/src/data");
     let (a, b) = (version(&mut rng, "a"), version(&mut rng, "b"));
     write_tree(&data, &a);
     snapshot(&mut c, "sa").await;
@@ -300,14 +255,14 @@ async fn kill_9_during_fork_and_restore_never_leaves_half_a_volume() {
         };
         // What the kill left for the restart to clean up (the recovery
         // path is exercised when this is not empty).
-        let left = entries(&agent.root.join("staging"));
+        let left = entries(&root.join("staging"));
         eprintln!("round {round}: killed after {delay:?}: {op:?}; staging left: {left:?}");
         if !left.is_empty() {
             interrupted += 1;
         }
-        c = agent.start(&bed).await;
+        c = start_serving(&mut agent, &bed).await;
 
-        let staging = entries(&agent.root.join("staging"));
+        let staging = entries(&root.join("staging"));
         assert!(
             staging.is_empty(),
             "round {round}: staging not emptied at start: {staging:?}"
@@ -326,7 +281,7 @@ async fn kill_9_during_fork_and_restore_never_leaves_half_a_volume() {
                 snapshot,
                 answered,
             } => {
-                let dir = agent.root.join("volumes").join(name);
+                let dir = root.join("volumes").join(name);
                 let got = c.get_volume(agent::VolumeRef { name: name.clone() }).await;
                 if dir.exists() {
                     let info = got
@@ -365,7 +320,7 @@ async fn kill_9_during_fork_and_restore_never_leaves_half_a_volume() {
             }
         }
         state = now;
-        assert_no_orphans(&mut c, &agent.root, round).await;
+        assert_no_orphans(&mut c, &root, round).await;
     }
     eprintln!("{interrupted} of {ROUNDS} kills left work in staging");
     agent.stop();

@@ -16,16 +16,17 @@
 #[path = "support/warm.rs"]
 mod warm;
 
+#[path = "support/agent_proc.rs"]
+mod agent_proc;
+
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
-use sandbolt_controller::{Controller, ControllerConfig};
+use agent_proc::AgentProc;
+
 use sandbolt_e2e::bed::{CNI_BIN_DIR, connect, eventually, running_tasks, start_bed};
 use sandbolt_proto::control::v1 as native;
-use sandbolt_test_support::{Proc, free_port};
 use sandbolt_testbed::Testbed;
 use warm::{FILLED_WITHIN, TOKEN, active_snapshots, drop_bed_checked};
 
@@ -35,68 +36,6 @@ const POOL: &str = "warm-k9";
 const BUFFER: usize = 4;
 /// Network namespaces the agent keeps prepared ahead of creates.
 const NET_POOL: usize = 2;
-
-/// The `sandbolt agent` process, restartable on the same state.
-struct AgentProc {
-    proc: Option<Proc>,
-    listen: SocketAddr,
-    state: PathBuf,
-    controller: SocketAddr,
-    starts: u32,
-}
-
-impl AgentProc {
-    fn command(&self, bed: &Testbed) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_e2e-sandbolt"));
-        cmd.arg("agent")
-            .args(["--agent-id", "agent-warm-k9", "--node-name", "node-warm-k9"])
-            .args(["--token", TOKEN])
-            .arg("--controller")
-            .arg(format!("http://{}", self.controller))
-            .arg("--listen")
-            .arg(self.listen.to_string())
-            .arg("--proxy-listen")
-            .arg(format!("127.0.0.1:{}", free_port()))
-            .arg("--containerd-socket")
-            .arg(bed.containerd_socket())
-            .arg("--execd-bin")
-            .arg(sandbolt_testbed::execd_binary().expect("static execd"))
-            .arg("--state-dir")
-            .arg(&self.state)
-            .args(["--max-sandboxes", "16", "--volume-backend", "none"])
-            .args(["--network", "egress", "--dns-upstream", "127.0.0.1:9"])
-            .args(["--network-pool-size", &NET_POOL.to_string()])
-            .args(["--cni-bin-dir", CNI_BIN_DIR])
-            .env("SANDBOLT_LOG", "sandbolt_agent=debug")
-            .env_remove("SANDBOLT_CONTROLLER");
-        cmd
-    }
-
-    fn start(&mut self, bed: &Testbed) {
-        self.starts += 1;
-        let log = self
-            .state
-            .with_file_name(format!("agent-warm-k9-{}.log", self.starts));
-        self.proc = Some(Proc::spawn("agent", &mut self.command(bed), log));
-    }
-
-    fn output(&self) -> String {
-        self.proc.as_ref().map(Proc::output).unwrap_or_default()
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            p.kill9();
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            let status = p.terminate(Duration::from_secs(30));
-            eprintln!("the agent stopped: {status}");
-        }
-    }
-}
 
 /// Whatever happens to the test, the agent process goes and its network
 /// state is purged from the host (a passing test purges nothing: it checks
@@ -178,18 +117,20 @@ async fn wait_buffer(
 async fn agent_kill_9_with_a_full_buffer_leaks_nothing() {
     let bed = start_bed().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir.path(), TOKEN);
-    cfg.heartbeat_interval = Duration::from_millis(200);
-    let ctl = Controller::start(cfg).await.expect("controller starts");
+    let ctl = agent_proc::start_controller(dir.path(), TOKEN).await;
     let addr = ctl.local_addr();
     let mut guard = Cleanup {
-        agent: AgentProc {
-            proc: None,
-            listen: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            state: bed.root().join("agent-warm-k9-state"),
-            controller: addr,
-            starts: 0,
-        },
+        agent: AgentProc::new(
+            "agent-warm-k9",
+            "node-warm-k9",
+            TOKEN,
+            bed.root().join("agent-warm-k9-state"),
+        )
+        .controller(addr)
+        .args(["--max-sandboxes", "16", "--volume-backend", "none"])
+        .args(["--network", "egress", "--dns-upstream", "127.0.0.1:9"])
+        .args(["--network-pool-size", &NET_POOL.to_string()])
+        .args(["--cni-bin-dir", CNI_BIN_DIR]),
     };
     guard.agent.start(&bed);
     sandbolt_e2e::bed::wait_agents(&connect(addr).await, 1).await;

@@ -1,6 +1,6 @@
 //! The plain-directory backend: works on any filesystem, but snapshots,
-//! forks and restores copy every byte (`cp -a --reflink=auto`: shared
-//! extents where the filesystem can, a full copy where it cannot) and sizes
+//! forks and restores copy every byte ([`crate::tree_copy`]: shared extents
+//! where the filesystem can, a full copy where it cannot) and sizes
 //! are not enforced. Its capabilities say so.
 
 use std::path::Path;
@@ -13,33 +13,19 @@ pub(super) fn create(path: &Path) -> Result<(), VolumeStoreError> {
 }
 
 /// Copies the directory `src` to `dst` (which must not exist), keeping
-/// modes, owners, times, links and symlinks as they are (never followed).
-pub(super) fn copy(
-    lock: std::os::fd::RawFd,
-    src: &Path,
-    dst: &Path,
-) -> Result<(), VolumeStoreError> {
-    let out = super::root::tool("cp", lock)
-        .arg("-a")
-        .arg("--reflink=auto")
-        .arg("--no-target-directory")
-        .arg(src)
-        .arg(dst)
-        .output()
-        .map_err(|e| io("run cp".into(), e))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    let command = format!("cp -a --reflink=auto {} {}", src.display(), dst.display());
-    if stderr.contains("No space left on device") {
-        return Err(VolumeStoreError::NoSpace { what: command });
-    }
-    Err(VolumeStoreError::Command {
-        command,
-        status: out.status.to_string(),
-        stderr,
-    })
+/// modes, owners, times, attributes, links and symlinks as they are (never
+/// followed), in process ([`crate::tree_copy`]: file data cloned where the
+/// filesystem can).
+pub(super) fn copy(src: &Path, dst: &Path) -> Result<(), VolumeStoreError> {
+    std::fs::create_dir(dst).map_err(|e| io(format!("create {dst:?}"), e))?;
+    crate::tree_copy::copy_tree(src, dst)
+        .map(drop)
+        .map_err(|e| {
+            io(
+                format!("copy {src:?} to {dst:?}: {} {:?}", e.action, e.path),
+                e.source,
+            )
+        })
 }
 
 /// Removes `path` and everything below it (symlinks are removed, not

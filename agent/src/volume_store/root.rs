@@ -31,11 +31,12 @@ const MIN_LOOP_BYTES: u64 = 256 << 20;
 #[derive(Debug)]
 pub(super) struct Backend {
     kind: Kind,
-    /// flock on `<root>/.lock`: recovery deletes staging, so two stores on
-    /// one root would destroy each other's work. Children the store runs
-    /// (`btrfs`, `cp`) inherit it, so a store killed mid-operation keeps
-    /// the root locked until they are gone too (see [`tool`]).
-    lock: std::fs::File,
+    /// flock on `<root>/.lock`, held while the backend lives: recovery
+    /// deletes staging, so two stores on one root would destroy each
+    /// other's work. Children the store runs (`btrfs` at set-up) inherit
+    /// it, so a store killed mid-operation keeps the root locked until they
+    /// are gone too (see [`tool`]).
+    _lock: std::fs::File,
 }
 
 #[derive(Debug)]
@@ -60,10 +61,6 @@ impl Backend {
                 quota: false,
             },
         }
-    }
-
-    fn lock_fd(&self) -> RawFd {
-        self.lock.as_raw_fd()
     }
 
     /// Whether snapshots are made in place by one atomic, committed ioctl
@@ -104,7 +101,7 @@ impl Backend {
             Kind::Btrfs(b) => b
                 .snapshot(src, dst, read_only, limit)
                 .map_err(|e| io(format!("snapshot {src:?} at {dst:?}"), e)),
-            Kind::Directory => directory::copy(self.lock_fd(), src, dst),
+            Kind::Directory => directory::copy(src, dst),
         }
     }
 
@@ -183,7 +180,7 @@ pub(super) fn prepare(cfg: &VolumeStoreConfig) -> Result<Backend, VolumeStoreErr
     } else {
         Kind::Directory
     };
-    Ok(Backend { kind, lock })
+    Ok(Backend { kind, _lock: lock })
 }
 
 /// Makes the root ready; `true` when it is btrfs.

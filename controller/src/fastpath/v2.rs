@@ -15,7 +15,8 @@ use crate::registry::PoolSummary;
 use crate::sandbox::{
     Core, CreateRequest, EndpointTarget, Observed, Precondition, UpdateOp, UpdateSpec, page_size,
 };
-use crate::store::{Phase, SandboxRecord, WarmPoolRecord};
+use crate::snapshot::SnapshotCreate;
+use crate::store::{Phase, SandboxRecord, SnapshotPhase, SnapshotRecord, WarmPoolRecord};
 
 pub struct FastPathV2 {
     core: Arc<Core>,
@@ -240,11 +241,49 @@ fn all_pools(core: &Core, ns: &str) -> Vec<pb::PoolInfo> {
     items
 }
 
-fn unimplemented(what: &str) -> Status {
-    Error::Unimplemented(format!(
-        "{what} is not implemented by sandbolt yet (snapshots are planned)"
-    ))
-    .into()
+/// A snapshot's `{namespace, name = id}`, recorded on the current span.
+fn snapshot_name(nn: Option<&pb::NamespacedName>) -> Result<&pb::NamespacedName, Status> {
+    let nn = nn.ok_or_else(|| Status::invalid_argument("snapshot is required"))?;
+    if nn.name.is_empty() {
+        return Err(Status::invalid_argument("snapshot.name is required"));
+    }
+    tracing::Span::current()
+        .record("namespace", nn.namespace.as_str())
+        .record("snapshot", nn.name.as_str());
+    Ok(nn)
+}
+
+/// A snapshot record in v2's vocabulary: its id is the name; the capture
+/// is CREATING until it SUCCEEDED or FAILED. v2 has no deleting phase: a
+/// deletion waiting for restored sandboxes is SUCCEEDED with a message.
+pub(crate) fn snapshot_info(r: &SnapshotRecord) -> pb::SandboxSnapshotInfo {
+    let (phase, message) = match r.phase {
+        SnapshotPhase::Pending => (pb::SnapshotPhase::Creating, r.message.clone()),
+        SnapshotPhase::Ready => (pb::SnapshotPhase::Succeeded, r.message.clone()),
+        SnapshotPhase::Failed => (pb::SnapshotPhase::Failed, r.message.clone()),
+        SnapshotPhase::Deleting => (
+            pb::SnapshotPhase::Succeeded,
+            format!("deletion is pending: {}", r.message),
+        ),
+    };
+    pb::SandboxSnapshotInfo {
+        identity: Some(pb::SandboxIdentity {
+            uid: r.uid.clone(),
+            name: r.id.clone(),
+            namespace: r.namespace.clone(),
+        }),
+        sandbox_name: r.source_sandbox.clone(),
+        sandbox_uid: r.source_uid.clone(),
+        template_name: r.display_name.clone(),
+        phase: phase as i32,
+        message,
+        fastlet_name: r.agent_id.clone(),
+        manifest_ref: String::new(),
+        artifact_digest: String::new(),
+        size_bytes: r.size_bytes,
+        created_unix_seconds: r.created_at_unix_ms / 1000,
+        completed_unix_seconds: r.completed_at_unix_ms / 1000,
+    }
 }
 
 #[tonic::async_trait]
@@ -498,28 +537,69 @@ impl FastPathService for FastPathV2 {
         }))
     }
 
-    #[tracing::instrument(name = "fastpath.v2.CreateSandboxSnapshot", skip_all)]
+    #[tracing::instrument(
+        name = "fastpath.v2.CreateSandboxSnapshot",
+        skip_all,
+        fields(namespace, sandbox, request_id = %req.get_ref().request_id)
+    )]
     async fn create_sandbox_snapshot(
         &self,
-        _: Request<pb::CreateSandboxSnapshotRequest>,
+        req: Request<pb::CreateSandboxSnapshotRequest>,
     ) -> Result<Response<pb::CreateSandboxSnapshotResponse>, Status> {
-        Err(unimplemented("CreateSandboxSnapshot"))
+        let q = req.into_inner();
+        let (source, expect) = reference(q.sandbox.as_ref(), 0)?;
+        let create = SnapshotCreate {
+            request_id: q.request_id,
+            source,
+            expected_uid: expect.uid,
+            display_name: q.template_name,
+            metadata: q.metadata.into_iter().collect(),
+            wait: false,
+        };
+        let r = self.core.create_snapshot(create).await?;
+        Ok(Response::new(pb::CreateSandboxSnapshotResponse {
+            snapshot: Some(snapshot_info(&r)),
+        }))
     }
 
-    #[tracing::instrument(name = "fastpath.v2.GetSandboxSnapshot", skip_all)]
+    #[tracing::instrument(
+        name = "fastpath.v2.GetSandboxSnapshot",
+        skip_all,
+        fields(namespace, snapshot)
+    )]
     async fn get_sandbox_snapshot(
         &self,
-        _: Request<pb::GetSandboxSnapshotRequest>,
+        req: Request<pb::GetSandboxSnapshotRequest>,
     ) -> Result<Response<pb::GetSandboxSnapshotResponse>, Status> {
-        Err(unimplemented("GetSandboxSnapshot"))
+        let q = req.get_ref();
+        let nn = snapshot_name(q.snapshot.as_ref())?;
+        let r = self
+            .core
+            .get_snapshot(&nn.namespace, &nn.name, &q.expected_uid)?;
+        Ok(Response::new(pb::GetSandboxSnapshotResponse {
+            snapshot: Some(snapshot_info(&r)),
+        }))
     }
 
-    #[tracing::instrument(name = "fastpath.v2.DeleteSandboxSnapshot", skip_all)]
+    #[tracing::instrument(
+        name = "fastpath.v2.DeleteSandboxSnapshot",
+        skip_all,
+        fields(namespace, snapshot)
+    )]
     async fn delete_sandbox_snapshot(
         &self,
-        _: Request<pb::DeleteSandboxSnapshotRequest>,
+        req: Request<pb::DeleteSandboxSnapshotRequest>,
     ) -> Result<Response<pb::DeleteSandboxSnapshotResponse>, Status> {
-        Err(unimplemented("DeleteSandboxSnapshot"))
+        let r = req
+            .get_ref()
+            .snapshot
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("snapshot is required"))?;
+        let nn = snapshot_name(r.namespaced_name.as_ref())?;
+        self.core
+            .delete_snapshot(&nn.namespace, &nn.name, &r.expected_uid)
+            .await?;
+        Ok(Response::new(pb::DeleteSandboxSnapshotResponse {}))
     }
 
     #[tracing::instrument(

@@ -115,23 +115,28 @@ impl Core {
     }
 
     /// Checks a create request and completes it: namespace, name, the
-    /// pool's limits and runtime.
-    #[tracing::instrument(skip_all, fields(namespace = %req.namespace, sandbox = %req.name, pool = %req.spec.pool))]
+    /// snapshot it restores, the pool's limits and runtime.
+    #[tracing::instrument(skip_all, fields(namespace = %req.namespace, sandbox = %req.name, pool = %req.spec.pool, snapshot = %req.spec.snapshot_id))]
     pub fn validate(&self, mut req: CreateRequest) -> Result<CreateRequest> {
         let key = req.key();
         req.namespace = key.namespace;
-        let spec = &mut req.spec;
-        spec.pool = crate::placement::or_default(spec.pool.trim()).to_string();
         if !valid_name(&req.namespace) {
             return Err(Error::InvalidArgument(format!(
                 "invalid namespace {:?}",
                 req.namespace
             )));
         }
-        self.resolve_warm_pool(spec)?;
+        // Before the pool's default: a restore's pool defaults to its snapshot's.
+        let restore = self.resolve_snapshot(&mut req)?;
+        let spec = &mut req.spec;
+        spec.pool = crate::placement::or_default(spec.pool.trim()).to_string();
+        // A restore is never a warm pool member: `pool` is an agent pool.
+        if !restore {
+            self.resolve_warm_pool(spec)?;
+        }
         if spec.image.trim().is_empty() {
             return Err(Error::InvalidArgument(
-                "image is required (unless pool names a warm pool, whose template gives it)".into(),
+                "image is required (unless pool names a warm pool, whose template gives it, or snapshot_id a snapshot)".into(),
             ));
         }
         sandbolt_image_ref::ImageRef::parse(&spec.image)
@@ -205,6 +210,10 @@ impl Core {
                 self.untrack_expiry(&r);
                 self.registry.release(&r.agent_id, &r.sandbox_id);
                 self.discard_created_volumes(&r).await;
+                // Its record held the snapshot while it existed.
+                if !r.spec.snapshot_id.is_empty() {
+                    self.snapshot_released(&r.spec.snapshot_id).await;
+                }
                 Err(e)
             }
         }

@@ -1,5 +1,6 @@
 //! Delete: the container, then the record, then the slot; then the named
-//! volumes the sandbox's create made and asked to be removed with it.
+//! volumes the sandbox's create made and asked to be removed with it; then
+//! the snapshot it was restored from, if its deletion waited for it.
 
 use crate::error::Result;
 use crate::ids::SandboxKey;
@@ -7,8 +8,12 @@ use crate::sandbox::{Core, Precondition};
 use crate::store::SandboxRecord;
 
 impl Core {
+    #[tracing::instrument(skip_all, fields(namespace = %key.namespace, sandbox = %key.name, sandbox_id, agent))]
     pub async fn delete(&self, key: &SandboxKey, expect: &Precondition) -> Result<SandboxRecord> {
         let r = self.get(key, expect)?;
+        let span = tracing::Span::current();
+        span.record("sandbox_id", r.sandbox_id.as_str());
+        span.record("agent", r.agent_id.as_str());
         let container_gone = self.remove_container(&r).await?;
         self.store.delete(key)?;
         self.untrack_expiry(&r);
@@ -19,6 +24,11 @@ impl Core {
         tracing::info!(sandbox = %r.name, namespace = %r.namespace, agent = %r.agent_id, "deleted");
         // After the container: a mounted volume cannot be removed.
         self.delete_sandbox_volumes(&r, container_gone).await;
+        // Last: a snapshot whose deletion waited for this sandbox may go
+        // (its writable layer, a child of the snapshot, went with the container).
+        if !r.spec.snapshot_id.is_empty() {
+            self.snapshot_released(&r.spec.snapshot_id).await;
+        }
         Ok(r)
     }
 

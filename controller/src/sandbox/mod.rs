@@ -17,7 +17,9 @@
 //! - `recover.rs`: restart rebuild, heartbeats, failure policies, orphans;
 //! - `ownership.rs`: what janitors ask before they reap;
 //! - `volumes.rs`: named volumes of sandboxes (placement where they are,
-//!   creating missing ones, attach and detach, removal with the sandbox).
+//!   creating missing ones, attach and detach, removal with the sandbox);
+//! - `restore.rs`: creates from a sandbox snapshot (checks, the pin to the
+//!   snapshot's node, its volumes as forks).
 //!
 //! `shared.rs` holds the [`Core`] itself and what every verb shares (record
 //! read-modify-write, preconditions, the in-flight set, the expiry index,
@@ -33,6 +35,7 @@ mod pause;
 mod policy;
 mod recover;
 mod resolve;
+mod restore;
 mod shared;
 mod update;
 mod volumes;

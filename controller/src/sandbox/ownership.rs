@@ -137,7 +137,22 @@ impl Core {
             answers,
             agents: all,
             fast_commit_deadline_ms: self.fast_commit_deadline_ms(),
+            snapshots: self.snapshot_ownership(&req.snapshot_ids)?,
         })
+    }
+
+    /// One answer per sandbox snapshot id, in order: whether a snapshot
+    /// record (any phase) has it. The record is written before an agent is
+    /// asked to capture, so a committed snapshot without one is nobody's.
+    fn snapshot_ownership(&self, ids: &[String]) -> Result<Vec<pb::SnapshotOwnership>> {
+        ids.iter()
+            .map(|id| {
+                Ok(pb::SnapshotOwnership {
+                    snapshot_id: id.clone(),
+                    recorded: self.store.get_snapshot(id)?.is_some(),
+                })
+            })
+            .collect()
     }
 
     /// The longest a fast create can take from the agent call to the end of
@@ -145,5 +160,44 @@ impl Core {
     /// store's own write time.
     fn fast_commit_deadline_ms(&self) -> i64 {
         (self.config.create_deadline + record_commit_waits(&self.config)).as_millis() as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SnapshotRecord;
+
+    #[test]
+    fn each_snapshot_id_is_answered_in_order_by_whether_a_record_has_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::ControllerConfig::new("127.0.0.1:0".parse().unwrap(), dir.path(), "t");
+        let store = crate::store::embedded::RedbStore::open(dir.path()).unwrap();
+        let core = Core::new(cfg, std::sync::Arc::new(store)).unwrap();
+        core.store
+            .put_snapshot(&SnapshotRecord {
+                id: "kept".into(),
+                namespace: "default".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        let req = pb::GetOwnershipRequest {
+            node_name: "n".into(),
+            queries: vec![],
+            snapshot_ids: vec!["gone".into(), "kept".into(), "gone".into()],
+        };
+        let answer = core.ownership(&req).unwrap();
+        let got: Vec<(&str, bool)> = answer
+            .snapshots
+            .iter()
+            .map(|s| (s.snapshot_id.as_str(), s.recorded))
+            .collect();
+        assert_eq!(got, [("gone", false), ("kept", true), ("gone", false)]);
+        // A sandbox-only question answers no snapshots.
+        let req = pb::GetOwnershipRequest {
+            snapshot_ids: vec![],
+            ..req
+        };
+        assert!(core.ownership(&req).unwrap().snapshots.is_empty());
     }
 }

@@ -22,7 +22,9 @@
 //!
 //! Then AUTO_RECREATE recreates the sandbox (on another agent when its own
 //! is gone) and MANUAL marks it Failed, which lets the janitor reap what is
-//! left of its container.
+//! left of its container. A sandbox whose named volumes or snapshot (it was
+//! restored from one) are on a gone node is marked Failed instead: its data
+//! cannot follow it; recreated on a live node, it stays there.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -217,26 +219,21 @@ impl Core {
 
     /// Writes the failure policy's outcome into `x` (inside a `modify`).
     fn apply_failure_policy(&self, x: &mut SandboxRecord, source: &str, why: &str, now_ms: i64) {
-        let pinned = !x.spec.pvc_volumes.is_empty() && !self.registry.is_live(&x.agent_id);
-        match x.spec.failure_policy {
-            // Its volumes' data is on the lost node: a recreate elsewhere
-            // would run without it. Say so instead of moving it.
-            FailurePolicy::AutoRecreate if pinned => {
-                let claims: Vec<&str> = x
-                    .spec
-                    .pvc_volumes
-                    .iter()
-                    .map(|v| v.claim_name.as_str())
-                    .collect();
-                let msg = format!(
-                    "{why}; AUTO_RECREATE cannot move it: its named volumes ({}) live on that node and their data cannot follow",
-                    claims.join(", ")
-                );
+        let left_behind = if self.registry.is_live(&x.agent_id) {
+            None
+        } else {
+            data_left_behind(x)
+        };
+        match (x.spec.failure_policy, left_behind) {
+            // Its data is on the lost node: a recreate elsewhere would run
+            // without it. Say so instead of moving it.
+            (FailurePolicy::AutoRecreate, Some(what)) => {
+                let msg = format!("{why}; AUTO_RECREATE cannot move it: {what}");
                 x.phase = Phase::Failed;
                 x.message = msg.clone();
                 x.push_event("error", source, msg);
             }
-            FailurePolicy::AutoRecreate => {
+            (FailurePolicy::AutoRecreate, None) => {
                 let timeout = match x.spec.recovery_timeout_seconds {
                     0 => self.config.default_recovery_timeout,
                     s => Duration::from_secs(s as u64),
@@ -250,7 +247,7 @@ impl Core {
                     format!("{why}; AUTO_RECREATE within {timeout:?}"),
                 );
             }
-            FailurePolicy::Manual => {
+            (FailurePolicy::Manual, _) => {
                 x.phase = Phase::Failed;
                 x.message = why.to_string();
                 x.push_event(
@@ -516,7 +513,11 @@ impl Core {
         // vanished can.
         let exclude = (!self.registry.is_live(&old_agent)).then_some(&old_agent);
         // Named volumes pin it where their data is; none is made anew.
-        let volumes = self.resolve_pvcs(&n.spec.pvc_volumes, false)?;
+        let mut volumes = self.resolve_pvcs(&n.spec.pvc_volumes, false)?;
+        // A restored sandbox's snapshot is on its node: it stays there.
+        if !n.spec.snapshot_id.is_empty() {
+            volumes.pin = Some(old_agent.clone());
+        }
         self.place(&mut n, exclude, &volumes)?;
         let created = match self.agent_create(&n, true).await {
             Ok(c) => c,
@@ -563,4 +564,28 @@ impl Core {
             }
         }
     }
+}
+
+/// What of a sandbox stays on its node when the node is lost: the snapshot
+/// it was restored from, its named volumes; `None` when nothing does.
+fn data_left_behind(x: &SandboxRecord) -> Option<String> {
+    if !x.spec.snapshot_id.is_empty() {
+        return Some(format!(
+            "it was restored from snapshot {}, and its snapshot lived on the lost node (snapshots do not move between nodes yet)",
+            x.spec.snapshot_id
+        ));
+    }
+    if x.spec.pvc_volumes.is_empty() {
+        return None;
+    }
+    let claims: Vec<&str> = x
+        .spec
+        .pvc_volumes
+        .iter()
+        .map(|v| v.claim_name.as_str())
+        .collect();
+    Some(format!(
+        "its named volumes ({}) live on that node and their data cannot follow",
+        claims.join(", ")
+    ))
 }

@@ -47,6 +47,10 @@ pub struct Core {
     pub(crate) volume_mounts: KeyedLocks<SandboxKey>,
     /// The warm pools (see `crate::warm`).
     pub(crate) warm_pools: crate::warm::WarmPools,
+    /// One snapshot create per (namespace, request id) at a time, so that a
+    /// retry racing the first call finds its record instead of making a
+    /// second snapshot.
+    pub(crate) snapshot_requests: KeyedLocks<(String, String)>,
 }
 
 /// What the caller believes about the record it names; a mismatch refuses
@@ -108,6 +112,7 @@ impl Core {
             volume_names: KeyedLocks::default(),
             volume_mounts: KeyedLocks::default(),
             warm_pools: crate::warm::WarmPools::default(),
+            snapshot_requests: KeyedLocks::default(),
         })
     }
 
@@ -296,5 +301,6 @@ pub(crate) fn agent_spec(r: &SandboxRecord, wait_for_execd: bool) -> pb::Sandbox
         access_token: r.access_token.clone(),
         pool: s.pool.clone(),
         wait_for_execd,
+        snapshot_id: s.snapshot_id.clone(),
     }
 }

@@ -13,6 +13,8 @@
 //! - attach / detach: into a running sandbox on the volume's node; the
 //!   record's `spec.pvc_volumes` follows (generation bump).
 //! - recreate (AUTO_RECREATE) never moves such a sandbox: see `recover.rs`.
+//! - a restore from a sandbox snapshot adds the snapshot's volumes, the
+//!   read-write ones as forks made like missing volumes: see `restore.rs`.
 
 use sandbolt_proto::agent::v1 as pb;
 
@@ -63,10 +65,11 @@ fn check_mode(v: &PvcVolume, mode: pb::AccessMode) -> Result<()> {
     Ok(())
 }
 
-/// The spec of a volume a sandbox's create (or attach) makes.
+/// The spec of a volume a sandbox's create (or attach) makes; a fork
+/// keeps its source's access mode unless the entry asks for one.
 fn spec_for(v: &PvcVolume) -> Result<pb::VolumeSpec> {
     let mode = match v.access_mode {
-        AccessMode::Unspecified => AccessMode::ReadWriteOnce,
+        AccessMode::Unspecified if v.fork_from.is_empty() => AccessMode::ReadWriteOnce,
         m => m,
     };
     Ok(pb::VolumeSpec {
@@ -76,7 +79,7 @@ fn spec_for(v: &PvcVolume) -> Result<pb::VolumeSpec> {
     })
 }
 
-fn node_label(agent: &AgentId, info: Option<&AgentInfo>) -> String {
+pub(crate) fn node_label(agent: &AgentId, info: Option<&AgentInfo>) -> String {
     match info {
         Some(a) if !a.node_name.is_empty() => format!("node {} (agent {agent})", a.node_name),
         _ => format!("agent {agent}"),
@@ -154,8 +157,10 @@ impl Core {
     /// Places a new sandbox where its volumes are and creates the missing
     /// ones on the chosen agent (marking them `created_by_sandbox`). On
     /// error nothing is held: no slot, no volume made here.
+    #[tracing::instrument(skip_all, fields(sandbox = %r.name, sandbox_id = %r.sandbox_id, snapshot = %r.spec.snapshot_id))]
     pub(crate) async fn place_for_create(&self, r: &mut SandboxRecord) -> Result<()> {
-        if r.spec.pvc_volumes.is_empty() {
+        let snapshot = self.restore_source(r)?;
+        if r.spec.pvc_volumes.is_empty() && snapshot.is_none() {
             return self.place_create(r, &VolumeNeeds::default(), true);
         }
         // The names this create may make exist: the check that they are
@@ -168,9 +173,17 @@ impl Core {
             .map(|v| v.claim_name.clone())
             .collect();
         let _names = self.volume_names.lock_all(creatable).await;
-        let needs = self.resolve_pvcs(&r.spec.pvc_volumes, true)?;
+        let mut needs = self.resolve_pvcs(&r.spec.pvc_volumes, true)?;
         // Named volumes: cold (within its warm pool, if any); see `warm`.
-        self.place_create(r, &needs, false)?;
+        // A restore: cold, on its snapshot's node.
+        match &snapshot {
+            None => self.place_create(r, &needs, false)?,
+            Some(snap) => {
+                self.pin_to_snapshot(r, &mut needs, snap)?;
+                self.place_create(r, &needs, false)
+                    .map_err(|e| self.restore_placement_error(snap, e))?;
+            }
+        }
         if let Err(e) = self.create_missing(r, &needs.missing).await {
             self.registry.release(&r.agent_id, &r.sandbox_id);
             return Err(e);
@@ -192,7 +205,8 @@ impl Core {
                 .find(|v| &v.claim_name == claim)
                 .expect("missing volumes come from the spec");
             let made = match spec_for(v) {
-                Ok(spec) => self.create_volume_on(&agent, spec).await,
+                Ok(spec) if v.fork_from.is_empty() => self.create_volume_on(&agent, spec).await,
+                Ok(spec) => self.fork_volume_on(&agent, &v.fork_from, spec).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = made {
@@ -209,13 +223,52 @@ impl Core {
                 .find(|v| &v.claim_name == claim)
                 .expect("present");
             v.created_by_sandbox = true;
+            let how = match v.fork_from.as_str() {
+                "" => "created".to_string(),
+                from => format!("forked from {from}"),
+            };
             r.push_event(
                 "info",
                 "controller",
-                format!("volume {claim} created on {}", agent.node_name),
+                format!("volume {claim} {how} on {}", agent.node_name),
             );
         }
         Ok(())
+    }
+
+    /// Asks `agent` to fork `from` (`<volume>@<volume snapshot>`) into a new
+    /// volume `spec` (access mode and size: the source's unless set) and
+    /// indexes it; the caller holds the new name's lock.
+    async fn fork_volume_on(
+        &self,
+        agent: &AgentInfo,
+        from: &str,
+        spec: pb::VolumeSpec,
+    ) -> Result<pb::VolumeInfo> {
+        let (source, snapshot) = from.split_once('@').unwrap_or((from, ""));
+        let body = pb::ForkVolumeRequest {
+            source: source.to_string(),
+            snapshot: snapshot.to_string(),
+            spec: Some(spec),
+        };
+        let info = self
+            .agents
+            .fork_volume(&agent.agent_id, &agent.api_endpoint, body, VOLUME_COPY)
+            .await
+            .map_err(|e| match e.volume_agent(&agent.node_name) {
+                // The snapshot record outlived the data it names.
+                Error::VolumeAgent {
+                    code: tonic::Code::NotFound,
+                    message,
+                    ..
+                } => Error::FailedPrecondition(format!(
+                    "volume snapshot {from} is gone from {}: {message}",
+                    agent.node_name
+                )),
+                e => e,
+            })?;
+        self.volumes.answered(&agent.agent_id, &info);
+        Ok(info)
     }
 
     /// Best effort: removes the volumes `r`'s create made (a create that

@@ -11,7 +11,8 @@ use std::path::Path;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::{
-    AgentRecord, ListRange, SandboxRecord, Store, StoreError, StoreResult, WarmPoolRecord,
+    AgentRecord, ListRange, SandboxRecord, SnapshotRecord, Store, StoreError, StoreResult,
+    WarmPoolRecord,
 };
 use crate::ids::SandboxKey;
 
@@ -23,6 +24,8 @@ const REQUEST_IDS: TableDefinition<'_, &str, &str> = TableDefinition::new("reque
 const AGENTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("agents");
 /// warm pool name → (revision, warm pool JSON).
 const WARM_POOLS: TableDefinition<'_, &str, (u64, &[u8])> = TableDefinition::new("warm_pools");
+/// snapshot id → (revision, snapshot JSON).
+const SNAPSHOTS: TableDefinition<'_, &str, (u64, &[u8])> = TableDefinition::new("snapshots");
 
 pub struct RedbStore {
     db: Database,
@@ -65,6 +68,7 @@ impl RedbStore {
         tx.open_table(REQUEST_IDS).map_err(backend)?;
         tx.open_table(AGENTS).map_err(backend)?;
         tx.open_table(WARM_POOLS).map_err(backend)?;
+        tx.open_table(SNAPSHOTS).map_err(backend)?;
         tx.commit().map_err(backend)?;
         Ok(Self { db })
     }
@@ -211,36 +215,38 @@ impl Store for RedbStore {
     }
 
     fn put_warm_pool(&self, pool: &WarmPoolRecord) -> StoreResult<WarmPoolRecord> {
-        self.put_warm_pool_inner(pool)
+        self.put_revisioned(WARM_POOLS, pool)
     }
 
     fn list_warm_pools(&self) -> StoreResult<Vec<WarmPoolRecord>> {
-        let tx = self.db.begin_read().map_err(backend)?;
-        let t = tx.open_table(WARM_POOLS).map_err(backend)?;
-        let mut out = Vec::new();
-        for item in t.iter().map_err(backend)? {
-            let (_, v) = item.map_err(backend)?;
-            let (revision, bytes) = v.value();
-            out.push(decode_warm_pool(revision, bytes)?);
-        }
-        Ok(out)
+        self.list_revisioned(WARM_POOLS)
     }
 
     fn delete_warm_pool(&self, name: &str) -> StoreResult<Option<WarmPoolRecord>> {
-        let tx = self.db.begin_write().map_err(backend)?;
-        let removed = {
-            let mut t = tx.open_table(WARM_POOLS).map_err(backend)?;
-            let removed = t.remove(name).map_err(backend)?;
-            match removed {
-                Some(v) => {
-                    let (revision, bytes) = v.value();
-                    Some(decode_warm_pool(revision, bytes)?)
-                }
-                None => None,
-            }
-        };
-        tx.commit().map_err(backend)?;
-        Ok(removed)
+        self.delete_revisioned(WARM_POOLS, name)
+    }
+
+    fn put_snapshot(&self, snapshot: &SnapshotRecord) -> StoreResult<SnapshotRecord> {
+        self.put_revisioned(SNAPSHOTS, snapshot)
+    }
+
+    fn get_snapshot(&self, id: &str) -> StoreResult<Option<SnapshotRecord>> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        let t = tx.open_table(SNAPSHOTS).map_err(backend)?;
+        let got = t.get(id).map_err(backend)?;
+        got.map(|v| {
+            let (revision, bytes) = v.value();
+            decode_revisioned(revision, bytes)
+        })
+        .transpose()
+    }
+
+    fn list_snapshots(&self) -> StoreResult<Vec<SnapshotRecord>> {
+        self.list_revisioned(SNAPSHOTS)
+    }
+
+    fn delete_snapshot(&self, id: &str) -> StoreResult<Option<SnapshotRecord>> {
+        self.delete_revisioned(SNAPSHOTS, id)
     }
 
     fn list_agents(&self) -> StoreResult<Vec<AgentRecord>> {
@@ -258,37 +264,124 @@ impl Store for RedbStore {
     }
 }
 
-fn decode_warm_pool(revision: u64, bytes: &[u8]) -> StoreResult<WarmPoolRecord> {
-    let mut pool: WarmPoolRecord =
-        serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    pool.revision = revision.to_string();
-    Ok(pool)
+/// A record kept in a `name → (revision, JSON)` table with optimistic
+/// concurrency: warm pools and snapshots.
+trait Revisioned: serde::Serialize + serde::de::DeserializeOwned + Clone {
+    fn table_key(&self) -> &str;
+    fn revision(&self) -> &str;
+    fn set_revision(&mut self, revision: String);
+    fn exists(key: &str) -> StoreError;
+    fn not_found(key: &str) -> StoreError;
+    fn conflict(key: &str) -> StoreError;
+}
+
+impl Revisioned for WarmPoolRecord {
+    fn table_key(&self) -> &str {
+        &self.name
+    }
+    fn revision(&self) -> &str {
+        &self.revision
+    }
+    fn set_revision(&mut self, revision: String) {
+        self.revision = revision;
+    }
+    fn exists(key: &str) -> StoreError {
+        StoreError::WarmPoolExists(key.into())
+    }
+    fn not_found(key: &str) -> StoreError {
+        StoreError::WarmPoolNotFound(key.into())
+    }
+    fn conflict(key: &str) -> StoreError {
+        StoreError::WarmPoolConflict(key.into())
+    }
+}
+
+impl Revisioned for SnapshotRecord {
+    fn table_key(&self) -> &str {
+        &self.id
+    }
+    fn revision(&self) -> &str {
+        &self.revision
+    }
+    fn set_revision(&mut self, revision: String) {
+        self.revision = revision;
+    }
+    fn exists(key: &str) -> StoreError {
+        StoreError::SnapshotExists(key.into())
+    }
+    fn not_found(key: &str) -> StoreError {
+        StoreError::SnapshotNotFound(key.into())
+    }
+    fn conflict(key: &str) -> StoreError {
+        StoreError::SnapshotConflict(key.into())
+    }
+}
+
+type RevisionedTable = TableDefinition<'static, &'static str, (u64, &'static [u8])>;
+
+fn decode_revisioned<T: Revisioned>(revision: u64, bytes: &[u8]) -> StoreResult<T> {
+    let mut v: T = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    v.set_revision(revision.to_string());
+    Ok(v)
 }
 
 impl RedbStore {
-    pub(super) fn put_warm_pool_inner(&self, pool: &WarmPoolRecord) -> StoreResult<WarmPoolRecord> {
+    /// Creates (`value`'s revision empty) or replaces (revision = the
+    /// stored one) one entry of a revisioned table.
+    fn put_revisioned<T: Revisioned>(&self, table: RevisionedTable, value: &T) -> StoreResult<T> {
+        let key = value.table_key();
         let tx = self.db.begin_write().map_err(backend)?;
         let revision = {
-            let mut t = tx.open_table(WARM_POOLS).map_err(backend)?;
-            let stored = t
-                .get(pool.name.as_str())
-                .map_err(backend)?
-                .map(|v| v.value().0);
-            let revision = match (stored, pool.revision.as_str()) {
+            let mut t = tx.open_table(table).map_err(backend)?;
+            let stored = t.get(key).map_err(backend)?.map(|v| v.value().0);
+            let revision = match (stored, value.revision()) {
                 (None, "") => 1,
-                (Some(_), "") => return Err(StoreError::WarmPoolExists(pool.name.clone())),
-                (None, _) => return Err(StoreError::WarmPoolNotFound(pool.name.clone())),
+                (Some(_), "") => return Err(T::exists(key)),
+                (None, _) => return Err(T::not_found(key)),
                 (Some(old), want) if old == parse_revision(want)? => old + 1,
-                (Some(_), _) => return Err(StoreError::WarmPoolConflict(pool.name.clone())),
+                (Some(_), _) => return Err(T::conflict(key)),
             };
-            t.insert(pool.name.as_str(), (revision, encode(pool)?.as_slice()))
+            t.insert(key, (revision, encode(value)?.as_slice()))
                 .map_err(backend)?;
             revision
         };
         tx.commit().map_err(backend)?;
-        let mut out = pool.clone();
-        out.revision = revision.to_string();
+        let mut out = value.clone();
+        out.set_revision(revision.to_string());
         Ok(out)
+    }
+
+    fn list_revisioned<T: Revisioned>(&self, table: RevisionedTable) -> StoreResult<Vec<T>> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        let t = tx.open_table(table).map_err(backend)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(backend)? {
+            let (_, v) = item.map_err(backend)?;
+            let (revision, bytes) = v.value();
+            out.push(decode_revisioned(revision, bytes)?);
+        }
+        Ok(out)
+    }
+
+    fn delete_revisioned<T: Revisioned>(
+        &self,
+        table: RevisionedTable,
+        key: &str,
+    ) -> StoreResult<Option<T>> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        let removed = {
+            let mut t = tx.open_table(table).map_err(backend)?;
+            let removed = t.remove(key).map_err(backend)?;
+            match removed {
+                Some(v) => {
+                    let (revision, bytes) = v.value();
+                    Some(decode_revisioned(revision, bytes)?)
+                }
+                None => None,
+            }
+        };
+        tx.commit().map_err(backend)?;
+        Ok(removed)
     }
 }
 

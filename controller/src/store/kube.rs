@@ -1,7 +1,7 @@
 //! The Kubernetes store: every record is a `Sandbox` custom resource
 //! (`sandbox.fast.io/v1alpha2`), every known agent a `Lease`, every warm
-//! pool a `SandboxWarmPool` (`sandbolt.io/v1alpha1`) in the controller's
-//! namespace.
+//! pool a `SandboxWarmPool` and every sandbox snapshot a `SandboxSnapshot`
+//! (both `sandbolt.io/v1alpha1`) in the controller's namespace.
 //!
 //! # Where the record lives in the object
 //!
@@ -52,6 +52,15 @@
 //! A cluster without the CRD (Helm installs a chart's CRDs only on first
 //! install, not on upgrade) runs without warm pools: none are listed and
 //! every write says why.
+//!
+//! # Snapshots
+//!
+//! A snapshot record is a `SandboxSnapshot` named after its id, in the
+//! controller's namespace, the whole record in its spec (the source
+//! sandbox's namespace is `spec.sandboxNamespace`), kept exactly as warm
+//! pools are: [`OwnRecord`] is what both have in common. Without its CRD the
+//! store runs without snapshots the same way; no snapshot can be captured
+//! then, since a capture starts only once its record is stored.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -66,7 +75,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use parking_lot::Mutex;
 use sandbolt_deploy::pool::{LimitValues, OciRuntime};
 use sandbolt_deploy::sandbox::{
@@ -74,8 +83,12 @@ use sandbolt_deploy::sandbox::{
     RuntimeState, RuntimeStatus, SandboxNetworkPolicy, SandboxResources, SandboxVolume,
     labels_to_metadata, metadata_to_labels,
 };
+use sandbolt_deploy::snapshot::{SnapshotPhase as CrSnapshotPhase, SnapshotVolume};
 use sandbolt_deploy::warm_pool::{WarmPoolCapacity, WarmPoolTemplate};
-use sandbolt_deploy::{Sandbox, SandboxSpec, SandboxStatus, SandboxWarmPool, SandboxWarmPoolSpec};
+use sandbolt_deploy::{
+    Sandbox, SandboxSnapshot, SandboxSnapshotSpec, SandboxSpec, SandboxStatus, SandboxWarmPool,
+    SandboxWarmPoolSpec,
+};
 use sandbolt_proto::egress::NetworkPolicy;
 use serde::{Deserialize, Serialize};
 
@@ -83,8 +96,8 @@ use crate::ids::{AgentId, SandboxId, SandboxKey};
 
 use super::{
     AgentRecord, Consistency, Event, FailurePolicy, HostVolume, ListRange, Phase, PvcVolume,
-    Resources, SandboxRecord, SandboxSpec as RecordSpec, Store, StoreError, StoreResult,
-    WarmPoolRecord,
+    Resources, SandboxRecord, SandboxSpec as RecordSpec, SnapshotPhase, SnapshotRecord,
+    SnapshotVolumeRecord, Store, StoreError, StoreResult, WarmPoolRecord,
 };
 
 /// Annotation holding the controller's part of the record (JSON).
@@ -159,6 +172,8 @@ struct ControllerState {
     /// reads), so it lives here rather than in the spec.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     warm_pool: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    snapshot_id: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     claimed_warm: bool,
 }
@@ -169,13 +184,13 @@ enum Pending<T> {
     Deleted { uid: String },
 }
 
-/// Own writes of one kind (Sandboxes by namespace and name, warm pools by
-/// name) that shadow its watch cache.
+/// Own writes of one kind (Sandboxes by namespace and name, warm pools and
+/// snapshots by name) that shadow its watch cache.
 struct Overlay<K, T> {
     entries: HashMap<K, (Pending<T>, Instant)>,
 }
 
-impl<K: Eq + std::hash::Hash, T: kube::Resource> Overlay<K, T> {
+impl<K: Eq + std::hash::Hash, T: Resource> Overlay<K, T> {
     fn new() -> Self {
         Self {
             entries: HashMap::new(),
@@ -265,47 +280,121 @@ pub struct KubeStore {
     agents: Api<Lease>,
     cache: reflector::Store<Sandbox>,
     overlay: Arc<Mutex<Overlay<SandboxKey, Sandbox>>>,
-    warm: WarmPools,
+    warm: OwnRecords<WarmPoolRecord>,
+    snapshots: OwnRecords<SnapshotRecord>,
     /// Serializes request-id checks with creates: the API server has no
     /// unique index on request ids, this store (one leader) provides it.
     create_lock: Mutex<()>,
     write_timeout: Duration,
 }
 
-/// The warm pools' side of the store.
-struct WarmPools {
-    /// SandboxWarmPools of the controller's namespace.
-    api: Api<SandboxWarmPool>,
-    namespace: String,
-    /// `Err`: why this cluster has no warm pools (see the module docs).
-    cache: Result<reflector::Store<SandboxWarmPool>, String>,
-    overlay: Arc<Mutex<Overlay<String, SandboxWarmPool>>>,
+/// A kind of the controller's own records, each kept as one custom
+/// resource in the controller's namespace, named after the record, the
+/// whole record in the object: warm pools and snapshots. The revision is
+/// the object's resourceVersion.
+trait OwnRecord: Sized {
+    type Object: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + Serialize
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static;
+    /// What errors and logs call one ("warm pool"), and several.
+    const WHAT: &'static str;
+    const PLURAL: &'static str;
+    fn name(&self) -> &str;
+    fn revision(&self) -> &str;
+    /// The object for the record, on top of `base` (the stored object:
+    /// keeps its foreign labels and annotations; the replace carries the
+    /// record's revision).
+    fn to_object(&self, base: Option<&Self::Object>, namespace: &str) -> StoreResult<Self::Object>;
+    /// Total: the API server checked the object against the CRD.
+    fn from_object(obj: &Self::Object) -> Self;
+    fn exists(name: &str) -> StoreError;
+    fn not_found(name: &str) -> StoreError;
+    fn conflict(name: &str) -> StoreError;
 }
 
-/// Probes for SandboxWarmPools, starts their watch and waits for its first
-/// full list; `Ok(Err(why))` when the cluster has none to offer.
-async fn watch_warm_pools(
-    api: &Api<SandboxWarmPool>,
-    overlay: Arc<Mutex<Overlay<String, SandboxWarmPool>>>,
+/// The store's side of one [`OwnRecord`] kind.
+struct OwnRecords<R: OwnRecord> {
+    /// The kind's objects in the controller's namespace.
+    api: Api<R::Object>,
+    namespace: String,
+    /// `Err`: why this cluster has none of them (see the module docs).
+    cache: Result<reflector::Store<R::Object>, String>,
+    overlay: Arc<Mutex<Overlay<String, R::Object>>>,
+}
+
+/// Probes for `R`'s objects in `namespace`, starts their watch and waits for
+/// its first full list; a cache of `Err(why)` when the cluster has none to
+/// offer.
+async fn watch_own_records<R: OwnRecord>(
+    client: Client,
+    namespace: &str,
     sync_timeout: Duration,
-) -> StoreResult<Result<reflector::Store<SandboxWarmPool>, String>> {
+) -> StoreResult<OwnRecords<R>> {
+    let api: Api<R::Object> = Api::namespaced(client, namespace);
+    let overlay = Arc::new(Mutex::new(Overlay::new()));
+    let records = |cache| OwnRecords {
+        api: api.clone(),
+        namespace: namespace.to_string(),
+        cache,
+        overlay: overlay.clone(),
+    };
+    let kind = R::Object::kind(&());
     match api.list(&ListParams::default().limit(1)).await {
         Ok(_) => {}
-        // 404: the CRD is missing; 403: the Role predates warm pools. Either
+        // 404: the CRD is missing; 403: the Role predates the kind. Either
         // way an operator has to act, and the controller is still useful.
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => {
+            let plural = R::Object::plural(&());
             let why = format!(
-                "SandboxWarmPool resources are not available ({} {}): apply \
-                 deploy/crds/sandboxwarmpools.sandbolt.io.yaml and let the controller's Role \
-                 manage sandboxwarmpools, then restart the controller",
-                s.code, s.message
+                "{kind} resources are not available ({} {}): apply \
+                 deploy/crds/{plural}.{}.yaml and let the controller's Role \
+                 manage {plural}, then restart the controller",
+                s.code,
+                s.message,
+                R::Object::group(&()),
             );
-            tracing::warn!("{why}; running without warm pools");
-            return Ok(Err(why));
+            tracing::warn!("{why}; running without {}", R::PLURAL);
+            return Ok(records(Err(why)));
         }
         // Anything else is the watch's to retry, within the sync deadline.
-        Err(e) => tracing::warn!(error = %e, "probing SandboxWarmPools failed"),
+        Err(e) => tracing::warn!(error = %e, "probing {kind}s failed"),
     }
+    let cache = watch_cached(
+        &api,
+        overlay.clone(),
+        |o: &R::Object| o.name_any(),
+        R::PLURAL,
+        sync_timeout,
+    )
+    .await?;
+    Ok(records(Ok(cache)))
+}
+
+/// Starts the watch of `api`'s objects (`plural` in logs and errors),
+/// feeding a reflector cache and settling `overlay`'s own writes, and waits
+/// for its first full list.
+async fn watch_cached<T, K>(
+    api: &Api<T>,
+    overlay: Arc<Mutex<Overlay<K, T>>>,
+    key_of: fn(&T) -> K,
+    plural: &'static str,
+    sync_timeout: Duration,
+) -> StoreResult<reflector::Store<T>>
+where
+    T: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K: Eq + std::hash::Hash + Send + 'static,
+{
     let (cache, writer) = reflector::store();
     let events = reflector::reflector(
         writer,
@@ -316,11 +405,11 @@ async fn watch_warm_pools(
         while let Some(ev) = events.next().await {
             match ev {
                 Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                    overlay.lock().observed(o.name_any(), &o, false)
+                    overlay.lock().observed(key_of(&o), &o, false)
                 }
-                Ok(watcher::Event::Delete(o)) => overlay.lock().observed(o.name_any(), &o, true),
+                Ok(watcher::Event::Delete(o)) => overlay.lock().observed(key_of(&o), &o, true),
                 Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
-                Err(e) => tracing::warn!(error = %e, "warm pool watch failed; retrying"),
+                Err(e) => tracing::warn!(error = %e, "{plural} watch failed; retrying"),
             }
         }
     });
@@ -328,11 +417,11 @@ async fn watch_warm_pools(
         .await
         .map_err(|_| {
             StoreError::Unavailable(format!(
-                "no full list of warm pools from the API server within {sync_timeout:?}"
+                "no full list of {plural} from the API server within {sync_timeout:?}"
             ))
         })?
         .map_err(backend)?;
-    Ok(Ok(cache))
+    Ok(cache)
 }
 
 fn key_of(obj: &Sandbox) -> SandboxKey {
@@ -363,48 +452,24 @@ impl KubeStore {
             .map_err(backend)?;
         let overlay = Arc::new(Mutex::new(Overlay::new()));
         let ov = overlay.clone();
-        let warm_overlay = Arc::new(Mutex::new(Overlay::new()));
-        let warm_ov = warm_overlay.clone();
         let sync_timeout = store_config.sync_timeout;
         let ns = store_config.agents_namespace.clone();
         let started = runtime.spawn(async move {
             let client = Client::try_from(config).map_err(backend)?;
             let sandboxes: Api<Sandbox> = Api::all(client.clone());
             let agents: Api<Lease> = Api::namespaced(client.clone(), &ns);
-            let warm_pools: Api<SandboxWarmPool> = Api::namespaced(client, &ns);
-            let (cache, writer) = reflector::store();
-            let events = reflector::reflector(
-                writer,
-                watcher(sandboxes.clone(), watcher::Config::default()).default_backoff(),
-            );
-            tokio::spawn(async move {
-                let mut events = std::pin::pin!(events);
-                while let Some(ev) = events.next().await {
-                    match ev {
-                        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                            ov.lock().observed(key_of(&o), &o, false)
-                        }
-                        Ok(watcher::Event::Delete(o)) => ov.lock().observed(key_of(&o), &o, true),
-                        Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
-                        Err(e) => tracing::warn!(error = %e, "sandbox watch failed; retrying"),
-                    }
-                }
-            });
-            tokio::time::timeout(sync_timeout, cache.wait_until_ready())
-                .await
-                .map_err(|_| {
-                    StoreError::Unavailable(format!(
-                        "no full list of sandboxes from the API server within {sync_timeout:?}"
-                    ))
-                })?
-                .map_err(backend)?;
-            let warm_cache = watch_warm_pools(&warm_pools, warm_ov, sync_timeout).await?;
-            Ok::<_, StoreError>((sandboxes, agents, cache, warm_pools, warm_cache))
+            let (cache, warm, snapshots) = futures::try_join!(
+                watch_cached(&sandboxes, ov, key_of, "sandboxes", sync_timeout),
+                watch_own_records(client.clone(), &ns, sync_timeout),
+                watch_own_records(client, &ns, sync_timeout),
+            )?;
+            Ok::<_, StoreError>((sandboxes, agents, cache, warm, snapshots))
         });
-        let (sandboxes, agents, cache, warm_api, warm_cache) = wait(started)?;
+        let (sandboxes, agents, cache, warm, snapshots) = wait(started)?;
         tracing::info!(
             sandboxes = cache.len(),
-            warm_pools = warm_cache.as_ref().map(|c| c.len()).ok(),
+            warm_pools = warm.cache.as_ref().map(|c| c.len()).ok(),
+            snapshots = snapshots.cache.as_ref().map(|c| c.len()).ok(),
             "kubernetes store synced"
         );
         Ok(Self {
@@ -413,12 +478,8 @@ impl KubeStore {
             agents,
             cache,
             overlay,
-            warm: WarmPools {
-                api: warm_api,
-                namespace: store_config.agents_namespace.clone(),
-                cache: warm_cache,
-                overlay: warm_overlay,
-            },
+            warm,
+            snapshots,
             create_lock: Mutex::new(()),
             write_timeout: store_config.write_timeout,
         })
@@ -427,7 +488,7 @@ impl KubeStore {
     /// Runs `fut` on the store's runtime under the write deadline and waits.
     fn call<T: Send + 'static>(
         &self,
-        what: &'static str,
+        what: impl std::fmt::Display + Send + 'static,
         fut: impl Future<Output = Result<T, kube::Error>> + Send + 'static,
     ) -> StoreResult<Result<T, kube::Error>> {
         let timeout = self.write_timeout;
@@ -516,40 +577,158 @@ impl KubeStore {
         Api::namespaced(self.sandboxes.clone().into_client(), namespace)
     }
 
-    fn warm_cache(&self) -> StoreResult<&reflector::Store<SandboxWarmPool>> {
-        self.warm
-            .cache
+    /// Creates (`record`'s revision empty) or replaces (revision = the
+    /// stored one) one of the controller's own records.
+    fn put_own<R: OwnRecord>(&self, records: &OwnRecords<R>, record: &R) -> StoreResult<R> {
+        records.cache()?;
+        let name = record.name().to_string();
+        let api = records.api.clone();
+        let written = if record.revision().is_empty() {
+            let obj = record.to_object(None, &records.namespace)?;
+            self.call(format!("{} create", R::WHAT), async move {
+                api.create(&PostParams::default(), &obj).await
+            })?
+            // Any 409 of a create is the name being taken.
+            .map_err(|e| match e {
+                kube::Error::Api(s) if s.code == 409 => R::exists(&name),
+                e => own_api_error::<R>(e, &name),
+            })?
+        } else {
+            // The base must be the version the caller read: built on an
+            // older one (a lagging cache), the replace, which the server
+            // checks against the caller's revision only, would drop what
+            // others added to the metadata in between.
+            let base = match records.lookup(&name) {
+                Some(o) if o.meta().resource_version.as_deref() == Some(record.revision()) => o,
+                _ => {
+                    let (api, n) = (api.clone(), name.clone());
+                    self.call(
+                        format!("{} get", R::WHAT),
+                        async move { api.get_opt(&n).await },
+                    )?
+                    .map_err(|e| own_api_error::<R>(e, &name))?
+                    .map(Arc::new)
+                    .ok_or_else(|| R::not_found(&name))?
+                }
+            };
+            let obj = record.to_object(Some(&base), &records.namespace)?;
+            let n = name.clone();
+            self.call(format!("{} replace", R::WHAT), async move {
+                api.replace(&n, &PostParams::default(), &obj).await
+            })?
+            .map_err(|e| own_api_error::<R>(e, &name))?
+        };
+        let written = records.remember(written)?;
+        Ok(R::from_object(&written))
+    }
+
+    /// Removes one of the controller's own records; `None` if it did not
+    /// exist.
+    fn delete_own<R: OwnRecord>(
+        &self,
+        records: &OwnRecords<R>,
+        name: &str,
+    ) -> StoreResult<Option<R>> {
+        if records.cache.is_err() {
+            return Ok(None);
+        }
+        let api = records.api.clone();
+        let n = name.to_string();
+        let deleted = self
+            .call(format!("{} delete", R::WHAT), async move {
+                // Read, then delete that very object (uid precondition): the
+                // record returned is the one removed, even when it was
+                // deleted and made again in between (then: read again).
+                loop {
+                    let Some(current) = api.get_opt(&n).await? else {
+                        return Ok(None);
+                    };
+                    let dp = DeleteParams {
+                        preconditions: Some(kube::api::Preconditions {
+                            uid: current.meta().uid.clone(),
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(&n, &dp).await {
+                        Ok(_) => return Ok(Some(current)),
+                        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+                        Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+            })?
+            .map_err(|e| own_api_error::<R>(e, name))?;
+        match deleted {
+            Some(obj) => {
+                records.forget(&obj)?;
+                Ok(Some(R::from_object(&obj)))
+            }
+            None => {
+                // Gone already: make sure no own write still shows it.
+                records.overlay.lock().entries.remove(name);
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl<R: OwnRecord> OwnRecords<R> {
+    fn cache(&self) -> StoreResult<&reflector::Store<R::Object>> {
+        self.cache
             .as_ref()
             .map_err(|why| StoreError::Backend(why.clone()))
     }
 
-    fn warm_lookup(&self, name: &str) -> Option<Arc<SandboxWarmPool>> {
-        let cache = self.warm.cache.as_ref().ok()?;
-        let overlay = self.warm.overlay.lock();
+    fn object_ref(&self, name: &str) -> ObjectRef<R::Object> {
+        ObjectRef::new(name).within(&self.namespace)
+    }
+
+    fn lookup(&self, name: &str) -> Option<Arc<R::Object>> {
+        let cache = self.cache.as_ref().ok()?;
+        let overlay = self.overlay.lock();
         match overlay.fresh(&name.to_string()) {
             Some(Pending::Present(o)) => Some(o.clone()),
             Some(Pending::Deleted { .. }) => None,
-            None => cache.get(&ObjectRef::new(name).within(&self.warm.namespace)),
+            None => cache.get(&self.object_ref(name)),
         }
     }
 
-    /// [`KubeStore::remember`] for warm pools.
-    fn remember_warm(&self, obj: SandboxWarmPool) -> StoreResult<Arc<SandboxWarmPool>> {
-        let cache = self.warm_cache()?;
+    fn get(&self, name: &str) -> Option<R> {
+        self.lookup(name).map(|o| R::from_object(&o))
+    }
+
+    /// Every record, in name order; none without the CRD.
+    fn list(&self) -> Vec<R> {
+        let Ok(cache) = &self.cache else {
+            return Vec::new();
+        };
+        let cached = cache
+            .state()
+            .into_iter()
+            .map(|o| (o.name_any(), o))
+            .collect();
+        let all = self.overlay.lock().overlay(cached);
+        all.values().map(|o| R::from_object(o)).collect()
+    }
+
+    /// [`KubeStore::remember`] for own records.
+    fn remember(&self, obj: R::Object) -> StoreResult<Arc<R::Object>> {
+        let cache = self.cache()?;
         let obj = Arc::new(obj);
         let name = obj.name_any();
-        let mut overlay = self.warm.overlay.lock();
-        let cached = cache.get(&ObjectRef::new(&name).within(&self.warm.namespace));
+        let mut overlay = self.overlay.lock();
+        let cached = cache.get(&self.object_ref(&name));
         overlay.wrote(name, obj.clone(), cached);
         Ok(obj)
     }
 
-    /// [`KubeStore::forget`] for warm pools.
-    fn forget_warm(&self, obj: &SandboxWarmPool) -> StoreResult<()> {
-        let cache = self.warm_cache()?;
+    /// [`KubeStore::forget`] for own records.
+    fn forget(&self, obj: &R::Object) -> StoreResult<()> {
+        let cache = self.cache()?;
         let name = obj.name_any();
-        let mut overlay = self.warm.overlay.lock();
-        let cached = cache.get(&ObjectRef::new(&name).within(&self.warm.namespace));
+        let mut overlay = self.overlay.lock();
+        let cached = cache.get(&self.object_ref(&name));
         overlay.deleted(name, obj, cached);
         Ok(())
     }
@@ -671,6 +850,7 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
         ip_address: record.ip_address.clone(),
         pvc_volumes: record.spec.pvc_volumes.clone(),
         warm_pool: record.spec.warm_pool.clone(),
+        snapshot_id: record.spec.snapshot_id.clone(),
         claimed_warm: record.claimed_warm,
     };
     obj.metadata
@@ -735,6 +915,7 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
             network_policy_json: policy_from_spec(spec.network_policy.as_ref(), obj)?,
             pvc_volumes: state.pvc_volumes,
             warm_pool: state.warm_pool,
+            snapshot_id: state.snapshot_id,
         },
         reset_revision: spec.reset_revision.clone().unwrap_or_default(),
         generation: state.generation,
@@ -979,19 +1160,179 @@ fn warm_from_object(obj: &SandboxWarmPool) -> WarmPoolRecord {
     }
 }
 
-/// Maps an API error of a request about warm pool `name`.
-fn warm_api_error(e: kube::Error, name: &str) -> StoreError {
+/// Maps an API error of a request about own record `name`.
+fn own_api_error<R: OwnRecord>(e: kube::Error, name: &str) -> StoreError {
     match &e {
-        kube::Error::Api(s) if s.code == 404 => StoreError::WarmPoolNotFound(name.to_string()),
-        kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => {
-            StoreError::WarmPoolExists(name.to_string())
-        }
-        kube::Error::Api(s) if s.code == 409 => StoreError::WarmPoolConflict(name.to_string()),
+        kube::Error::Api(s) if s.code == 404 => R::not_found(name),
+        kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => R::exists(name),
+        kube::Error::Api(s) if s.code == 409 => R::conflict(name),
         kube::Error::Api(s) if s.code == 422 || s.code == 400 => {
-            StoreError::Invalid(format!("warm pool {name}: {}", s.message))
+            StoreError::Invalid(format!("{} {name}: {}", R::WHAT, s.message))
         }
-        _ => StoreError::Backend(format!("kubernetes API: warm pool {name}: {e}")),
+        _ => StoreError::Backend(format!("kubernetes API: {} {name}: {e}", R::WHAT)),
     }
+}
+
+impl OwnRecord for WarmPoolRecord {
+    type Object = SandboxWarmPool;
+    const WHAT: &'static str = "warm pool";
+    const PLURAL: &'static str = "warm pools";
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn revision(&self) -> &str {
+        &self.revision
+    }
+    fn to_object(
+        &self,
+        base: Option<&SandboxWarmPool>,
+        namespace: &str,
+    ) -> StoreResult<SandboxWarmPool> {
+        warm_to_object(self, base, namespace)
+    }
+    fn from_object(obj: &SandboxWarmPool) -> Self {
+        warm_from_object(obj)
+    }
+    fn exists(name: &str) -> StoreError {
+        StoreError::WarmPoolExists(name.into())
+    }
+    fn not_found(name: &str) -> StoreError {
+        StoreError::WarmPoolNotFound(name.into())
+    }
+    fn conflict(name: &str) -> StoreError {
+        StoreError::WarmPoolConflict(name.into())
+    }
+}
+
+impl OwnRecord for SnapshotRecord {
+    type Object = SandboxSnapshot;
+    const WHAT: &'static str = "snapshot";
+    const PLURAL: &'static str = "snapshots";
+    fn name(&self) -> &str {
+        &self.id
+    }
+    fn revision(&self) -> &str {
+        &self.revision
+    }
+    fn to_object(
+        &self,
+        base: Option<&SandboxSnapshot>,
+        namespace: &str,
+    ) -> StoreResult<SandboxSnapshot> {
+        Ok(snapshot_to_object(self, base, namespace))
+    }
+    fn from_object(obj: &SandboxSnapshot) -> Self {
+        snapshot_from_object(obj)
+    }
+    fn exists(name: &str) -> StoreError {
+        StoreError::SnapshotExists(name.into())
+    }
+    fn not_found(name: &str) -> StoreError {
+        StoreError::SnapshotNotFound(name.into())
+    }
+    fn conflict(name: &str) -> StoreError {
+        StoreError::SnapshotConflict(name.into())
+    }
+}
+
+/// A snapshot record's fields that its resource's spec has under the same
+/// name, copied from `$from` into a `$shape` literal completed by `$rest`
+/// (one list for both directions).
+macro_rules! snapshot_fields {
+    ($from:expr => $shape:ident { $($rest:tt)* }) => {
+        $shape {
+            uid: $from.uid.clone(),
+            display_name: $from.display_name.clone(),
+            request_id: $from.request_id.clone(),
+            source_sandbox: $from.source_sandbox.clone(),
+            source_uid: $from.source_uid.clone(),
+            source_sandbox_id: $from.source_sandbox_id.clone(),
+            message: $from.message.clone(),
+            agent_id: $from.agent_id.clone(),
+            node_name: $from.node_name.clone(),
+            image: $from.image.clone(),
+            runtime: $from.runtime.clone(),
+            size_bytes: $from.size_bytes,
+            paused_us: $from.paused_us,
+            took_us: $from.took_us,
+            metadata: $from.metadata.clone(),
+            created_at_unix_ms: $from.created_at_unix_ms,
+            completed_at_unix_ms: $from.completed_at_unix_ms,
+            last_transition_unix_ms: $from.last_transition_unix_ms,
+            $($rest)*
+        }
+    };
+}
+
+/// A snapshot volume in the other shape (same fields both ways).
+macro_rules! snapshot_volume {
+    ($v:expr => $shape:ident) => {
+        $shape {
+            volume: $v.volume.clone(),
+            mount_path: $v.mount_path.clone(),
+            sub_path: $v.sub_path.clone(),
+            read_only: $v.read_only,
+            volume_snapshot: $v.volume_snapshot.clone(),
+        }
+    };
+}
+
+/// The SandboxSnapshot for `snapshot`, on top of `base` (the stored object:
+/// keeps its foreign labels and annotations; the replace carries
+/// `snapshot.revision`).
+fn snapshot_to_object(
+    snapshot: &SnapshotRecord,
+    base: Option<&SandboxSnapshot>,
+    namespace: &str,
+) -> SandboxSnapshot {
+    let spec = snapshot_fields!(snapshot => SandboxSnapshotSpec {
+        sandbox_namespace: snapshot.namespace.clone(),
+        phase: match snapshot.phase {
+            SnapshotPhase::Pending => CrSnapshotPhase::Pending,
+            SnapshotPhase::Ready => CrSnapshotPhase::Ready,
+            SnapshotPhase::Failed => CrSnapshotPhase::Failed,
+            SnapshotPhase::Deleting => CrSnapshotPhase::Deleting,
+        },
+        volumes: snapshot
+            .volumes
+            .iter()
+            .map(|v| snapshot_volume!(v => SnapshotVolume))
+            .collect(),
+    });
+    match base {
+        Some(base) => {
+            let mut o = base.clone();
+            o.spec = spec;
+            o.metadata.resource_version = Some(snapshot.revision.clone());
+            o
+        }
+        None => {
+            let mut o = SandboxSnapshot::new(&snapshot.id, spec);
+            o.metadata.namespace = Some(namespace.to_string());
+            o
+        }
+    }
+}
+
+/// The snapshot record `obj` holds.
+fn snapshot_from_object(obj: &SandboxSnapshot) -> SnapshotRecord {
+    let spec = &obj.spec;
+    snapshot_fields!(spec => SnapshotRecord {
+        id: obj.name_any(),
+        namespace: spec.sandbox_namespace.clone(),
+        phase: match spec.phase {
+            CrSnapshotPhase::Pending => SnapshotPhase::Pending,
+            CrSnapshotPhase::Ready => SnapshotPhase::Ready,
+            CrSnapshotPhase::Failed => SnapshotPhase::Failed,
+            CrSnapshotPhase::Deleting => SnapshotPhase::Deleting,
+        },
+        volumes: spec
+            .volumes
+            .iter()
+            .map(|v| snapshot_volume!(v => SnapshotVolumeRecord))
+            .collect(),
+        revision: obj.resource_version().unwrap_or_default(),
+    })
 }
 
 /// Lease name of an agent record: a DNS-1123 subdomain, unique per agent id.
@@ -1024,105 +1365,37 @@ fn agent_lease_name(agent_id: &str) -> String {
 
 impl Store for KubeStore {
     fn put_warm_pool(&self, pool: &WarmPoolRecord) -> StoreResult<WarmPoolRecord> {
-        self.warm_cache()?;
-        let name = pool.name.clone();
-        let api = self.warm.api.clone();
-        let written = if pool.revision.is_empty() {
-            let obj = warm_to_object(pool, None, &self.warm.namespace)?;
-            self.call("warm pool create", async move {
-                api.create(&PostParams::default(), &obj).await
-            })?
-            // Any 409 of a create is the name being taken.
-            .map_err(|e| match e {
-                kube::Error::Api(s) if s.code == 409 => StoreError::WarmPoolExists(name.clone()),
-                e => warm_api_error(e, &name),
-            })?
-        } else {
-            // The base must be the version the caller read: built on an
-            // older one (a lagging cache), the replace, which the server
-            // checks against the caller's revision only, would drop what
-            // others added to the metadata in between.
-            let base = match self.warm_lookup(&name) {
-                Some(o) if o.metadata.resource_version.as_deref() == Some(&pool.revision) => o,
-                _ => {
-                    let (api, n) = (api.clone(), name.clone());
-                    self.call("warm pool get", async move { api.get_opt(&n).await })?
-                        .map_err(|e| warm_api_error(e, &name))?
-                        .map(Arc::new)
-                        .ok_or_else(|| StoreError::WarmPoolNotFound(name.clone()))?
-                }
-            };
-            let obj = warm_to_object(pool, Some(&base), &self.warm.namespace)?;
-            let n = name.clone();
-            self.call("warm pool replace", async move {
-                api.replace(&n, &PostParams::default(), &obj).await
-            })?
-            .map_err(|e| warm_api_error(e, &name))?
-        };
-        let written = self.remember_warm(written)?;
-        Ok(warm_from_object(&written))
+        self.put_own(&self.warm, pool)
     }
 
     fn list_warm_pools(&self) -> StoreResult<Vec<WarmPoolRecord>> {
-        let Ok(cache) = &self.warm.cache else {
-            return Ok(Vec::new());
-        };
-        let cached = cache
-            .state()
-            .into_iter()
-            .map(|o| (o.name_any(), o))
-            .collect();
-        let all = self.warm.overlay.lock().overlay(cached);
-        Ok(all.values().map(|o| warm_from_object(o)).collect())
+        Ok(self.warm.list())
     }
 
     fn get_warm_pool(&self, name: &str) -> StoreResult<Option<WarmPoolRecord>> {
-        Ok(self.warm_lookup(name).map(|o| warm_from_object(&o)))
+        Ok(self.warm.get(name))
     }
 
     fn delete_warm_pool(&self, name: &str) -> StoreResult<Option<WarmPoolRecord>> {
-        if self.warm.cache.is_err() {
-            return Ok(None);
-        }
-        let api = self.warm.api.clone();
-        let n = name.to_string();
-        let deleted = self
-            .call("warm pool delete", async move {
-                // Read, then delete that very object (uid precondition): the
-                // pool returned is the one removed, even when it was deleted
-                // and made again in between (then: read again).
-                loop {
-                    let Some(current) = api.get_opt(&n).await? else {
-                        return Ok(None);
-                    };
-                    let dp = DeleteParams {
-                        preconditions: Some(kube::api::Preconditions {
-                            uid: current.metadata.uid.clone(),
-                            resource_version: None,
-                        }),
-                        ..DeleteParams::default()
-                    };
-                    match api.delete(&n, &dp).await {
-                        Ok(_) => return Ok(Some(current)),
-                        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-                        Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-            })?
-            .map_err(|e| warm_api_error(e, name))?;
-        match deleted {
-            Some(obj) => {
-                self.forget_warm(&obj)?;
-                Ok(Some(warm_from_object(&obj)))
-            }
-            None => {
-                // Gone already: make sure no own write still shows it.
-                self.warm.overlay.lock().entries.remove(name);
-                Ok(None)
-            }
-        }
+        self.delete_own(&self.warm, name)
     }
+
+    fn put_snapshot(&self, snapshot: &SnapshotRecord) -> StoreResult<SnapshotRecord> {
+        self.put_own(&self.snapshots, snapshot)
+    }
+
+    fn get_snapshot(&self, id: &str) -> StoreResult<Option<SnapshotRecord>> {
+        Ok(self.snapshots.get(id))
+    }
+
+    fn list_snapshots(&self) -> StoreResult<Vec<SnapshotRecord>> {
+        Ok(self.snapshots.list())
+    }
+
+    fn delete_snapshot(&self, id: &str) -> StoreResult<Option<SnapshotRecord>> {
+        self.delete_own(&self.snapshots, id)
+    }
+
     fn create(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
         let _serial = self.create_lock.lock();
         if !record.request_id.is_empty()
@@ -1446,6 +1719,83 @@ mod tests {
             ("default", "")
         );
         assert!(back.limits.is_empty());
+    }
+
+    #[test]
+    fn snapshot_survives_the_object_round_trip() {
+        let full = SnapshotRecord {
+            id: "5e0c".into(),
+            namespace: "team-a".into(),
+            uid: "u".into(),
+            display_name: "d".into(),
+            request_id: "r".into(),
+            source_sandbox: "fsb-1".into(),
+            source_uid: "su".into(),
+            source_sandbox_id: "sid".into(),
+            phase: SnapshotPhase::Deleting,
+            message: "m".into(),
+            agent_id: "a".into(),
+            node_name: "n".into(),
+            image: "i".into(),
+            runtime: "crun".into(),
+            size_bytes: 1,
+            paused_us: 2,
+            took_us: 3,
+            volumes: vec![SnapshotVolumeRecord {
+                volume: "v".into(),
+                mount_path: "/v".into(),
+                sub_path: "s".into(),
+                read_only: true,
+                volume_snapshot: "sbs-5e0c".into(),
+            }],
+            metadata: BTreeMap::from([("k".to_string(), "v".to_string())]),
+            created_at_unix_ms: 4,
+            completed_at_unix_ms: 5,
+            last_transition_unix_ms: 6,
+            revision: String::new(),
+        };
+        let mut obj = snapshot_to_object(&full, None, "ctl");
+        assert_eq!(obj.metadata.namespace.as_deref(), Some("ctl"));
+        assert_eq!(obj.name_any(), "5e0c");
+        assert!(obj.metadata.resource_version.is_none(), "a create");
+        obj.metadata.resource_version = Some("7".into());
+        assert_eq!(
+            snapshot_from_object(&obj),
+            SnapshotRecord {
+                revision: "7".into(),
+                ..full.clone()
+            }
+        );
+        // Through JSON, as the API server stores it.
+        let json: SandboxSnapshot =
+            serde_json::from_value(serde_json::to_value(&obj).unwrap()).unwrap();
+        assert_eq!(snapshot_from_object(&json), snapshot_from_object(&obj));
+
+        // A replace carries the caller's revision on the stored object.
+        let mut base = obj.clone();
+        base.metadata.labels = Some(BTreeMap::from([("team".into(), "ml".into())]));
+        let next = SnapshotRecord {
+            phase: SnapshotPhase::Ready,
+            revision: "9".into(),
+            ..full.clone()
+        };
+        let replaced = snapshot_to_object(&next, Some(&base), "ctl");
+        assert_eq!(replaced.metadata.resource_version.as_deref(), Some("9"));
+        assert_eq!(replaced.labels()["team"], "ml");
+        assert_eq!(replaced.spec.phase, CrSnapshotPhase::Ready);
+
+        // Unset fields stay unset.
+        let bare = SnapshotRecord {
+            id: "b".into(),
+            namespace: "ns".into(),
+            source_sandbox: "fsb-2".into(),
+            ..SnapshotRecord::default()
+        };
+        let v = serde_json::to_value(snapshot_to_object(&bare, None, "ctl")).unwrap();
+        assert_eq!(
+            v["spec"],
+            serde_json::json!({"sandboxNamespace": "ns", "sourceSandbox": "fsb-2", "phase": "Pending"})
+        );
     }
 
     #[test]

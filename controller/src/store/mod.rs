@@ -49,6 +49,15 @@ pub enum StoreError {
     /// The warm pool was modified since it was read.
     #[error("warm pool {0} was modified concurrently")]
     WarmPoolConflict(String),
+    /// A sandbox snapshot with that id exists already.
+    #[error("snapshot {0} already exists")]
+    SnapshotExists(String),
+    /// No sandbox snapshot with that id.
+    #[error("snapshot {0} not found")]
+    SnapshotNotFound(String),
+    /// The snapshot record was modified since it was read.
+    #[error("snapshot {0} was modified concurrently")]
+    SnapshotConflict(String),
     /// Injected by tests (a store that refuses writes), never by a backend.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -164,6 +173,10 @@ pub struct PvcVolume {
     /// This sandbox's create (or attach) made the volume: only then may
     /// `delete_on_sandbox_delete` remove it.
     pub created_by_sandbox: bool,
+    /// Create the volume (when missing) as a fork of `<volume>@<snapshot>`
+    /// instead of empty: set by a restore from a sandbox snapshot; empty
+    /// otherwise.
+    pub fork_from: String,
 }
 
 /// How many events a record keeps (oldest dropped first).
@@ -207,6 +220,11 @@ pub struct SandboxSpec {
     /// none (records from before warm pools have none).
     #[serde(default)]
     pub warm_pool: String,
+    /// The sandbox snapshot it was restored from (see `crate::snapshot`);
+    /// empty = created from its image. While set, the snapshot is in use
+    /// and is not removed.
+    #[serde(default)]
+    pub snapshot_id: String,
 }
 
 /// One sandbox as stored. The spec is flattened, so the stored JSON keeps
@@ -355,6 +373,67 @@ pub struct WarmPoolRecord {
     pub revision: String,
 }
 
+/// Phase of a sandbox snapshot (control.proto `SnapshotPhase`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SnapshotPhase {
+    /// Recorded; the capture runs on the source's node.
+    #[default]
+    Pending,
+    Ready,
+    /// The capture failed; nothing of it is left on the node (or the
+    /// janitor removes what is).
+    Failed,
+    /// Deletion asked while sandboxes restored from it live.
+    Deleting,
+}
+
+/// A named volume of a snapshot's source (control.proto `SnapshotVolume`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SnapshotVolumeRecord {
+    pub volume: String,
+    pub mount_path: String,
+    pub sub_path: String,
+    pub read_only: bool,
+    /// Empty for a read-only mount.
+    pub volume_snapshot: String,
+}
+
+/// A sandbox snapshot as stored (control.proto `Snapshot` without
+/// `in_use_by`, which is computed from the sandbox records).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SnapshotRecord {
+    /// Cluster-unique; DNS-1123 label.
+    pub id: String,
+    pub namespace: String,
+    pub uid: String,
+    pub display_name: String,
+    /// Idempotency key of the create; empty when the client sent none.
+    pub request_id: String,
+    /// The source sandbox: name (in `namespace`), record uid, container id.
+    pub source_sandbox: String,
+    pub source_uid: String,
+    pub source_sandbox_id: String,
+    pub phase: SnapshotPhase,
+    pub message: String,
+    pub agent_id: String,
+    pub node_name: String,
+    pub image: String,
+    pub runtime: String,
+    pub size_bytes: i64,
+    pub paused_us: i64,
+    pub took_us: i64,
+    pub volumes: Vec<SnapshotVolumeRecord>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at_unix_ms: i64,
+    pub completed_at_unix_ms: i64,
+    pub last_transition_unix_ms: i64,
+    /// Opaque, set by the store; empty in a snapshot that is to be created.
+    #[serde(skip)]
+    pub revision: String,
+}
+
 /// Which records [`Store::list`] returns: those of one namespace (all when
 /// `namespace` is `None`), in name order, after the name `after` (within a
 /// namespace only), at most `limit` (0 = all).
@@ -445,6 +524,17 @@ pub trait Store: Send + Sync + 'static {
         Ok(self.list_warm_pools()?.into_iter().find(|p| p.name == name))
     }
 
+    /// Creates a snapshot record (`snapshot.revision` empty;
+    /// `SnapshotExists` when the id is taken) or replaces one
+    /// (`snapshot.revision` = the stored one, else `SnapshotConflict`;
+    /// `SnapshotNotFound` when gone). Returns it with its new revision.
+    fn put_snapshot(&self, snapshot: &SnapshotRecord) -> StoreResult<SnapshotRecord>;
+    fn get_snapshot(&self, id: &str) -> StoreResult<Option<SnapshotRecord>>;
+    /// Every snapshot record, in id order.
+    fn list_snapshots(&self) -> StoreResult<Vec<SnapshotRecord>>;
+    /// Removes a snapshot record; `None` if it did not exist.
+    fn delete_snapshot(&self, id: &str) -> StoreResult<Option<SnapshotRecord>>;
+
     /// Records someone outside the controller asked to delete (a Kubernetes
     /// `kubectl delete` leaves the object terminating behind its finalizer
     /// until the controller removed the container and calls `delete`).
@@ -533,6 +623,7 @@ pub(crate) mod tests_support {
             backend: "local".into(),
             delete_on_sandbox_delete: true,
             created_by_sandbox: true,
+            fork_from: "src@s1".into(),
         }];
         let json = serde_json::to_string(&r).unwrap();
         let back: SandboxRecord = serde_json::from_str(&json).unwrap();

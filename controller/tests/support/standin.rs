@@ -63,6 +63,14 @@ pub struct StandInState {
     pub volume_calls: Mutex<Vec<String>>,
     /// Sandbox id → the spec its create carried.
     pub specs: Mutex<HashMap<String, pb::SandboxSpec>>,
+    /// Committed sandbox snapshots by id (no data: the record of a capture).
+    pub snapshots: Mutex<std::collections::BTreeMap<String, pb::SnapshotInfo>>,
+    /// Every snapshot call: "<rpc> <snapshot id>".
+    pub snapshot_calls: Mutex<Vec<String>>,
+    /// When set, CreateSnapshot fails with INTERNAL (a capture that broke).
+    pub fail_captures: AtomicBool,
+    /// When set, CreateSnapshot waits until it is cleared (a slow capture).
+    pub hang_captures: AtomicBool,
 }
 
 impl StandInState {
@@ -119,6 +127,7 @@ impl AgentService for Svc {
         if self.state.fail_creates.load(Ordering::SeqCst) {
             return Err(Status::unavailable("stand-in: creates disabled"));
         }
+        self.check_restore(&spec)?;
         let mut g = self.state.sandboxes.lock();
         if let Some(s) = g.get(&spec.sandbox_id) {
             return Ok(Response::new(pb::CreateSandboxResponse {
@@ -226,13 +235,7 @@ impl AgentService for Svc {
         // Checked like the real agent: the one parser, never trusted blindly.
         sandbolt_proto::egress::NetworkPolicy::parse(&q.network_policy_json)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let status = self
-            .state
-            .sandboxes
-            .lock()
-            .get(&q.sandbox_id)
-            .cloned()
-            .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))?;
+        let status = self.sandbox_status(&q.sandbox_id)?;
         self.state
             .policies
             .lock()
@@ -245,13 +248,8 @@ impl AgentService for Svc {
         req: Request<pb::SandboxRef>,
     ) -> Result<Response<pb::SandboxStatus>, Status> {
         check_token(&req)?;
-        self.state
-            .sandboxes
-            .lock()
-            .get(&req.get_ref().sandbox_id)
-            .cloned()
+        self.sandbox_status(&req.get_ref().sandbox_id)
             .map(Response::new)
-            .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))
     }
 
     async fn get_inventory(
@@ -420,7 +418,7 @@ impl AgentService for Svc {
         let mut sandboxes = self.state.sandboxes.lock();
         let st = sandboxes
             .get_mut(&q.sandbox_id)
-            .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))?;
+            .ok_or_else(no_such_sandbox)?;
         self.mount(&q.sandbox_id, &m)?;
         st.volume_mounts.push(m);
         Ok(Response::new(st.clone()))
@@ -435,7 +433,7 @@ impl AgentService for Svc {
         let mut sandboxes = self.state.sandboxes.lock();
         let st = sandboxes
             .get_mut(&q.sandbox_id)
-            .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))?;
+            .ok_or_else(no_such_sandbox)?;
         if !st.volume_mounts.iter().any(|m| m.volume == q.volume) {
             return Err(Status::not_found("stand-in: not mounted"));
         }
@@ -445,6 +443,56 @@ impl AgentService for Svc {
             Ok(())
         })?;
         Ok(Response::new(st.clone()))
+    }
+
+    // Sandbox snapshots: a table of SnapshotInfo with the agent's rules
+    // (source running or paused; idempotent by id; delete refused while a
+    // sandbox started from it exists); no data.
+    async fn create_snapshot(
+        &self,
+        r: Request<pb::CreateSnapshotRequest>,
+    ) -> Result<Response<pb::SnapshotInfo>, Status> {
+        check_token(&r)?;
+        let q = r.into_inner();
+        self.snapshot_call("create", &q.snapshot_id);
+        while self.state.hang_captures.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if let Some(info) = self.state.snapshots.lock().get(&q.snapshot_id) {
+            return Ok(Response::new(info.clone()));
+        }
+        if self.state.fail_captures.load(Ordering::SeqCst) {
+            return Err(Status::internal("stand-in: capture failed"));
+        }
+        let info = self.capture(&q)?;
+        self.state
+            .snapshots
+            .lock()
+            .insert(q.snapshot_id, info.clone());
+        Ok(Response::new(info))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        r: Request<pb::SnapshotRef>,
+    ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
+        check_token(&r)?;
+        let id = r.into_inner().snapshot_id;
+        self.snapshot_call("delete", &id);
+        // One lock at a time: create_sandbox takes them in the other order.
+        let live: Vec<String> = self.state.sandboxes.lock().keys().cloned().collect();
+        let specs = self.state.specs.lock();
+        let used = live
+            .iter()
+            .any(|sid| specs.get(sid).is_some_and(|s| s.snapshot_id == id));
+        drop(specs);
+        if used {
+            return Err(Status::failed_precondition(format!(
+                "stand-in: snapshot {id} is in use"
+            )));
+        }
+        let existed = self.state.snapshots.lock().remove(&id).is_some();
+        Ok(Response::new(pb::DeleteSnapshotResponse { existed }))
     }
 }
 
@@ -529,6 +577,68 @@ impl Svc {
     }
 }
 
+impl Svc {
+    fn snapshot_call(&self, rpc: &str, id: &str) {
+        self.state.snapshot_calls.lock().push(format!("{rpc} {id}"));
+    }
+
+    /// The snapshot of a running or paused sandbox of this stand-in: the
+    /// source's identity, a size, and one entry per volume mount
+    /// (`sbs-<id>` for read-write ones).
+    fn capture(&self, q: &pb::CreateSnapshotRequest) -> Result<pb::SnapshotInfo, Status> {
+        let src = self.sandbox_status(&q.sandbox_id)?;
+        let phase = src.phase();
+        if phase != pb::SandboxPhase::Running && phase != pb::SandboxPhase::Paused {
+            return Err(Status::failed_precondition(
+                "stand-in: sandbox is not running or paused",
+            ));
+        }
+        let volumes = src
+            .volume_mounts
+            .iter()
+            .map(|m| pb::SnapshotVolume {
+                mount: Some(m.clone()),
+                volume_snapshot: if m.read_only {
+                    String::new()
+                } else {
+                    format!("sbs-{}", q.snapshot_id)
+                },
+            })
+            .collect();
+        Ok(pb::SnapshotInfo {
+            snapshot_id: q.snapshot_id.clone(),
+            sandbox_id: src.sandbox_id,
+            sandbox_name: src.name,
+            sandbox_namespace: src.namespace,
+            image: src.image,
+            size_bytes: 4096,
+            created_at_unix_ms: 1,
+            paused_us: if phase == pb::SandboxPhase::Paused {
+                0
+            } else {
+                7
+            },
+            took_us: 11,
+            volumes,
+            agent_id: self.id.clone(),
+            node_name: node_of(&self.id),
+        })
+    }
+
+    /// A create from a snapshot needs that snapshot on this stand-in.
+    fn check_restore(&self, spec: &pb::SandboxSpec) -> Result<(), Status> {
+        if spec.snapshot_id.is_empty()
+            || self.state.snapshots.lock().contains_key(&spec.snapshot_id)
+        {
+            return Ok(());
+        }
+        Err(Status::failed_precondition(format!(
+            "stand-in: snapshot {} is not on this agent",
+            spec.snapshot_id
+        )))
+    }
+}
+
 fn stand_in_capabilities() -> pb::VolumeCapabilities {
     pb::VolumeCapabilities {
         backend: "stand-in".into(),
@@ -543,16 +653,29 @@ pub fn node_of(agent_id: &str) -> String {
     format!("node-{agent_id}")
 }
 
+fn no_such_sandbox() -> Status {
+    Status::not_found("stand-in: no such sandbox")
+}
+
 impl Svc {
+    /// The status of sandbox `id` as the table holds it, NOT_FOUND as the
+    /// agent answers for one it does not hold.
+    fn sandbox_status(&self, id: &str) -> Result<pb::SandboxStatus, Status> {
+        self.state
+            .sandboxes
+            .lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(no_such_sandbox)
+    }
+
     fn set_phase(
         &self,
         id: &str,
         phase: pb::SandboxPhase,
     ) -> Result<Response<pb::SandboxStatus>, Status> {
         let mut g = self.state.sandboxes.lock();
-        let s = g
-            .get_mut(id)
-            .ok_or_else(|| Status::not_found("stand-in: no such sandbox"))?;
+        let s = g.get_mut(id).ok_or_else(no_such_sandbox)?;
         s.phase = phase as i32;
         Ok(Response::new(s.clone()))
     }
@@ -638,6 +761,7 @@ impl StandInAgent {
                 .volume_root
                 .load(Ordering::SeqCst)
                 .then(stand_in_capabilities),
+            snapshots: state.snapshots.lock().values().cloned().collect(),
             ..Default::default()
         }
     }

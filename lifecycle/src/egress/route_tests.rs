@@ -75,6 +75,7 @@ impl Backend for Memory {
             expires_at: None,
             last_transition_at: None,
             allocation: None,
+            snapshot_id: None,
         })
     }
     async fn list(&self) -> ApiResult<Vec<SandboxRecord>> {

@@ -224,6 +224,18 @@ impl ControllerEnv {
             .expect("lifecycle starts on the controller backend")
     }
 
+    /// Runs the pytest file `file` of lifecycle/tests/python against a new
+    /// lifecycle on this controller, then stops the lifecycle and this
+    /// environment, and only then fails with the suite's panic (if any).
+    pub async fn run_sdk_suite(self, file: &'static str) {
+        let data = tempfile::tempdir().unwrap();
+        let lifecycle = self.lifecycle(data.path()).await;
+        let suite = lifecycle_pytest(file, lifecycle.addr(), &self.image, "controller").await;
+        lifecycle.shutdown().await.unwrap();
+        self.stop().await;
+        rethrow(suite);
+    }
+
     pub async fn stop(mut self) {
         if let Some(a) = self.agent.take() {
             a.shutdown().await;
@@ -289,6 +301,29 @@ pub async fn call(
     (status, v)
 }
 
+/// One refused REST call: method, path under the lifecycle's base, body,
+/// and the status and error `code` it must answer.
+pub type Refusal = (
+    reqwest::Method,
+    String,
+    Option<Value>,
+    reqwest::StatusCode,
+    &'static str,
+);
+
+/// Panics unless every call of `refusals` to the lifecycle at `base`
+/// answers its status and error code.
+pub async fn assert_refusals(base: &str, refusals: Vec<Refusal>) {
+    for (method, path, body, status, code) in refusals {
+        let (s, v) = call(method.clone(), format!("{base}{path}"), body).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}: {v}"
+        );
+    }
+}
+
 /// One REST call sending `key` (none when `None`): status, headers and JSON body
 /// (`Null` if empty, a string if not JSON).
 pub async fn call_as(
@@ -335,16 +370,33 @@ pub async fn sh(base: &str, id: &str, command: &str) -> CommandOutput {
     )
     .await;
     assert_eq!(s, reqwest::StatusCode::OK, "{ep}");
-    let mut rb = reqwest::Client::new().post(format!(
-        "http://{}/command",
-        ep["endpoint"].as_str().expect("endpoint")
-    ));
-    if let Some(h) = ep["headers"].as_object() {
-        for (k, v) in h {
-            rb = rb.header(k, v.as_str().unwrap());
+    let endpoint = ep["endpoint"].as_str().expect("endpoint");
+    let with_headers = |mut rb: reqwest::RequestBuilder| {
+        if let Some(h) = ep["headers"].as_object() {
+            for (k, v) in h {
+                rb = rb.header(k, v.as_str().unwrap());
+            }
+        }
+        rb
+    };
+    // A sandbox just created may not serve yet (the Docker backend answers
+    // once the container runs; its port proxy accepts and drops until
+    // execd listens): wait for /ping first, as the SDK does.
+    let client = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let ping = with_headers(client.get(format!("http://{endpoint}/ping")))
+            .send()
+            .await;
+        match ping {
+            Ok(r) if r.status().is_success() => break,
+            other if std::time::Instant::now() > deadline => {
+                panic!("execd of {id} does not answer /ping: {other:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    let r = rb
+    let r = with_headers(client.post(format!("http://{endpoint}/command")))
         .json(&serde_json::json!({ "command": command }))
         .send()
         .await
@@ -570,6 +622,25 @@ pub fn run_pytest_env(
     );
     println!("{text}");
     assert!(out.status.success(), "pytest {file} failed:\n{text}");
+}
+
+/// [`run_lifecycle_pytest`] off the async workers; the suite's panic is
+/// handed back (see [`rethrow`]) so the caller can stop its servers first.
+pub async fn lifecycle_pytest(
+    file: &'static str,
+    addr: SocketAddr,
+    image: &str,
+    backend: &'static str,
+) -> Result<(), tokio::task::JoinError> {
+    let image = image.to_string();
+    tokio::task::spawn_blocking(move || run_lifecycle_pytest(file, addr, &image, backend)).await
+}
+
+/// Fails the test with the panic of a suite run by [`lifecycle_pytest`].
+pub fn rethrow(suite: Result<(), tokio::task::JoinError>) {
+    if let Err(panic) = suite {
+        std::panic::resume_unwind(panic.into_panic());
+    }
 }
 
 /// Runs one pytest file of lifecycle/tests/python (with tests/python on

@@ -20,6 +20,10 @@ use sandbolt_proto::control::v1 as native;
 use sandbolt_testbed::{OciImage, Testbed};
 use serde_json::{Value, json};
 
+#[path = "execd.rs"]
+pub mod execd;
+pub use execd::Output;
+
 pub const API_KEY: &str = "warm-e2e-api-key-0123456789";
 /// The image with its own working directory and environment.
 pub const APP_IMAGE: &str = "docker.io/sandbolt/warm-app:1";
@@ -116,14 +120,6 @@ pub fn pool_body(
 pub struct Rest {
     base: String,
     http: reqwest::Client,
-}
-
-/// What one command run through execd answered.
-#[derive(Debug, Default)]
-pub struct Output {
-    pub stdout: String,
-    pub stderr: String,
-    pub error: Option<String>,
 }
 
 impl Rest {
@@ -286,51 +282,13 @@ impl Rest {
                 StatusCode::OK,
             )
             .await;
-        let headers = ep["headers"]
-            .as_object()
-            .map(|h| {
-                h.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        (
-            ep["endpoint"].as_str().expect("endpoint").to_string(),
-            headers,
-        )
+        execd::rest_endpoint(&ep)
     }
 
     /// Runs `command` with `sh -c` in sandbox `id` through execd.
     pub async fn sh(&self, id: &str, command: &str) -> Output {
         let (endpoint, headers) = self.execd(id).await;
-        let mut rb = self.http.post(format!("http://{endpoint}/command"));
-        for (k, v) in &headers {
-            rb = rb.header(k, v);
-        }
-        let r = rb
-            .json(&json!({ "command": command }))
-            .send()
-            .await
-            .expect("execd answers");
-        assert!(
-            r.status().is_success(),
-            "execd refused {command:?}: {}",
-            r.status()
-        );
-        let body = r.text().await.unwrap();
-        let mut out = Output::default();
-        // execd streams bare JSON frames separated by blank lines.
-        for frame in body.split("\n\n").filter(|f| !f.trim().is_empty()) {
-            let v: Value = serde_json::from_str(frame)
-                .unwrap_or_else(|e| panic!("bad execd frame {frame:?}: {e}"));
-            match v["type"].as_str() {
-                Some("stdout") => out.stdout.push_str(v["text"].as_str().unwrap_or("")),
-                Some("stderr") => out.stderr.push_str(v["text"].as_str().unwrap_or("")),
-                Some("error") => out.error = Some(v.to_string()),
-                _ => {}
-            }
-        }
-        out
+        execd::run_command(&self.http, &endpoint, headers, id, command).await
     }
 
     /// stdout of a command that must succeed.
