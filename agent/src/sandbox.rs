@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backon::Retryable;
-use containerd_client::services::v1::snapshots::PrepareSnapshotRequest;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, GetContainerRequest, GetRequest,
     ListContainersRequest, PauseTaskRequest, ResumeTaskRequest, StartRequest,
@@ -1047,22 +1046,24 @@ impl Sandboxes {
         self.prepare_snapshot(key, parent).await
     }
 
-    /// The sandbox's writable snapshot on top of the image; returns its
-    /// mounts (the task's rootfs).
+    /// The sandbox's writable snapshot on top of the image (or of a sandbox
+    /// snapshot); returns its mounts (the task's rootfs).
+    ///
+    /// A GC root, as prepared snapshots are: the teardown removes it
+    /// explicitly, the janitor a leftover (the sandbox-id label proves it
+    /// sandbolt's). Left to containerd's GC once the container is gone, it
+    /// is deleted without unlinking it from its parent (containerd 1.6), and
+    /// a sandbox snapshot it sat on could never be removed ("cannot remove
+    /// snapshot with child", with no child).
     async fn prepare_snapshot(&self, id: &str, parent: &str) -> Result<Vec<Mount>> {
-        Ok(self
-            .ctrd
-            .snapshots()
-            .prepare(self.ctrd.req(PrepareSnapshotRequest {
-                snapshotter: self.cfg.snapshotter.clone(),
-                key: id.to_string(),
-                parent: parent.to_string(),
-                labels: Default::default(),
-            }))
+        let labels = HashMap::from([
+            (labels::GC_ROOT.to_string(), now_ms().to_string()),
+            (labels::SANDBOX_ID.to_string(), id.to_string()),
+        ]);
+        self.ctrd
+            .prepare_snapshot(&self.cfg.snapshotter, id, parent, labels)
             .await
-            .map_err(AgentError::containerd("snapshots.Prepare"))?
-            .into_inner()
-            .mounts)
+            .map_err(AgentError::containerd("snapshots.Prepare"))
     }
 
     /// Creates and starts the task; returns its pid.

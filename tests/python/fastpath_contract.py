@@ -217,9 +217,35 @@ def test_v2_manual_cleanup_and_error_codes(v2):
     assert code_of(lambda: stub.CreateSandbox(nowhere)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     missing = pb.GetSandboxRequest(sandbox=ref(pb, "does-not-exist"))
     assert code_of(lambda: stub.GetSandbox(missing)) == grpc.StatusCode.NOT_FOUND
-    snap = pb.CreateSandboxSnapshotRequest(request_id="s", sandbox=ref(pb, rid))
-    assert code_of(lambda: stub.CreateSandboxSnapshot(snap)) == grpc.StatusCode.UNIMPLEMENTED
+    v2_snapshot_round_trip(pb, stub, rid)
     stub.DeleteSandbox(pb.DeleteRequest(sandbox=ref(pb, rid)))
+
+
+def v2_snapshot_round_trip(pb, stub, rid):
+    """CreateSandboxSnapshot → CREATING/SUCCEEDED, idempotent by request
+    id; GetSandboxSnapshot until SUCCEEDED; DeleteSandboxSnapshot → gone."""
+    snap = pb.CreateSandboxSnapshotRequest(request_id=f"snap-{rid}", sandbox=ref(pb, rid), template_name="contract")
+    created = stub.CreateSandboxSnapshot(snap).snapshot
+    assert created.sandbox_name == rid, created
+    assert created.template_name == "contract", created
+    assert created.phase in (pb.SNAPSHOT_PHASE_CREATING, pb.SNAPSHOT_PHASE_SUCCEEDED), created
+    sid = created.identity.name
+    assert sid and created.identity.namespace == "default", created
+    get = pb.GetSandboxSnapshotRequest(snapshot=pb.NamespacedName(namespace="default", name=sid))
+    deadline = time.time() + 30
+    while True:
+        got = stub.GetSandboxSnapshot(get).snapshot
+        if got.phase == pb.SNAPSHOT_PHASE_SUCCEEDED:
+            break
+        assert got.phase == pb.SNAPSHOT_PHASE_CREATING, got
+        assert time.time() < deadline, got
+        time.sleep(0.1)
+    assert got.fastlet_name and got.completed_unix_seconds >= got.created_unix_seconds > 0, got
+    assert stub.CreateSandboxSnapshot(snap).snapshot.identity.name == sid, "same request id, same snapshot"
+    elsewhere = pb.GetSandboxSnapshotRequest(snapshot=pb.NamespacedName(namespace="default", name="no-such-snapshot"))
+    assert code_of(lambda: stub.GetSandboxSnapshot(elsewhere)) == grpc.StatusCode.NOT_FOUND
+    stub.DeleteSandboxSnapshot(pb.DeleteSandboxSnapshotRequest(snapshot=ref(pb, sid)))
+    assert code_of(lambda: stub.GetSandboxSnapshot(get)) == grpc.StatusCode.NOT_FOUND
 
 
 def test_v2_egress_action_bindings(v2):
