@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use containerd_client::services::v1::snapshots::{Info as SnapshotInfo, RemoveSnapshotRequest};
+use containerd_client::services::v1::snapshots::Info as SnapshotInfo;
 use containerd_client::services::v1::{Container, GetContainerRequest, ListContainersRequest};
 use futures::FutureExt;
 use sandbolt_node::containerd::Containerd;
@@ -118,17 +118,9 @@ impl Node {
 
     /// Removes one snapshot of the agent's snapshotter by name.
     pub async fn remove_snapshot(&self, name: &str) -> Result<SnapshotRemoval> {
-        let removed = self
-            .ctrd
-            .snapshots()
-            .remove(self.ctrd.req(RemoveSnapshotRequest {
-                snapshotter: self.snapshotter.clone(),
-                key: name.to_string(),
-            }))
-            .await;
-        match removed {
-            Ok(_) => Ok(SnapshotRemoval::Removed),
-            Err(s) if s.code() == Code::NotFound => Ok(SnapshotRemoval::Gone),
+        match self.ctrd.remove_snapshot(&self.snapshotter, name).await {
+            Ok(true) => Ok(SnapshotRemoval::Removed),
+            Ok(false) => Ok(SnapshotRemoval::Gone),
             Err(s) if s.code() == Code::FailedPrecondition => Ok(SnapshotRemoval::HasChildren),
             Err(s) => Err(JanitorError::containerd("snapshots.Remove")(s)),
         }

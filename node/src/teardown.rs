@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::Retryable;
-use containerd_client::services::v1::snapshots::RemoveSnapshotRequest;
 use containerd_client::services::v1::{
     DeleteContainerRequest, DeleteTaskRequest, GetRequest, KillRequest, ResumeTaskRequest,
     WaitRequest,
@@ -254,21 +253,13 @@ impl Teardown {
             ..Removed::default()
         };
         self.done(id, Step::BundleUnmounted).await;
-        match self
+        // false: gone already (an earlier run, or containerd's GC collected
+        // it once no container referenced it).
+        removed.snapshot = self
             .ctrd
-            .snapshots()
-            .remove(self.ctrd.req(RemoveSnapshotRequest {
-                snapshotter: snapshot.snapshotter.to_string(),
-                key: snapshot.key.to_string(),
-            }))
+            .remove_snapshot(snapshot.snapshotter, snapshot.key)
             .await
-        {
-            Ok(_) => removed.snapshot = true,
-            // Gone already: an earlier run, or containerd's GC collected
-            // it once no container referenced it.
-            Err(s) if s.code() == Code::NotFound => {}
-            Err(s) => return Err(ctrd_err("snapshots.Remove")(s)),
-        }
+            .map_err(ctrd_err("snapshots.Remove"))?;
         self.done(id, Step::SnapshotRemoved).await;
         if let Some(dir) = &self.logs_dir {
             let log = dir.join(format!("{id}.log"));
