@@ -14,7 +14,15 @@
 //!   dockerd, execd from [`execd_binary`]),
 //! - the OpenSandbox server 1.1.1 (PyPI) with its Docker runtime on the same
 //!   dockerd and its `runtime.execd_image` pointed at a locally built image
-//!   holding sandbolt's execd and a bootstrap script of our own.
+//!   holding sandbolt's execd and a bootstrap script of our own,
+//! - the same server with its Kubernetes runtime on sandbolt (issue 19): its
+//!   fast-sandbox (fsb) provider creates through a controller over the
+//!   Kubernetes store (on the API server double, in process), whose agent
+//!   runs on the bed's containerd, and its signed routes go to sandbolt's
+//!   fsb gateway (a lifecycle with `gateway_listen`). fsb creates only from
+//!   a template: one is made and waited for before the clock starts, and
+//!   each create is `create_from_template`, which resolves one endpoint
+//!   (44772) where an image create resolves two (44772, 18080).
 //!
 //! The timing loop is `benches/python/sdk_create.py`, run with the repo's
 //! venv (`sandbolt_testbed::python()`); the OpenSandbox server runs from its
@@ -45,13 +53,17 @@ pub const LIFECYCLE_FASTPATH_NO_LIMITS: &str = "sandbolt lifecycle, FastPath (fa
 pub const LIFECYCLE_FASTPATH_LIMITS: &str = "sandbolt lifecycle, FastPath (fast), limits";
 pub const LIFECYCLE_DOCKER: &str = "sandbolt lifecycle, Docker";
 pub const OPENSANDBOX: &str = "OpenSandbox server 1.1.1, Docker";
+/// The server's Kubernetes runtime (fsb provider) on sandbolt, from a
+/// template.
+pub const OPENSANDBOX_SANDBOLT: &str = "OpenSandbox server 1.1.1, Kubernetes fsb on sandbolt";
 /// Every system of the scenario, in the order the table shows them.
-pub const SYSTEMS: [&str; 5] = [
+pub const SYSTEMS: [&str; 6] = [
     LIFECYCLE_FASTPATH,
     LIFECYCLE_FASTPATH_NO_LIMITS,
     LIFECYCLE_FASTPATH_LIMITS,
     LIFECYCLE_DOCKER,
     OPENSANDBOX,
+    OPENSANDBOX_SANDBOLT,
 ];
 /// What the limits target asks for (the native API's limits system adds
 /// pids, which the SDK's `resource` has no key for).
@@ -81,6 +93,9 @@ pub(crate) struct Target {
     /// A warm pool whose `GET /v1/pools/{name}` must report this many
     /// available sandboxes before each (timed) create; waited for untimed.
     pub(crate) wait_pool: Option<(String, i32)>,
+    /// Create from a template made before the clock (the server's fsb
+    /// provider creates only from one).
+    pub(crate) template: bool,
 }
 
 impl SdkOutcome {
@@ -137,6 +152,7 @@ impl Lifecycles {
                 resource,
                 extensions: None,
                 wait_pool: None,
+                template: false,
             });
         }
         self.handles.push(handle);
@@ -158,6 +174,7 @@ impl Lifecycles {
                     resource: None,
                     extensions: None,
                     wait_pool: None,
+                    template: false,
                 });
                 self.handles.push(h);
             }
@@ -199,15 +216,12 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
     lifecycles
         .add_docker(&docker_socket, &dir.path().join("lc-docker"), &mut out)
         .await;
-    let server = match OpenSandboxServer::start(bench, &docker_socket, dir.path()).await {
+    let docker_runtime = ServerRuntime::Docker {
+        socket: docker_socket,
+    };
+    let server = match OpenSandboxServer::start(bench, &docker_runtime, dir.path()).await {
         Ok(s) => {
-            lifecycles.targets.push(Target {
-                name: OPENSANDBOX,
-                url: format!("http://{}", s.addr),
-                resource: None,
-                extensions: None,
-                wait_pool: None,
-            });
+            lifecycles.targets.push(server_target(&s, false));
             Some(s)
         }
         Err(e) => {
@@ -215,9 +229,22 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
             None
         }
     };
+    let on_sandbolt = match OnSandbolt::start(bench, &dir.path().join("on-sandbolt")).await {
+        Ok(s) => {
+            lifecycles.targets.push(server_target(&s.server, true));
+            Some(s)
+        }
+        Err(e) => {
+            out.skip(OPENSANDBOX_SANDBOLT, e);
+            None
+        }
+    };
     if !lifecycles.targets.is_empty() {
         match run_python(&lifecycles.targets, rounds).await {
-            Ok(report) => record(report, server.as_ref(), &mut out),
+            Ok(report) => {
+                let servers = server.iter().chain(on_sandbolt.as_ref().map(|s| &s.server));
+                record(report, servers, &mut out)
+            }
             Err(e) => {
                 for t in &lifecycles.targets {
                     out.skip(t.name, e.clone());
@@ -228,18 +255,34 @@ pub async fn run(bench: &Bench, rounds: u32) -> SdkOutcome {
     if let Some(s) = server {
         s.stop().await;
     }
+    if let Some(s) = on_sandbolt {
+        s.stop().await;
+    }
     lifecycles.shutdown().await;
     out
 }
 
+/// The SDK's target for an OpenSandbox server.
+fn server_target(server: &OpenSandboxServer, template: bool) -> Target {
+    Target {
+        name: server.system,
+        url: format!("http://{}", server.addr),
+        resource: None,
+        extensions: None,
+        wait_pool: None,
+        template,
+    }
+}
+
 /// The Python loop's report as samples (creates then kills, each in
-/// [`SYSTEMS`] order) and its failures as skips (with the OpenSandbox
+/// [`SYSTEMS`] order) and its failures as skips (with an OpenSandbox
 /// server's log for its own).
-pub(crate) fn record(
+pub(crate) fn record<'a>(
     mut report: PyReport,
-    server: Option<&OpenSandboxServer>,
+    servers: impl IntoIterator<Item = &'a OpenSandboxServer>,
     out: &mut SdkOutcome,
 ) {
+    let servers: Vec<&OpenSandboxServer> = servers.into_iter().collect();
     report
         .samples
         .sort_by_key(|s| (SYSTEMS.iter().position(|n| *n == s.system), s.round));
@@ -271,9 +314,9 @@ pub(crate) fn record(
     }
     for f in report.failures {
         let reason = format!("round {}: {}", f.round, f.reason);
-        let reason = match server {
-            Some(s) if f.system == OPENSANDBOX => format!("{reason}; server log: {}", s.log_tail()),
-            _ => reason,
+        let reason = match servers.iter().find(|s| s.system == f.system) {
+            Some(s) => format!("{reason}; server log: {}", s.log_tail()),
+            None => reason,
         };
         out.skip(&f.system, reason);
     }
@@ -295,7 +338,7 @@ pub fn ratios(samples: &[Sample]) -> Vec<(String, f64)> {
     };
     let mut out = Vec::new();
     for scenario in [SCENARIO_CREATE, SCENARIO_KILL] {
-        for system in [LIFECYCLE_FASTPATH, LIFECYCLE_DOCKER] {
+        for system in [LIFECYCLE_FASTPATH, LIFECYCLE_DOCKER, OPENSANDBOX_SANDBOLT] {
             if let (Some(x), Some(y)) = (p50(scenario, system), p50(scenario, OPENSANDBOX)) {
                 out.push((
                     format!("{scenario}: {system} ÷ {OPENSANDBOX}"),
@@ -367,6 +410,9 @@ pub(crate) async fn run_python(targets: &[Target], rounds: u32) -> Result<PyRepo
                 system["wait_pool"] = serde_json::Value::from(pool.as_str());
                 system["wait_available"] = serde_json::Value::from(*available);
             }
+            if t.template {
+                system["template"] = serde_json::Value::Bool(true);
+            }
             system
         })
         .collect();
@@ -416,41 +462,44 @@ pub(crate) async fn run_python(targets: &[Target], rounds: u32) -> Result<PyRepo
 
 /// The OpenSandbox server 1.1.1, a child process of the harness.
 pub(crate) struct OpenSandboxServer {
+    /// Its system name in the results.
+    system: &'static str,
     child: tokio::process::Child,
     addr: std::net::SocketAddr,
     log: PathBuf,
 }
 
-impl OpenSandboxServer {
-    async fn start(
-        bench: &Bench,
-        docker_socket: &Path,
-        dir: &Path,
-    ) -> Result<OpenSandboxServer, String> {
-        // Its venv (made once, then reused), and the execd image.
-        let exe = tokio::task::spawn_blocking(server_venv)
-            .await
-            .map_err(|e| e.to_string())??;
-        let image = tokio::task::spawn_blocking(execd_image)
-            .await
-            .map_err(|e| e.to_string())??;
-        bench
-            .testbed()
-            .docker_load(&image)
-            .map_err(|e| format!("loading {EXECD_IMAGE} into dockerd: {e}"))?;
+/// What the OpenSandbox server runs sandboxes on.
+pub(crate) enum ServerRuntime {
+    /// Its Docker runtime on the bed's dockerd.
+    Docker { socket: PathBuf },
+    /// Its Kubernetes runtime: the fsb provider on sandbolt (API server at
+    /// `kubeconfig`, FastPath at `fastpath`, routes signed for the gateway
+    /// at `gateway`).
+    Kubernetes {
+        kubeconfig: PathBuf,
+        fastpath: std::net::SocketAddr,
+        gateway: std::net::SocketAddr,
+    },
+}
 
-        let home = dir.join("opensandbox-home");
-        std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("picking a port: {e}"))?
-            .port();
-        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-        // Bridge networking with ports published on loopback, as the
-        // server's own example config does (minus the public bind): the
-        // endpoint of 44772 is then `127.0.0.1:<host port>/proxy/44772`.
-        let config = format!(
-            r#"[server]
+impl ServerRuntime {
+    fn system(&self) -> &'static str {
+        match self {
+            ServerRuntime::Docker { .. } => OPENSANDBOX,
+            ServerRuntime::Kubernetes { .. } => OPENSANDBOX_SANDBOLT,
+        }
+    }
+
+    /// The server's configuration file: listening on loopback `port`,
+    /// its sqlite store at `db`.
+    fn config(&self, port: u16, db: &Path) -> Result<String, String> {
+        match self {
+            // Bridge networking with ports published on loopback, as the
+            // server's own example config does (minus the public bind):
+            // the endpoint of 44772 is then `127.0.0.1:<host port>/proxy/44772`.
+            ServerRuntime::Docker { .. } => Ok(format!(
+                r#"[server]
 host = "127.0.0.1"
 port = {port}
 api_key = "{API_KEY}"
@@ -459,13 +508,13 @@ max_sandbox_timeout_seconds = 86400
 [log]
 level = "WARNING"
 
-[runtime]
-type = "docker"
-execd_image = "{EXECD_IMAGE}"
-
 [store]
 type = "sqlite"
 path = "{db}"
+
+[runtime]
+type = "docker"
+execd_image = "{EXECD_IMAGE}"
 
 [docker]
 network_mode = "bridge"
@@ -476,33 +525,115 @@ port_range_max = 60000
 [ingress]
 mode = "direct"
 "#,
-            db = home.join("opensandbox.db").display(),
-        );
+                db = db.display(),
+            )),
+            ServerRuntime::Kubernetes {
+                kubeconfig,
+                fastpath,
+                gateway,
+            } => server_config_on_sandbolt(&[
+                ("port", port.to_string()),
+                ("api_key", API_KEY.into()),
+                ("log_level", "WARNING".into()),
+                ("db", db.display().to_string()),
+                ("kubeconfig", kubeconfig.display().to_string()),
+                ("namespace", FSB_NAMESPACE.into()),
+                ("fastpath", fastpath.to_string()),
+                ("gateway", gateway.to_string()),
+                ("key_id", GATEWAY_KEY_ID.into()),
+                ("key", GATEWAY_KEY_B64.into()),
+            ]),
+        }
+    }
+}
+
+/// `benches/python/opensandbox-server-kubernetes.toml` (the server on
+/// sandbolt, shared with the end-to-end rig) with every `{name}` replaced.
+fn server_config_on_sandbolt(values: &[(&str, String)]) -> Result<String, String> {
+    let path = workspace_root().join("benches/python/opensandbox-server-kubernetes.toml");
+    let mut text =
+        std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    for (name, value) in values {
+        text = text.replace(&format!("{{{name}}}"), value);
+    }
+    match text.find('{') {
+        Some(at) => Err(format!(
+            "{}: unfilled placeholder near {:?}",
+            path.display(),
+            &text[at..(at + 30).min(text.len())]
+        )),
+        None => Ok(text),
+    }
+}
+
+impl OpenSandboxServer {
+    async fn start(
+        bench: &Bench,
+        runtime: &ServerRuntime,
+        dir: &Path,
+    ) -> Result<OpenSandboxServer, String> {
+        // Its venv (made once, then reused).
+        let exe = tokio::task::spawn_blocking(|| {
+            sandbolt_testbed::opensandbox_server().map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        if let ServerRuntime::Docker { .. } = runtime {
+            let image = tokio::task::spawn_blocking(execd_image)
+                .await
+                .map_err(|e| e.to_string())??;
+            bench
+                .testbed()
+                .docker_load(&image)
+                .map_err(|e| format!("loading {EXECD_IMAGE} into dockerd: {e}"))?;
+        }
+
+        let home = dir.join("opensandbox-home");
+        std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("picking a port: {e}"))?
+            .port();
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        let config = runtime.config(port, &home.join("opensandbox.db"))?;
         let config_path = dir.join("opensandbox-server.toml");
         std::fs::write(&config_path, config).map_err(|e| e.to_string())?;
         let log = dir.join("opensandbox-server.log");
         let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        let child = tokio::process::Command::new(&exe)
-            .arg("--config")
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("--config")
             .arg(&config_path)
             .current_dir(&home)
             .env("HOME", &home)
-            .env("DOCKER_HOST", format!("unix://{}", docker_socket.display()))
+            .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().map_err(|e| e.to_string())?)
             .stderr(log_file)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("{}: {e}", exe.display()))?;
-        let mut server = OpenSandboxServer { child, addr, log };
+            .kill_on_drop(true);
+        if let ServerRuntime::Docker { socket } = runtime {
+            cmd.env("DOCKER_HOST", format!("unix://{}", socket.display()));
+        }
+        let child = cmd.spawn().map_err(|e| format!("{}: {e}", exe.display()))?;
+        let mut server = OpenSandboxServer {
+            system: runtime.system(),
+            child,
+            addr,
+            log,
+        };
+        server.wait_healthy().await?;
+        Ok(server)
+    }
 
+    /// Until `/health` answers (60 s); stops it when it does not.
+    async fn wait_healthy(&mut self) -> Result<(), String> {
+        let addr = self.addr;
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok(Some(status)) = server.child.try_wait() {
+            if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!(
                     "the server exited at startup ({status}): {}",
-                    server.log_tail()
+                    self.log_tail()
                 ));
             }
             let ok = http
@@ -513,12 +644,14 @@ mode = "direct"
                 .map(|r| r.status().is_success())
                 .unwrap_or(false);
             if ok {
-                return Ok(server);
+                return Ok(());
             }
             if Instant::now() > deadline {
-                let tail = server.log_tail();
-                server.stop().await;
-                return Err(format!("/health did not answer within 60 s: {tail}"));
+                // Dropping it (kill_on_drop) stops it.
+                return Err(format!(
+                    "/health did not answer within 60 s: {}",
+                    self.log_tail()
+                ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -533,25 +666,6 @@ mode = "direct"
         let _ = self.child.start_kill();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
     }
-}
-
-/// `benches/python/server-env.sh`: the server's own venv.
-fn server_venv() -> Result<PathBuf, String> {
-    let script = workspace_root().join("benches/python/server-env.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .output()
-        .map_err(|e| format!("{}: {e}", script.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "installing opensandbox-server==1.1.1 ({}) failed: {}",
-            script.display(),
-            tail(&String::from_utf8_lossy(&out.stderr), 1500)
-        ));
-    }
-    Ok(PathBuf::from(
-        String::from_utf8_lossy(&out.stdout).trim().to_string(),
-    ))
 }
 
 /// The image the OpenSandbox server's Docker runtime takes execd from. The
@@ -582,5 +696,199 @@ fn tail(text: &str, max: usize) -> String {
     match text.char_indices().rev().nth(max) {
         Some((i, _)) => format!("…{}", &text[i..]),
         None => text.to_string(),
+    }
+}
+
+/// The fsb provider's namespace on sandbolt (`[kubernetes] namespace`).
+const FSB_NAMESPACE: &str = "opensandbox";
+/// The route signing key the server and sandbolt's gateway share, in the
+/// server's `kid=base64` format.
+const GATEWAY_KEY_ID: &str = "k";
+const GATEWAY_KEY_B64: &str = "c2FuZGJvbHQtYmVuY2gtZ2F0ZXdheS1zZWNyZXQtMDE=";
+/// The controller's own namespace (its Lease) on the double.
+const CONTROLLER_NAMESPACE: &str = "sandbolt-system";
+/// The controller's main port token (the gateway presents it); the server
+/// dials the open FastPath listener, which has none.
+const CONTROLLER_TOKEN: &str = "bench-controller-token";
+
+/// Where the bench's Kubernetes-store controller listens: `main` (agents,
+/// FastPath with [`CONTROLLER_TOKEN`]) and `open` (FastPath only, no token:
+/// the OpenSandbox server has no option for credentials).
+#[derive(Clone, Copy)]
+struct ControllerPorts {
+    main: std::net::SocketAddr,
+    open: std::net::SocketAddr,
+}
+
+/// The OpenSandbox server on sandbolt: the API server double (in process,
+/// sandbolt's CRDs installed), a controller over the Kubernetes store (in
+/// process, elected through its Lease like every `--store kubernetes`
+/// replica), an agent of the bench on the bed's containerd, a lifecycle
+/// serving only as the fsb gateway, and the server with its Kubernetes
+/// runtime.
+struct OnSandbolt {
+    server: OpenSandboxServer,
+    gateway: LifecycleHandle,
+    agent: sandbolt_agent::AgentHandle,
+    controller_stop: tokio::sync::oneshot::Sender<()>,
+    controller: tokio::task::JoinHandle<()>,
+    api: sandbolt_kube_double::ApiDouble,
+    _dir: tempfile::TempDir,
+}
+
+impl OnSandbolt {
+    async fn start(bench: &Bench, data: &Path) -> Result<OnSandbolt, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        let api = start_api_double(&kubeconfig).await?;
+        let ports = ControllerPorts {
+            main: free_loopback()?,
+            open: free_loopback()?,
+        };
+        let agent_config = bench.agent_config("bench-agent-on-sandbolt", ports.main);
+        let (controller_stop, controller) =
+            start_kube_controller(&api, ports, dir.path(), &agent_config.api_token).await?;
+        let agent = sandbolt_agent::Agent::start(agent_config)
+            .await
+            .map_err(|e| format!("agent: {e}"))?;
+        wait_pool_ready(ports.open).await?;
+        let mut gateway = ControllerConfig::new(format!("http://{}", ports.main));
+        gateway.namespace = FSB_NAMESPACE.into();
+        gateway.token = Some(CONTROLLER_TOKEN.into());
+        let mut config = LifecycleConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            BackendConfig::Controller(gateway),
+            data,
+        );
+        config.api_key = Some(API_KEY.into());
+        config.gateway = Some(sandbolt_lifecycle::GatewayConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            keys: sandbolt_lifecycle::KeyRing::parse(&format!(
+                "{GATEWAY_KEY_ID}={GATEWAY_KEY_B64}"
+            ))
+            .map_err(|e| format!("gateway keys: {e}"))?,
+        });
+        let gateway = Lifecycle::start(config)
+            .await
+            .map_err(|e| format!("lifecycle (gateway): {e}"))?;
+        let runtime = ServerRuntime::Kubernetes {
+            kubeconfig,
+            fastpath: ports.open,
+            gateway: gateway.gateway_addr().expect("the gateway serves"),
+        };
+        let server = OpenSandboxServer::start(bench, &runtime, dir.path()).await?;
+        Ok(OnSandbolt {
+            server,
+            gateway,
+            agent,
+            controller_stop,
+            controller,
+            api,
+            _dir: dir,
+        })
+    }
+
+    async fn stop(self) {
+        self.server.stop().await;
+        if let Err(e) = self.gateway.shutdown().await {
+            tracing::warn!(error = %e, "gateway shutdown");
+        }
+        self.agent.shutdown().await;
+        let _ = self.controller_stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.controller).await;
+        self.api.shutdown().await;
+    }
+}
+
+/// The double with `deploy/crds/` installed, its kubeconfig at `kubeconfig`.
+async fn start_api_double(kubeconfig: &Path) -> Result<sandbolt_kube_double::ApiDouble, String> {
+    let api = sandbolt_kube_double::ApiDouble::start().await;
+    let crds = workspace_root().join("deploy/crds");
+    api.register_crds(&crds)
+        .map_err(|e| format!("registering {}: {e}", crds.display()))?;
+    api.write_kubeconfig(kubeconfig)
+        .map_err(|e| format!("kubeconfig: {e}"))?;
+    Ok(api)
+}
+
+/// A loopback address whose port was free a moment ago: the controller
+/// must be told it (agents dial it) before it is elected and binds it.
+fn free_loopback() -> Result<std::net::SocketAddr, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("picking a port: {e}"))
+}
+
+/// The controller over the Kubernetes store on `api`, on `ports`, agents
+/// presenting `agent_token`; returns once it leads and serves.
+async fn start_kube_controller(
+    api: &sandbolt_kube_double::ApiDouble,
+    ports: ControllerPorts,
+    dir: &Path,
+    agent_token: &str,
+) -> Result<
+    (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    String,
+> {
+    use sandbolt_controller::ha::run_on_kubernetes;
+    use sandbolt_controller::leader::LeaseConfig;
+
+    let mut config = sandbolt_controller::ControllerConfig::new(ports.main, dir, agent_token);
+    config.heartbeat_interval = Duration::from_millis(500);
+    config.fastpath_token = Some(CONTROLLER_TOKEN.into());
+    config.open_fastpath_listen = Some(ports.open);
+    let lease = LeaseConfig::new(CONTROLLER_NAMESPACE, "sandbolt-controller", "bench");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (serving_tx, serving) = tokio::sync::oneshot::channel::<()>();
+    let mut serving_tx = Some(serving_tx);
+    let kube = api.config();
+    let task = tokio::spawn(async move {
+        let on_serving = move |_: &sandbolt_controller::ControllerHandle| {
+            if let Some(tx) = serving_tx.take() {
+                let _ = tx.send(());
+            }
+        };
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        if let Err(e) = run_on_kubernetes(config, kube, lease, on_serving, shutdown).await {
+            tracing::warn!(error = %e, "the bench's Kubernetes-store controller stopped");
+        }
+    });
+    match tokio::time::timeout(Duration::from_secs(30), serving).await {
+        Ok(Ok(())) => Ok((stop, task)),
+        _ => {
+            task.abort();
+            Err("the Kubernetes-store controller did not serve within 30 s".into())
+        }
+    }
+}
+
+/// Until the controller at `addr` counts a ready agent in its pool.
+async fn wait_pool_ready(addr: std::net::SocketAddr) -> Result<(), String> {
+    use sandbolt_proto::fastpath::v2;
+    let mut client =
+        v2::fast_path_service_client::FastPathServiceClient::connect(format!("http://{addr}"))
+            .await
+            .map_err(|e| format!("controller: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = client
+            .get_pool(v2::GetPoolRequest {
+                namespace: FSB_NAMESPACE.into(),
+                pool_name: "default".into(),
+            })
+            .await
+            .is_ok_and(|r| r.into_inner().ready_fastlets > 0);
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("no agent of pool default was ready within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -539,6 +539,19 @@ impl Bench {
         })
     }
 
+    /// The configuration of an agent `id` of this bench (its bed, execd,
+    /// OCI runtime and token) heartbeating to the controller at
+    /// `controller`, for a scenario that runs a controller of its own.
+    pub fn agent_config(&self, id: &str, controller: std::net::SocketAddr) -> AgentConfig {
+        let agents = AgentSetup {
+            bed: &self.bed,
+            execd: &self.execd,
+            state: self._state.path(),
+            runtime: &self.runtime,
+        };
+        agents.config(id, Some(format!("http://{controller}")))
+    }
+
     /// The test bed every system runs on.
     pub fn testbed(&self) -> &Testbed {
         &self.bed

@@ -545,6 +545,7 @@ impl Setup {
                 resource: None,
                 extensions: None,
                 wait_pool: None,
+                template: false,
             },
             Target {
                 name: SDK_WARM,
@@ -552,6 +553,7 @@ impl Setup {
                 resource: None,
                 extensions: Some(serde_json::json!({ "poolRef": POOL })),
                 wait_pool: Some((POOL.into(), SEQUENTIAL_BUFFER)),
+                template: false,
             },
             Target {
                 name: SDK_FLOOR,
@@ -559,6 +561,7 @@ impl Setup {
                 resource: None,
                 extensions: None,
                 wait_pool: None,
+                template: false,
             },
         ];
         match crate::sdk::run_python(&targets, rounds).await {

@@ -124,6 +124,18 @@ async fn quick_run_measures_every_system_and_writes_results() {
     assert!(md.contains("| sequential | ctr run -d |"), "{md}");
     assert!(md.contains("Ratios of p50"), "{md}");
     assert!(md.contains("sdk create: "), "{md}");
+    // Issue 19: the OpenSandbox server on sandbolt (Kubernetes runtime, fsb
+    // provider, sandbolt's gateway) against the same server on Docker.
+    for scenario in [sdk::SCENARIO_CREATE, sdk::SCENARIO_KILL] {
+        assert!(
+            md.contains(&format!(
+                "{scenario}: {} ÷ {}",
+                sdk::OPENSANDBOX_SANDBOLT,
+                sdk::OPENSANDBOX
+            )),
+            "{md}"
+        );
+    }
     assert!(
         md.contains(&format!(
             "{}: {} ÷ {}",

@@ -2,8 +2,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use sandbolt_lifecycle::gateway_scope::SECURE_ACCESS_KEYS_ENV;
 use sandbolt_lifecycle::{
-    BackendConfig, ControllerConfig, DockerConfig, Lifecycle, LifecycleConfig,
+    BackendConfig, ControllerConfig, DockerConfig, GatewayConfig, KeyRing, Lifecycle,
+    LifecycleConfig,
 };
 
 #[derive(Debug, clap::Args)]
@@ -70,6 +72,54 @@ pub(crate) struct LifecycleArgs {
     endpoint_host: Option<String>,
     #[command(flatten)]
     docker_network: DockerNetworkArgs,
+    #[command(flatten)]
+    gateway: GatewayArgs,
+}
+
+/// The fsb gateway: where the OpenSandbox server's endpoints for its
+/// fast-sandbox (`fsb-…`) sandboxes point (its `[ingress] mode = "gateway"`,
+/// `[ingress.gateway] address`).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct GatewayArgs {
+    /// Serve the fsb gateway on this address (controller backend only). It
+    /// accepts the OpenSandbox server's signed route scopes (header
+    /// OpenSandbox-Ingress-To, or the scope as the first path segment) and
+    /// forwards HTTP, SSE and WebSocket to the sandbox port a scope names.
+    /// It has no API key: the scope, signed with the server's key ring, is
+    /// the credential. The key ring comes from OPENSANDBOX_SECURE_ACCESS_KEYS
+    /// (the server's variable and format, `kid=base64[,kid=base64]`) or
+    /// --gateway-keys-file.
+    #[arg(long, env = "SANDBOLT_GATEWAY_LISTEN", requires = "controller")]
+    gateway_listen: Option<SocketAddr>,
+    /// File holding the gateway's key ring in the OPENSANDBOX_SECURE_ACCESS_KEYS
+    /// format (e.g. a mounted Secret); used instead of that variable.
+    #[arg(long, env = "SANDBOLT_GATEWAY_KEYS_FILE", requires = "gateway_listen")]
+    gateway_keys_file: Option<PathBuf>,
+}
+
+impl GatewayArgs {
+    /// The gateway's configuration, reading the key ring from the file or,
+    /// without one, from OPENSANDBOX_SECURE_ACCESS_KEYS.
+    fn config(&self) -> anyhow::Result<Option<GatewayConfig>> {
+        let Some(listen) = self.gateway_listen else {
+            return Ok(None);
+        };
+        let (ring, source) = match &self.gateway_keys_file {
+            Some(path) => (
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --gateway-keys-file {}", path.display()))?,
+                path.display().to_string(),
+            ),
+            None => (
+                std::env::var(SECURE_ACCESS_KEYS_ENV).with_context(|| {
+                    format!("--gateway-listen needs a key ring: set {SECURE_ACCESS_KEYS_ENV} or pass --gateway-keys-file")
+                })?,
+                SECURE_ACCESS_KEYS_ENV.to_string(),
+            ),
+        };
+        let keys = KeyRing::parse(&ring).with_context(|| format!("gateway key ring ({source})"))?;
+        Ok(Some(GatewayConfig { listen, keys }))
+    }
 }
 
 /// On or off (a flag that reads as a setting).
@@ -152,6 +202,7 @@ pub(crate) fn config(
 
 pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     args.access.check()?;
+    let gateway = args.gateway.config()?;
     let backend = match args.controller {
         Some(c) => {
             let mut f = ControllerConfig::new(c);
@@ -172,17 +223,18 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
             BackendConfig::Docker(d)
         }
     };
-    let config = config(
+    let mut config = config(
         args.listen,
         &args.access,
         backend,
         args.data_dir,
         args.allow_host_path,
     );
+    config.gateway = gateway;
     let handle = Lifecycle::start(config)
         .await
         .context("starting the lifecycle API")?;
-    tracing::info!(addr = %handle.addr(), "lifecycle API serving");
+    tracing::info!(addr = %handle.addr(), gateway = ?handle.gateway_addr(), "lifecycle API serving");
     crate::shutdown_signal().await;
     handle.shutdown().await?;
     Ok(())
@@ -206,5 +258,29 @@ mod tests {
         }
         // A token without a controller would be silently unused.
         assert!(parse(&["--controller-token", "t0k"]).is_err());
+    }
+
+    #[test]
+    fn gateway_needs_the_controller_and_a_key_ring() {
+        // No gateway on the Docker backend, no keys file without a gateway.
+        assert!(parse(&["--gateway-listen", "127.0.0.1:0"]).is_err());
+        assert!(parse(&["--controller", "http://c:9090", "--gateway-keys-file", "/k"]).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys");
+        std::fs::write(&file, "a=c2VjcmV0LWE=,b=c2VjcmV0LWI=\n").unwrap();
+        let a = parse(&[
+            "--controller",
+            "http://c:9090",
+            "--gateway-listen",
+            "127.0.0.1:0",
+            "--gateway-keys-file",
+            file.to_str().unwrap(),
+        ])
+        .expect("parses");
+        let config = a.gateway.config().unwrap().expect("a gateway");
+        assert_eq!(config.keys.key_ids().collect::<String>(), "ab");
+        std::fs::write(&file, "a=c2VjcmV0LWE=,A=c2VjcmV0LWI=").unwrap();
+        let err = a.gateway.config().unwrap_err();
+        assert!(format!("{err:#}").contains("\"A\""), "{err:#}");
     }
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{ControllerConfig, FAILPOINT_ENV, FailpointSpec};
+use crate::config::{ControllerConfig, FAILPOINT_ENV, FailpointSpec, TlsFiles};
 use crate::ha::{ElectedExit, run_on_kubernetes};
 use crate::leader::LeaseConfig;
 use crate::registry::KubeAgentPresence;
@@ -23,6 +23,11 @@ use crate::{Controller, ControllerHandle};
 
 /// What stdout says once the controller serves (the address follows).
 pub const LISTENING_LINE: &str = "SANDBOLT_CONTROLLER_LISTENING";
+
+/// Printed just before [`LISTENING_LINE`] when --open-fastpath-listen is set
+/// (its address follows), so a caller that asked for port 0 learns the port
+/// by the time it has read the listening line.
+pub const OPEN_FASTPATH_LINE: &str = "SANDBOLT_CONTROLLER_OPEN_FASTPATH";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreArg {
@@ -91,6 +96,46 @@ pub struct ControllerArgs {
     /// the FastPath port is open: bind it to a private address.
     #[arg(long, env = "SANDBOLT_FASTPATH_TOKEN", hide_env_values = true)]
     pub fastpath_token: Option<String>,
+    /// Also serve FastPath v1 + v2 (only those, and health) on this second
+    /// address, with no token and no TLS. For clients that can present no
+    /// credentials, such as the OpenSandbox server, whose FastPath client
+    /// opens a plaintext channel without a token. Anything that reaches
+    /// this port can create and delete sandboxes, so only a network rule
+    /// may protect it (the chart's NetworkPolicy admits only the server's
+    /// pods); the main --listen port keeps --fastpath-token and is the one
+    /// agents register on. Prefer --fastpath-tls-* for clients that can
+    /// hold a certificate.
+    #[arg(long, env = "SANDBOLT_OPEN_FASTPATH_LISTEN")]
+    pub open_fastpath_listen: Option<SocketAddr>,
+    /// Mutual TLS on the main --listen port (with --fastpath-tls-key and
+    /// --fastpath-client-ca): the server's PEM certificate chain. A client
+    /// presenting a certificate signed by the client CA needs no FastPath
+    /// token; plaintext keeps working on the same port (agents, janitors,
+    /// probes), with the token, or refused for FastPath when no
+    /// --fastpath-token is set. Stronger than the open port (the client
+    /// proves who it is, and the traffic is encrypted), but only for
+    /// clients that can be given a certificate.
+    #[arg(
+        long,
+        env = "SANDBOLT_FASTPATH_TLS_CERT",
+        requires_all = ["fastpath_tls_key", "fastpath_client_ca"]
+    )]
+    pub fastpath_tls_cert: Option<PathBuf>,
+    /// Mutual TLS: the PEM private key of --fastpath-tls-cert.
+    #[arg(
+        long,
+        env = "SANDBOLT_FASTPATH_TLS_KEY",
+        requires = "fastpath_tls_cert"
+    )]
+    pub fastpath_tls_key: Option<PathBuf>,
+    /// Mutual TLS: PEM CA certificate(s) that client certificates must
+    /// chain to (a client without one is refused at the handshake).
+    #[arg(
+        long,
+        env = "SANDBOLT_FASTPATH_CLIENT_CA",
+        requires = "fastpath_tls_cert"
+    )]
+    pub fastpath_client_ca: Option<PathBuf>,
     /// Consistency of creates that do not ask for one.
     #[arg(
         long,
@@ -191,6 +236,8 @@ impl ControllerArgs {
     pub fn config(&self) -> Result<ControllerConfig, RunError> {
         let mut c = ControllerConfig::new(self.listen, &self.data_dir, self.agent_token.clone());
         c.fastpath_token = self.fastpath_token.clone().filter(|t| !t.is_empty());
+        c.open_fastpath_listen = self.open_fastpath_listen;
+        c.fastpath_tls = self.fastpath_tls();
         c.default_consistency = self.consistency.into();
         c.heartbeat_interval = self.heartbeat_interval;
         c.lost_agent_timeout = self.agent_lost_timeout;
@@ -200,6 +247,15 @@ impl ControllerArgs {
         c.failpoint = self.failpoint.clone();
         check_timeouts(&c)?;
         Ok(c)
+    }
+
+    /// All three files or none (clap's `requires` sees to it).
+    fn fastpath_tls(&self) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            cert: self.fastpath_tls_cert.clone()?,
+            key: self.fastpath_tls_key.clone()?,
+            client_ca: self.fastpath_client_ca.clone()?,
+        })
     }
 
     fn wants_kube_presence(&self, in_cluster: bool) -> bool {
@@ -262,6 +318,9 @@ async fn add_presence(
 
 fn announce(h: &ControllerHandle) {
     tracing::info!(fastpath = %h.local_addr(), "serving FastPath v1 + v2, the native API and RegistryService");
+    if let Some(open) = h.open_fastpath_addr() {
+        println!("{OPEN_FASTPATH_LINE} {open}");
+    }
     println!("{LISTENING_LINE} {}", h.local_addr());
     let _ = std::io::stdout().flush();
 }
@@ -397,5 +456,44 @@ mod tests {
         assert_eq!(fp.only_for.as_deref(), Some("victim"));
         let bad = Cmd::try_parse_from(["controller", "--agent-token", "t", "--failpoint", "nope"]);
         assert!(bad.is_err(), "an unknown failpoint is refused, not ignored");
+    }
+
+    #[test]
+    fn open_port_and_mutual_tls_reach_the_config() {
+        let none = parse(&[]).config().unwrap();
+        assert_eq!(none.open_fastpath_listen, None);
+        assert_eq!(none.fastpath_tls, None);
+        let c = parse(&[
+            "--open-fastpath-listen",
+            "0.0.0.0:9093",
+            "--fastpath-tls-cert",
+            "/tls/tls.crt",
+            "--fastpath-tls-key",
+            "/tls/tls.key",
+            "--fastpath-client-ca",
+            "/tls/ca.crt",
+        ])
+        .config()
+        .unwrap();
+        assert_eq!(
+            c.open_fastpath_listen,
+            Some("0.0.0.0:9093".parse().unwrap())
+        );
+        let tls = c.fastpath_tls.expect("tls");
+        assert_eq!(tls.cert, PathBuf::from("/tls/tls.crt"));
+        assert_eq!(tls.key, PathBuf::from("/tls/tls.key"));
+        assert_eq!(tls.client_ca, PathBuf::from("/tls/ca.crt"));
+        for partial in [
+            &["--fastpath-tls-cert", "/c"][..],
+            &["--fastpath-tls-cert", "/c", "--fastpath-tls-key", "/k"],
+            &["--fastpath-client-ca", "/ca"],
+        ] {
+            let mut argv = vec!["controller", "--agent-token", "t"];
+            argv.extend_from_slice(partial);
+            assert!(
+                Cmd::try_parse_from(argv).is_err(),
+                "half a TLS setup is refused: {partial:?}"
+            );
+        }
     }
 }

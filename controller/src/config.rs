@@ -29,6 +29,19 @@ pub struct ControllerConfig {
     /// `None` runs the port open (bind it to a private address): the
     /// OpenSandbox server's client uses an insecure channel with no token.
     pub fastpath_token: Option<String>,
+    /// A second port serving only FastPath v1 + v2 (and health), with no
+    /// token and no TLS, for a client that can present neither: the
+    /// OpenSandbox server's FastPath client opens a plaintext channel and
+    /// sends no credentials. Only the network protects it (the chart's
+    /// NetworkPolicy admits only that server's pods). It serves neither the
+    /// native API nor RegistryService, so the main port keeps its token.
+    pub open_fastpath_listen: Option<SocketAddr>,
+    /// Mutual TLS on the main port, beside plaintext (the first byte of a
+    /// connection tells them apart, so agents, janitors and the kubelet's
+    /// probes keep connecting in plaintext). A client certificate signed by
+    /// `client_ca` authenticates FastPath and native API calls in place of
+    /// the bearer token; RegistryService still needs the agent token.
+    pub fastpath_tls: Option<TlsFiles>,
     /// What agents are told to use between heartbeats.
     pub heartbeat_interval: Duration,
     /// An agent silent this long is lost: it leaves placement and its
@@ -75,6 +88,8 @@ impl ControllerConfig {
             default_consistency: Consistency::Strong,
             agent_token: agent_token.into(),
             fastpath_token: None,
+            open_fastpath_listen: None,
+            fastpath_tls: None,
             heartbeat_interval: Duration::from_secs(2),
             lost_agent_timeout: Duration::from_secs(10),
             agent_gone_timeout: DEFAULT_AGENT_GONE_TIMEOUT,
@@ -88,6 +103,18 @@ impl ControllerConfig {
             failpoint: None,
         }
     }
+}
+
+/// PEM files of the main port's mutual TLS (see
+/// [`ControllerConfig::fastpath_tls`]). Read once at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The server certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA certificate(s) client certificates must chain to.
+    pub client_ca: PathBuf,
 }
 
 /// Points where a test can freeze the controller (it then sits there until

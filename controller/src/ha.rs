@@ -18,7 +18,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use kube::Api;
-use sandbolt_deploy::{SandboxPool, SandboxWarmPool};
+use sandbolt_deploy::{SandboxPool, SandboxTemplate, SandboxWarmPool};
 
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::store::kube::{KubeStore, KubeStoreConfig};
@@ -29,18 +29,22 @@ use crate::{Controller, ControllerConfig, ControllerHandle, Error, Result, Store
 pub const POOL_STATUS_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The resources whose status the leader keeps: the SandboxPools and
-/// SandboxWarmPools of the controller's namespace.
+/// SandboxWarmPools of the controller's namespace, and the SandboxTemplates
+/// of every namespace (the OpenSandbox server makes them in its tenants'
+/// namespaces).
 #[derive(Clone)]
 pub struct StatusApis {
     pub pools: Api<SandboxPool>,
     pub warm_pools: Api<SandboxWarmPool>,
+    pub templates: Api<SandboxTemplate>,
 }
 
 impl StatusApis {
     pub fn namespaced(client: kube::Client, namespace: &str) -> Self {
         Self {
             pools: Api::namespaced(client.clone(), namespace),
-            warm_pools: Api::namespaced(client, namespace),
+            warm_pools: Api::namespaced(client.clone(), namespace),
+            templates: Api::all(client),
         }
     }
 }
@@ -97,6 +101,7 @@ where
         [
             crate::pool_status::spawn(core.clone(), apis.pools, POOL_STATUS_PERIOD),
             crate::warm_pool_status::spawn(core.clone(), apis.warm_pools, POOL_STATUS_PERIOD),
+            crate::template::reconcile::spawn(apis.templates),
         ]
     });
     on_serving(&handle);
@@ -135,8 +140,8 @@ async fn wait_for(
 
 /// [`run_elected`] over the Kubernetes store: campaigns for `lease`, and
 /// keeps records (Sandboxes), agent records, warm pools and the SandboxPool
-/// and SandboxWarmPool status in `lease.namespace` (the controller's own) —
-/// the wiring of every
+/// and SandboxWarmPool status in `lease.namespace` (the controller's own),
+/// and the SandboxTemplates' status in every namespace — the wiring of every
 /// `--store kubernetes` controller process.
 pub async fn run_on_kubernetes<F>(
     config: ControllerConfig,

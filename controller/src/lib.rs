@@ -29,6 +29,7 @@ pub mod ids;
 pub mod keyed_lock;
 pub mod leader;
 pub mod limits;
+pub mod listeners;
 pub mod placement;
 pub mod pool_status;
 pub mod registry;
@@ -36,6 +37,7 @@ pub mod registry_server;
 pub mod sandbox;
 pub mod snapshot;
 pub mod store;
+pub mod template;
 pub mod volume;
 pub mod volume_index;
 pub mod warm;
@@ -55,6 +57,7 @@ use sandbolt_proto::fastpath::v1::fast_path_service_server::FastPathServiceServe
 use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathServiceServer as V2Server;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tonic::transport::server::Router;
 
 pub use config::{ControllerConfig, FAILPOINT_ENV, Failpoint, FailpointSpec};
 pub use error::{Error, Result};
@@ -70,6 +73,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// A running controller. Dropping it does not stop it; call `shutdown`.
 pub struct ControllerHandle {
     addr: SocketAddr,
+    open_addr: Option<SocketAddr>,
     core: Arc<Core>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -99,71 +103,39 @@ impl Controller {
         // Captures a previous leader did not see finish, listed before any
         // request can add new ones (those have their own capture task).
         let pending_snapshots = core.pending_snapshots()?;
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| Error::Unavailable(format!("bind {}: {e}", config.listen)))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::Internal(e.to_string()))?;
+        // TLS files first: a bad certificate fails the start, not a client.
+        let tls = config
+            .fastpath_tls
+            .as_ref()
+            .map(listeners::server_tls_config)
+            .transpose()?;
+        let (listener, addr) = bind(config.listen).await?;
+        let open = match config.open_fastpath_listen {
+            Some(open) => Some(bind(open).await?),
+            None => None,
+        };
         let (stop, stop_rx) = watch::channel(false);
-
-        let fp_auth = RequireBearer::new(config.fastpath_token.as_deref(), "fastpath");
-        let agent_auth = RequireBearer::new(Some(&config.agent_token), "registry");
-        let health = serving_health().await;
-        let router = tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(V2Server::with_interceptor(
-                fastpath::v2::FastPathV2::new(core.clone()),
-                fp_auth.clone(),
-            ))
-            .add_service(V1Server::with_interceptor(
-                fastpath::v1::FastPathV1::new(core.clone()),
-                fp_auth.clone(),
-            ))
-            // The native API sits behind the same token as FastPath: both
-            // hand out sandboxes' access tokens (ResolveEndpoint).
-            .add_service(SandboxServiceServer::with_interceptor(
-                control::ControlService::new(core.clone()),
-                fp_auth.clone(),
-            ))
-            // Named volumes: the same clients, the same token.
-            .add_service(VolumeServiceServer::with_interceptor(
-                volume::service::VolumeServer::new(core.clone()),
-                fp_auth.clone(),
-            ))
-            // Warm pools: the same clients (the lifecycle's /pools), the
-            // same token.
-            .add_service(WarmPoolServiceServer::with_interceptor(
-                warm::service::WarmPoolServer::new(core.clone()),
-                fp_auth.clone(),
-            ))
-            // Sandbox snapshots: the same clients, the same token.
-            .add_service(SnapshotServiceServer::with_interceptor(
-                snapshot::service::SnapshotServer::new(core.clone()),
-                fp_auth,
-            ))
-            .add_service(RegistryServiceServer::with_interceptor(
-                registry_server::RegistryServer::new(core.clone()),
-                agent_auth,
+        let router = main_router(&core, &config).await;
+        let mut tasks = vec![match tls {
+            Some(tls) => serve(
+                router,
+                listeners::plaintext_or_tls(listener, tls),
+                stop_rx.clone(),
+                "main",
+            ),
+            None => serve(router, nodelay(listener), stop_rx.clone(), "main"),
+        }];
+        let mut open_addr = None;
+        if let Some((listener, addr)) = open {
+            let router = open_fastpath_router(&core).await;
+            tasks.push(serve(
+                router,
+                nodelay(listener),
+                stop_rx.clone(),
+                "open FastPath",
             ));
-        let mut rx = stop_rx.clone();
-        let server = tokio::spawn(async move {
-            // Accepted connections get TCP_NODELAY here: `Server::tcp_nodelay`
-            // applies only to listeners tonic binds itself. Without it, a
-            // response written in two segments waits for the client's
-            // delayed ACK (40 ms).
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let shutdown = async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            if let Err(e) = router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await
-            {
-                tracing::error!(error = %e, "controller gRPC server failed");
-            }
-        });
+            open_addr = Some(addr);
+        }
 
         let started = Instant::now();
         let c = core.clone();
@@ -196,14 +168,127 @@ impl Controller {
                 c.sweep_deletion_requests().await;
             }
         });
-        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), "controller serving sandbolt.control.v1 (sandboxes, volumes, warm pools, snapshots), fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
+        tracing::info!(%addr, consistency = ?config.default_consistency, fastpath_auth = config.fastpath_token.is_some(), fastpath_mtls = config.fastpath_tls.is_some(), "controller serving sandbolt.control.v1 (sandboxes, volumes, warm pools, snapshots), fastpath.v2, fastpath.v1, sandbolt.agent.v1.RegistryService");
+        if let Some(open_addr) = open_addr {
+            tracing::info!(%open_addr, "open FastPath port serving fastpath.v2 and fastpath.v1 without credentials (protect it by network policy)");
+        }
+        tasks.extend([recovery, expiry, snapshots]);
         Ok(ControllerHandle {
             addr,
+            open_addr,
             core,
             stop,
-            tasks: vec![server, recovery, expiry, snapshots],
+            tasks,
         })
     }
+}
+
+async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Unavailable(format!("bind {addr}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    Ok((listener, local))
+}
+
+/// Accepted connections get TCP_NODELAY here: `Server::tcp_nodelay`
+/// applies only to listeners tonic binds itself. Without it, a response
+/// written in two segments waits for the client's delayed ACK (40 ms).
+fn nodelay(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// Serves `router` on `incoming` until the stop signal.
+fn serve<IO, IE>(
+    router: Router,
+    incoming: impl futures::Stream<Item = std::result::Result<IO, IE>> + Send + 'static,
+    mut stop: watch::Receiver<bool>,
+    port: &'static str,
+) -> JoinHandle<()>
+where
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = router
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+        {
+            tracing::error!(error = %e, port, "controller gRPC server failed");
+        }
+    })
+}
+
+/// Everything, on the main port: FastPath and the native API behind the
+/// FastPath token (or a client certificate), RegistryService behind the
+/// agent token, health open.
+async fn main_router(core: &Arc<Core>, config: &ControllerConfig) -> Router {
+    let fp_auth = listeners::FastPathAuth::new(config);
+    let agent_auth = RequireBearer::new(Some(&config.agent_token), "registry");
+    tonic::transport::Server::builder()
+        .add_service(serving_health().await)
+        .add_service(V2Server::with_interceptor(
+            fastpath::v2::FastPathV2::new(core.clone()),
+            fp_auth.clone(),
+        ))
+        .add_service(V1Server::with_interceptor(
+            fastpath::v1::FastPathV1::new(core.clone()),
+            fp_auth.clone(),
+        ))
+        // The native API sits behind the same token as FastPath: both
+        // hand out sandboxes' access tokens (ResolveEndpoint).
+        .add_service(SandboxServiceServer::with_interceptor(
+            control::ControlService::new(core.clone()),
+            fp_auth.clone(),
+        ))
+        // Named volumes: the same clients, the same token.
+        .add_service(VolumeServiceServer::with_interceptor(
+            volume::service::VolumeServer::new(core.clone()),
+            fp_auth.clone(),
+        ))
+        // Warm pools: the same clients (the lifecycle's /pools), the
+        // same token.
+        .add_service(WarmPoolServiceServer::with_interceptor(
+            warm::service::WarmPoolServer::new(core.clone()),
+            fp_auth.clone(),
+        ))
+        // Sandbox snapshots: the same clients, the same token.
+        .add_service(SnapshotServiceServer::with_interceptor(
+            snapshot::service::SnapshotServer::new(core.clone()),
+            fp_auth,
+        ))
+        .add_service(RegistryServiceServer::with_interceptor(
+            registry_server::RegistryServer::new(core.clone()),
+            agent_auth,
+        ))
+}
+
+/// FastPath v1 + v2 and health only, with no credentials (see
+/// [`ControllerConfig::open_fastpath_listen`]): no native API (its
+/// snapshots, volumes and warm pools are not the OpenSandbox server's
+/// business) and no RegistryService (nothing here may pose as an agent).
+async fn open_fastpath_router(core: &Arc<Core>) -> Router {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<V2Server<fastpath::v2::FastPathV2>>()
+        .await;
+    reporter
+        .set_serving::<V1Server<fastpath::v1::FastPathV1>>()
+        .await;
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(V2Server::new(fastpath::v2::FastPathV2::new(core.clone())))
+        .add_service(V1Server::new(fastpath::v1::FastPathV1::new(core.clone())))
 }
 
 /// Sleeps `period`; true if the stop signal came first.
@@ -217,6 +302,12 @@ async fn stopped(rx: &mut watch::Receiver<bool>, period: Duration) -> bool {
 impl ControllerHandle {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The tokenless FastPath port, when configured
+    /// ([`ControllerConfig::open_fastpath_listen`]).
+    pub fn open_fastpath_addr(&self) -> Option<SocketAddr> {
+        self.open_addr
     }
 
     pub fn core(&self) -> &Arc<Core> {

@@ -90,6 +90,9 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
         network_policy_transition_unix_ms: 1_700_000_000_456,
         ip_address: "10.203.0.9".into(),
         claimed_warm: true,
+        // The store's to fill from the object.
+        api_uid: String::new(),
+        api_generation: 0,
     }
 }
 

@@ -348,6 +348,10 @@ async fn sandbox_records_keep_their_warm_pool_and_claim() {
     let created = store.create(&record).unwrap();
     let mut want = record.clone();
     want.revision = created.revision.clone();
+    // The API server's identity of the object comes with the record.
+    assert!(!created.api_uid.is_empty() && created.api_generation > 0);
+    want.api_uid = created.api_uid.clone();
+    want.api_generation = created.api_generation;
     assert_eq!(created, want);
     // Through the watch (a fresh store reads only the API's copy).
     drop(store);

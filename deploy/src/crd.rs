@@ -6,7 +6,7 @@ use anyhow::Context;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{Sandbox, SandboxPool, SandboxSnapshot, SandboxWarmPool};
+use crate::{Sandbox, SandboxPool, SandboxSnapshot, SandboxTemplate, SandboxWarmPool};
 
 /// Command that rewrites every checked-in CRD file from the types.
 pub const REGENERATE: &str =
@@ -24,6 +24,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         SandboxPool::crd(),
         SandboxWarmPool::crd(),
         SandboxSnapshot::crd(),
+        SandboxTemplate::crd(),
     ]
 }
 

@@ -12,6 +12,9 @@
 //! - [`snapshot::SandboxSnapshot`] (`sandbolt.io/v1alpha1`): one sandbox
 //!   snapshot's record (a sandbox's filesystem committed on its node, the
 //!   parent of the sandboxes restored from it).
+//! - [`template::SandboxTemplate`] (`sandbox.fast.io/v1alpha2`): an image and
+//!   its defaults that creates name, in the shape the OpenSandbox server
+//!   writes.
 //!
 //! The CRD YAML in `deploy/crds/` and `deploy/helm/sandbolt/crds/` is
 //! generated from these types by [`crd`] (`cargo run -p sandbolt-deploy --bin
@@ -21,9 +24,11 @@ pub mod crd;
 pub mod pool;
 pub mod sandbox;
 pub mod snapshot;
+pub mod template;
 pub mod warm_pool;
 
 pub use pool::{SandboxPool, SandboxPoolSpec, SandboxPoolStatus};
 pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};
 pub use snapshot::{SandboxSnapshot, SandboxSnapshotSpec};
+pub use template::{SandboxTemplate, SandboxTemplateSpec, SandboxTemplateStatus};
 pub use warm_pool::{SandboxWarmPool, SandboxWarmPoolSpec, SandboxWarmPoolStatus};

@@ -14,6 +14,11 @@
 //!   `status.observedGeneration`: the server calls a sandbox ready only when
 //!   both are at least `metadata.generation` and both states are `Ready`.
 //! - user metadata as labels prefixed [`METADATA_LABEL_PREFIX`].
+//! - the egress policy as `spec.actionBindings[handler=egress].input` (the
+//!   policy JSON, which the server reads back and replaces whole), and each
+//!   binding's delivery in `status.actionBindings[].state`.
+//! - the Ready condition's `reason` (the server's `status.reason`),
+//!   `message` and `lastTransitionTime`.
 
 use std::collections::BTreeMap;
 
@@ -35,6 +40,9 @@ pub const METADATA_LABEL_PREFIX: &str = "metadata.sandbox.fast.io/";
 pub const FINALIZER: &str = "sandbolt.io/sandbox-cleanup";
 /// Type of the condition the OpenSandbox server reads.
 pub const READY_CONDITION: &str = "Ready";
+/// The one action handler sandbolt understands: its input is the
+/// OpenSandbox `networkPolicy` JSON.
+pub const EGRESS_HANDLER: &str = "egress";
 
 /// What the user asked for.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -107,6 +115,22 @@ pub struct SandboxSpec {
     /// normalized it; absent: all egress the node's isolation allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<SandboxNetworkPolicy>,
+    /// FastPath action bindings; sandbolt understands the `egress` handler,
+    /// whose `input` is the same policy as `networkPolicy` as JSON (the
+    /// OpenSandbox server reads and replaces the policy here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub action_bindings: Vec<ActionBinding>,
+}
+
+/// A FastPath action binding: a handler and its input.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActionBinding {
+    #[schemars(length(min = 1))]
+    pub handler: String,
+    /// The handler's input (`egress`: the networkPolicy JSON).
+    #[serde(default)]
+    pub input: String,
 }
 
 /// OpenSandbox `networkPolicy`: rules evaluated in order, the first whose
@@ -193,6 +217,30 @@ pub struct SandboxStatus {
     /// Node the sandbox runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// Delivery of each of `spec.actionBindings`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub action_bindings: Vec<ActionBindingStatus>,
+}
+
+/// How far one action binding got.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActionBindingStatus {
+    pub handler: String,
+    pub state: ActionState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+/// FastPath v2 `ActionState` (without UNSPECIFIED), as the server spells it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ActionState {
+    Pending,
+    Applying,
+    Ready,
+    Failed,
 }
 
 /// The container's state.

@@ -766,3 +766,246 @@ fn snapshots_ship_with_the_chart_and_the_controller_may_keep_them() {
         );
     }
 }
+
+/// Values for an OpenSandbox server in namespace `opensandbox`: the open
+/// FastPath port for it, mutual TLS for other clients, and the gateway.
+fn opensandbox_values() -> Value {
+    json!({
+        "controller": {"fastpath": {
+            "open": {
+                "enabled": true,
+                "port": 9093,
+                "clientPodSelector": {"matchLabels": {"app.kubernetes.io/name": "opensandbox-server"}},
+                "clientNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "opensandbox"}}
+            },
+            "tls": {"enabled": true, "secretName": "fastpath-tls"}
+        }},
+        "lifecycle": {"gateway": {"enabled": true, "port": 8081}}
+    })
+}
+
+/// The ingress rules of the controller's NetworkPolicy that name `port`.
+fn rules_for_port(policy: &Value, port: u64) -> Vec<Value> {
+    policy["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["port"] == port)
+        })
+        .cloned()
+        .collect()
+}
+
+fn port_named<'a>(service: &'a Value, name: &str) -> &'a Value {
+    service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no port {name} in {service}"))
+}
+
+#[test]
+fn open_fastpath_port_reaches_only_the_opensandbox_server() {
+    let (objs, notes) = check(Some(opensandbox_values()), &[])
+        .unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    let c = container(ctl, "controller");
+    assert_real_flags(c);
+    assert!(
+        args(c).contains(&"--open-fastpath-listen=0.0.0.0:9093".into()),
+        "{:?}",
+        args(c)
+    );
+    assert!(c["ports"].as_array().unwrap().contains(&json!(
+        {"name": "fastpath-open", "containerPort": 9093, "protocol": "TCP"}
+    )));
+    // Still the token on the main port, and the probe stays there.
+    assert_eq!(
+        env(c, "SANDBOLT_FASTPATH_TOKEN")["valueFrom"]["secretKeyRef"]["key"],
+        "fastpath-token"
+    );
+    assert_eq!(c["readinessProbe"]["grpc"]["port"], 9090);
+    let svc = find(&objs, "Service", "sb-sandbolt-fastpath");
+    assert_eq!(port_named(svc, "fastpath-open")["port"], 9093);
+    assert_eq!(port_named(svc, "fastpath")["port"], 9090);
+
+    // The open port admits exactly the server's pods in its namespace; the
+    // main port's rule (agents, janitors, labelled clients) does not cover it.
+    let policy = find(&objs, "NetworkPolicy", "sb-sandbolt-controller");
+    let open = rules_for_port(policy, 9093);
+    assert_eq!(open.len(), 1, "{policy}");
+    assert_eq!(
+        open[0]["from"],
+        json!([{
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "opensandbox-server"}},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "opensandbox"}}
+        }])
+    );
+    let main = rules_for_port(policy, 9090);
+    assert_eq!(main.len(), 1);
+    assert!(main[0]["ports"].as_array().unwrap().len() == 1, "{main:?}");
+    assert!(
+        notes.contains(r#"fastpath_endpoint = "sb-sandbolt-fastpath.sandbolt.svc:9093""#),
+        "{notes}"
+    );
+
+    // Without a namespace selector: the release's namespace only.
+    let mut same_ns = opensandbox_values();
+    same_ns["controller"]["fastpath"]["open"]["clientNamespaceSelector"] = json!({});
+    let (objs, _) = check(Some(same_ns), &[]).unwrap_or_else(|e| panic!("{e}"));
+    let policy = find(&objs, "NetworkPolicy", "sb-sandbolt-controller");
+    assert_eq!(
+        rules_for_port(policy, 9093)[0]["from"],
+        json!([{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "opensandbox-server"}}}])
+    );
+}
+
+#[test]
+fn fastpath_mutual_tls_mounts_the_secret_and_passes_its_files() {
+    let (objs, notes) = check(Some(opensandbox_values()), &[]).unwrap_or_else(|e| panic!("{e}"));
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    let c = container(ctl, "controller");
+    for flag in [
+        "--fastpath-tls-cert=/etc/sandbolt/fastpath-tls/tls.crt",
+        "--fastpath-tls-key=/etc/sandbolt/fastpath-tls/tls.key",
+        "--fastpath-client-ca=/etc/sandbolt/fastpath-tls/ca.crt",
+    ] {
+        assert!(args(c).contains(&flag.into()), "{flag} in {:?}", args(c));
+    }
+    assert!(mounts(c).contains(&"/etc/sandbolt/fastpath-tls".into()));
+    let volume = ctl["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "fastpath-tls")
+        .expect("fastpath-tls volume");
+    assert_eq!(volume["secret"]["secretName"], "fastpath-tls");
+    assert!(
+        notes.contains("client certificate signed by the CA in Secret fastpath-tls"),
+        "{notes}"
+    );
+}
+
+#[test]
+fn gateway_runs_in_the_lifecycle_container_with_the_shared_keys() {
+    let (objs, notes) = check(Some(opensandbox_values()), &[]).unwrap_or_else(|e| panic!("{e}"));
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    let l = container(ctl, "lifecycle");
+    assert_real_flags(l);
+    assert!(
+        args(l).contains(&"--gateway-listen=0.0.0.0:8081".into()),
+        "{:?}",
+        args(l)
+    );
+    let keys = &env(l, "OPENSANDBOX_SECURE_ACCESS_KEYS")["valueFrom"]["secretKeyRef"];
+    assert_eq!(keys["name"], "sb-sandbolt-gateway-keys");
+    assert_eq!(keys["key"], "OPENSANDBOX_SECURE_ACCESS_KEYS");
+    assert_eq!(
+        port_named(find(&objs, "Service", "sb-sandbolt-lifecycle"), "gateway")["port"],
+        8081
+    );
+    let policy = find(&objs, "NetworkPolicy", "sb-sandbolt-controller");
+    assert_eq!(rules_for_port(policy, 8081).len(), 1, "{policy}");
+
+    // The generated key ring is in the server's format: "<kid>=<base64>"
+    // with a one-character key id, and that id active.
+    let secret: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(find(&objs, "Secret", "sb-sandbolt-gateway-keys").clone()).unwrap();
+    let data = secret.data.expect("data");
+    let ring = String::from_utf8(data["OPENSANDBOX_SECURE_ACCESS_KEYS"].0.clone()).unwrap();
+    let (kid, key) = ring.split_once('=').expect("kid=base64");
+    assert_eq!(kid, "k");
+    assert!(
+        key.len() >= 44
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+/=".contains(c)),
+        "{ring}"
+    );
+    assert_eq!(data["OPENSANDBOX_SECURE_ACCESS_ACTIVE_KEY"].0, b"k");
+    assert!(notes.contains("Secret sb-sandbolt-gateway-keys"), "{notes}");
+
+    // An operator's Secret instead: nothing generated, the env points at it.
+    let mut own = opensandbox_values();
+    own["lifecycle"]["gateway"]["keysSecret"] = json!("opensandbox-keys");
+    let (objs, _) = check(Some(own), &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        !names(&objs).iter().any(|n| n.contains("gateway-keys")),
+        "{:?}",
+        names(&objs)
+    );
+    let l = container(
+        find(&objs, "Deployment", "sb-sandbolt-controller"),
+        "lifecycle",
+    );
+    assert_eq!(
+        env(l, "OPENSANDBOX_SECURE_ACCESS_KEYS")["valueFrom"]["secretKeyRef"]["name"],
+        "opensandbox-keys"
+    );
+}
+
+#[test]
+fn by_default_there_is_no_open_port_no_tls_and_no_gateway() {
+    let (objs, _) = check(None, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    let c = container(ctl, "controller");
+    assert!(
+        !args(c)
+            .iter()
+            .any(|a| a.starts_with("--open-fastpath") || a.starts_with("--fastpath-tls")),
+        "{:?}",
+        args(c)
+    );
+    assert!(
+        !args(container(ctl, "lifecycle"))
+            .iter()
+            .any(|a| a.starts_with("--gateway"))
+    );
+    assert_eq!(
+        find(&objs, "Service", "sb-sandbolt-fastpath")["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(!names(&objs).iter().any(|n| n.contains("gateway-keys")));
+}
+
+#[test]
+fn unsafe_fastpath_and_gateway_values_are_refused() {
+    let mut no_selector = opensandbox_values();
+    no_selector["controller"]["fastpath"]["open"]["clientPodSelector"] = json!({});
+    let mut no_policy = opensandbox_values();
+    no_policy["networkPolicy"] = json!({"enabled": false});
+    let mut same_port = opensandbox_values();
+    same_port["controller"]["fastpath"]["open"]["port"] = json!(9090);
+    let mut tls_no_secret = opensandbox_values();
+    tls_no_secret["controller"]["fastpath"]["tls"]["secretName"] = json!("");
+    let mut tls_no_token = opensandbox_values();
+    tls_no_token["controller"]["fastpath"]["requireToken"] = json!(false);
+    let mut gateway_alone = opensandbox_values();
+    gateway_alone["lifecycle"]["enabled"] = json!(false);
+    for (values, why) in [
+        (
+            no_selector,
+            "needs controller.fastpath.open.clientPodSelector",
+        ),
+        (no_policy, "needs networkPolicy.enabled"),
+        (same_port, "open.port must differ"),
+        (tls_no_secret, "needs controller.fastpath.tls.secretName"),
+        (tls_no_token, "needs controller.fastpath.requireToken"),
+        (
+            gateway_alone,
+            "lifecycle.gateway.enabled needs lifecycle.enabled",
+        ),
+    ] {
+        let err = check(Some(values.clone()), &[]).expect_err(&format!("{values} was accepted"));
+        assert!(err.contains(why), "{values}: expected {why:?} in:\n{err}");
+    }
+}

@@ -11,10 +11,12 @@ use sandbolt_deploy::sandbox::{
     self, DataPlaneState, DataPlaneStatus, RuntimeState, RuntimeStatus,
 };
 use sandbolt_deploy::snapshot::{SnapshotPhase, SnapshotVolume};
+use sandbolt_deploy::template::{self, TemplatePhase};
 use sandbolt_deploy::warm_pool::{WarmPoolCapacity, WarmPoolTemplate};
 use sandbolt_deploy::{
     Sandbox, SandboxPool, SandboxPoolSpec, SandboxSnapshot, SandboxSnapshotSpec, SandboxSpec,
-    SandboxStatus, SandboxWarmPool, SandboxWarmPoolSpec,
+    SandboxStatus, SandboxTemplate, SandboxTemplateSpec, SandboxTemplateStatus, SandboxWarmPool,
+    SandboxWarmPoolSpec,
 };
 
 #[test]
@@ -197,6 +199,7 @@ fn ready_sandbox(generation: i64, observed: i64, cond_observed: i64) -> Sandbox 
         observed_generation: Some(observed),
         agent_id: None,
         node_name: None,
+        action_bindings: Vec::new(),
     });
     sb
 }
@@ -515,4 +518,127 @@ fn snapshot_serializes_in_camel_case_without_unset_fields() {
     .unwrap();
     assert_eq!(read.phase, SnapshotPhase::Pending);
     assert!(read.volumes.is_empty() && read.size_bytes == 0 && read.uid.is_empty());
+}
+
+/// A SandboxTemplate exactly as the OpenSandbox server 1.1.1 writes it
+/// (`template_service.py::_build_crd`, every optional part present).
+fn server_written_template() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "sandbox.fast.io/v1alpha2",
+        "kind": "SandboxTemplate",
+        "metadata": {
+            "name": "tpl-0b4b7c1e-3c1f-4a57-9d7e-2f1d1b0b9c11",
+            "namespace": "opensandbox",
+            "labels": {"team": "a"}
+        },
+        "spec": {
+            "image": "python:3.12",
+            "indexKey": "tpl-0b4b7c1e-3c1f-4a57-9d7e-2f1d1b0b9c11",
+            "entrypoint": ["tail", "-f", "/dev/null"],
+            "execd": "opensandbox/execd:v1",
+            "kernel": "vmlinux.bin",
+            "machine": {"vcpu": "1", "memory": "512Mi"},
+            "output": {
+                "rootfsSize": "2Gi",
+                "format": "overlaybd",
+                "publish": "s3://bucket/prefix",
+                "publishSecretRef": {"name": "sandbox-oss-credentials"}
+            },
+            "envs": [{"name": "A", "value": "1"}],
+            "readiness": {"probe": "tcp://127.0.0.1:44772", "warmupSeconds": 5}
+        }
+    })
+}
+
+#[test]
+fn template_keeps_every_field_the_opensandbox_server_writes() {
+    let written = server_written_template();
+    let t: SandboxTemplate = serde_json::from_value(written.clone()).unwrap();
+    assert_eq!(
+        yaml(&t),
+        written,
+        "a field the server writes is lost or renamed"
+    );
+    assert!(t.is_named("tpl-0b4b7c1e-3c1f-4a57-9d7e-2f1d1b0b9c11"));
+    assert!(!t.is_named("python:3.12"));
+    // kubectl may write a bare image, and quantities as numbers.
+    let minimal: SandboxTemplateSpec =
+        serde_json::from_value(serde_json::json!({"image": "busybox", "machine": {"vcpu": 2}}))
+            .unwrap();
+    assert_eq!(minimal.machine.unwrap().vcpu, Some(IntOrString::Int(2)));
+    assert!(minimal.envs.is_empty() && minimal.output.is_none());
+    // The status in the names the server reads.
+    let status = SandboxTemplateStatus {
+        phase: Some(TemplatePhase::Failed),
+        manifest_ref: Some("docker.io/library/python:3.12".into()),
+        observed_generation: Some(1),
+        conditions: vec![Condition {
+            type_: template::FAILED_CONDITION.into(),
+            status: "True".into(),
+            observed_generation: Some(1),
+            reason: "InvalidSpec".into(),
+            message: "spec.image: bad".into(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }],
+    };
+    let v = yaml(&status);
+    assert_eq!(v["phase"], "Failed");
+    assert_eq!(v["manifestRef"], "docker.io/library/python:3.12");
+    assert_eq!(v["conditions"][0]["type"], "Failed");
+    assert_eq!(v["conditions"][0]["message"], "spec.image: bad");
+}
+
+#[test]
+fn template_crd_admits_what_the_opensandbox_server_writes() {
+    let crd = yaml(&SandboxTemplate::crd());
+    assert_eq!(crd["metadata"]["name"], "sandboxtemplates.sandbox.fast.io");
+    assert_eq!(crd["spec"]["group"], "sandbox.fast.io");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(crd["spec"]["names"]["kind"], "SandboxTemplate");
+    assert_eq!(crd["spec"]["names"]["plural"], "sandboxtemplates");
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(v["name"], "v1alpha2");
+    assert_eq!((&v["served"], &v["storage"]), (&true.into(), &true.into()));
+    assert_eq!(v["subresources"]["status"], serde_json::json!({}));
+    let schema = &v["schema"]["openAPIV3Schema"]["properties"];
+    let spec = &schema["spec"];
+    assert_eq!(spec["required"], serde_json::json!(["image"]));
+    // Every path of the server's object is in the schema (a structural
+    // schema prunes what it does not declare).
+    fn check_paths(value: &serde_json::Value, schema: &serde_json::Value, path: &str) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                for (k, v) in fields {
+                    let sub = &schema["properties"][k];
+                    assert!(sub.is_object(), "{path}.{k} is not in the CRD schema");
+                    check_paths(v, sub, &format!("{path}.{k}"));
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for v in items {
+                    check_paths(v, &schema["items"], &format!("{path}[]"));
+                }
+            }
+            _ => {}
+        }
+    }
+    check_paths(&server_written_template()["spec"], spec, "spec");
+    let status = &schema["status"]["properties"];
+    for field in ["phase", "manifestRef", "conditions", "observedGeneration"] {
+        assert!(
+            status[field].is_object(),
+            "status.{field} missing: {status}"
+        );
+    }
+    let mut phases: Vec<&str> = status["phase"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    phases.sort_unstable();
+    assert_eq!(phases, ["Building", "Failed", "Pending", "Succeeded"]);
+    assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
+    assert_eq!(printer_columns(v), ["Image", "Phase", "Manifest", "Age"]);
+    assert!(is_generated("sandboxtemplates.sandbox.fast.io.yaml"));
 }

@@ -1,7 +1,7 @@
 //! Request routing: URL layout, verbs, authentication, fault injection and
 //! the JSON in and out of each verb.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,18 +122,23 @@ fn discovery(shared: &Shared, route: &Route, addr: &str) -> Value {
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": addr}]
         }),
         Route::Groups => {
-            let mut groups: Vec<(&str, &str)> = store
-                .kinds
+            // One entry per group with all its versions, whatever order the
+            // kinds were registered in.
+            let mut versions: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for k in store.kinds.iter().filter(|k| !k.group.is_empty()) {
+                let group = versions.entry(k.group.as_str()).or_default();
+                if !group.contains(&k.version.as_str()) {
+                    group.push(k.version.as_str());
+                }
+            }
+            let groups: Vec<Value> = versions
                 .iter()
-                .filter(|k| !k.group.is_empty())
-                .map(|k| (k.group, k.version))
-                .collect();
-            groups.dedup();
-            let groups: Vec<Value> = groups
-                .iter()
-                .map(|(g, v)| {
-                    let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
-                    json!({"name": g, "versions": [gv], "preferredVersion": gv})
+                .map(|(g, vs)| {
+                    let gvs: Vec<Value> = vs
+                        .iter()
+                        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+                        .collect();
+                    json!({"name": g, "versions": gvs, "preferredVersion": gvs[0]})
                 })
                 .collect();
             json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
@@ -143,7 +148,7 @@ fn discovery(shared: &Shared, route: &Route, addr: &str) -> Value {
             for k in store
                 .kinds
                 .iter()
-                .filter(|k| k.group == group && k.version == version)
+                .filter(|k| &k.group == group && &k.version == version)
             {
                 resources.push(json!({
                     "name": k.plural, "singularName": k.kind.to_lowercase(), "namespaced": k.namespaced,
@@ -205,8 +210,14 @@ fn query_map(query: Option<&str>) -> HashMap<String, String> {
         .collect()
 }
 
+/// A boolean query parameter as the API server decodes it
+/// (apimachinery's `Convert_Slice_string_To_bool`): absent, "0" or "false"
+/// in any case is false; anything else is true, so every `strconv.ParseBool`
+/// true form ("1", "t", "T", "TRUE", "true", "True") and even an empty
+/// value are true. Note "f" / "F" are true there too, unlike ParseBool.
 fn is_true(q: &HashMap<String, String>, key: &str) -> bool {
-    q.get(key).is_some_and(|v| v == "true" || v == "1")
+    q.get(key)
+        .is_some_and(|v| v != "0" && !v.eq_ignore_ascii_case("false"))
 }
 
 fn parse_json_body(body: &[u8], content_type: &str) -> Result<Value, ApiError> {

@@ -11,8 +11,19 @@
 //! `sandbox.fast.io/v1alpha2` `sandboxes`, `sandbolt.io/v1alpha1`
 //! `sandboxpools` and `sandboxwarmpools` (custom resources, status
 //! subresource) and `sandboxsnapshots` (custom resource, no status
-//! subresource). All namespaced;
-//! every namespace implicitly exists.
+//! subresource) are built in. More custom kinds come from
+//! CustomResourceDefinition files ([`ApiDouble::register_crds`],
+//! [`ApiDouble::register_crd`]: group, plural, kind, the served storage
+//! version, the status subresource) or are named directly
+//! ([`ApiDouble::register_kind`], e.g. kinds a client lists that nobody
+//! here writes). All namespaced; every namespace implicitly exists.
+//!
+//! # As a process
+//! The `kube-double` binary serves the same on `--listen`, registers
+//! `--crds DIR`, writes `--kubeconfig-out` ([`ApiDouble::write_kubeconfig`],
+//! read by kube-rs and the Python `kubernetes` client) and prints its URL,
+//! for clients in other processes (the OpenSandbox server, a controller
+//! binary).
 //!
 //! # Implemented
 //! - Paths `/api/v1/namespaces/{ns}/{plural}[/{name}[/status]]`, the same
@@ -49,6 +60,9 @@
 //!   `sendInitialEvents` with the `k8s.io/initial-events-end` bookmark,
 //!   periodic bookmarks (every [`BOOKMARK_INTERVAL`]), `timeoutSeconds`,
 //!   selectors.
+//! - Boolean query parameters (`watch`, `allowWatchBookmarks`,
+//!   `sendInitialEvents`) decoded as the API server does: only absent,
+//!   "0" and "false" (any case) are false.
 //! - `meta/v1 Status` error bodies; bearer-token authentication (401).
 //! - Test controls: fault injection, closing watches, outage, request
 //!   counters, compaction.
@@ -60,11 +74,16 @@
 //! `propagationPolicy` is ignored and owner references cascade nothing),
 //! graceful pod deletion (pods go at once, as unscheduled pods do), pod
 //! spec validation, namespaces as objects, RBAC, admission, protobuf, TLS,
-//! HTTP/2, and objects that stop matching a watch's selector being sent as
-//! DELETED.
+//! HTTP/2, objects that stop matching a watch's selector being sent as
+//! DELETED, CRDs as API objects (`customresourcedefinitions` is not
+//! served; register them through the API above), cluster-scoped custom
+//! kinds, several served versions of one kind (conversion), and CRD schema
+//! validation or pruning.
 
+mod crd;
 mod http;
 mod kinds;
+mod kubeconfig;
 mod patch;
 mod selectors;
 mod server;
@@ -73,13 +92,16 @@ mod store;
 mod validation;
 mod watch;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use crd::CrdError;
+pub use kinds::{CustomKind, KindError};
 pub use watch::BOOKMARK_INTERVAL;
 
 use server::Shared;
@@ -93,23 +115,91 @@ pub struct ApiDouble {
 }
 
 impl ApiDouble {
-    /// Binds 127.0.0.1:0 (plain HTTP), registers the built-in kinds and
-    /// serves until shutdown.
+    /// Binds 127.0.0.1:0 (plain HTTP) with a random token, registers the
+    /// built-in kinds and serves until shutdown.
     pub async fn start() -> ApiDouble {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        ApiDouble::start_with(StartOptions::default())
             .await
-            .expect("bind 127.0.0.1:0 for the kube API double");
-        let addr = listener.local_addr().expect("bound socket has an address");
-        let token = format!("double-{}", uuid::Uuid::new_v4().simple());
+            .expect("bind 127.0.0.1:0 for the kube API double")
+    }
+
+    /// As [`ApiDouble::start`], on `options.listen` and with
+    /// `options.token` when given.
+    pub async fn start_with(options: StartOptions) -> std::io::Result<ApiDouble> {
+        let listener = TcpListener::bind(options.listen).await?;
+        let addr = listener.local_addr()?;
+        let token = options
+            .token
+            .unwrap_or_else(|| format!("double-{}", uuid::Uuid::new_v4().simple()));
         let shared = Arc::new(Shared::new(token));
         let (stop, stopped) = oneshot::channel();
         let server = tokio::spawn(server::serve(listener, shared.clone(), stopped));
-        ApiDouble {
+        Ok(ApiDouble {
             shared,
             addr,
             stop: Some(stop),
             server: Some(server),
+        })
+    }
+
+    /// Serves `kind` from now on (e.g. a kind the code under test lists
+    /// but nobody writes, such as `sandbox.opensandbox.io/v1alpha1`
+    /// `batchsandboxes`). Registering the group and plural of a custom kind
+    /// again replaces its definition and keeps its objects, as updating a
+    /// CRD does.
+    pub fn register_kind(&self, kind: &CustomKind) -> Result<(), KindError> {
+        let served = kinds::Kind::from_custom(kind)?;
+        self.shared.store.lock().register(served)?;
+        Ok(())
+    }
+
+    /// Serves the kinds of the `apiextensions.k8s.io/v1`
+    /// CustomResourceDefinitions in `yaml` (one or more documents): group,
+    /// plural, kind, the storage version and its status subresource.
+    /// Namespaced CRDs with one served version only. Returns the kinds.
+    pub fn register_crd(&self, yaml: &str) -> Result<Vec<CustomKind>, CrdError> {
+        self.register_crd_from(yaml, "CRD text")
+    }
+
+    /// [`ApiDouble::register_crd`] for every `.yaml` / `.yml` file of `dir`
+    /// (e.g. `deploy/crds`), in name order; at least one CRD must be there.
+    pub fn register_crds(&self, dir: &Path) -> Result<Vec<CustomKind>, CrdError> {
+        let mut kinds = Vec::new();
+        for path in crd::files(dir)? {
+            let yaml = std::fs::read_to_string(&path).map_err(|source| CrdError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            kinds.extend(self.register_crd_from(&yaml, &path.display().to_string())?);
         }
+        if kinds.is_empty() {
+            return Err(CrdError::NoCrds {
+                dir: dir.to_path_buf(),
+            });
+        }
+        Ok(kinds)
+    }
+
+    /// Parses every document before registering any, so a bad file
+    /// registers nothing.
+    fn register_crd_from(&self, yaml: &str, origin: &str) -> Result<Vec<CustomKind>, CrdError> {
+        let kinds = crd::parse(yaml, origin)?;
+        for kind in &kinds {
+            self.register_kind(kind).map_err(|source| CrdError::Kind {
+                name: format!("{}.{}", kind.plural, kind.group),
+                source,
+            })?;
+        }
+        Ok(kinds)
+    }
+
+    /// Writes a kubeconfig for the double to `path` (mode 0600, replaced
+    /// atomically): one cluster with [`ApiDouble::url`] as its server, one
+    /// user with the bearer token, one context (namespace "default")
+    /// selected as current-context. kube-rs (`KUBECONFIG`) and the Python
+    /// `kubernetes` client (`config.load_kube_config`) both read it.
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        kubeconfig::write(path, &self.url(), self.token())
     }
 
     /// A `kube::Client` for the double, authenticating with its token and
@@ -131,9 +221,22 @@ impl ApiDouble {
         config
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT`: the bound address, or loopback when the
+    /// double listens on all addresses (0.0.0.0 / ::), which is no address
+    /// to connect to.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let mut addr = self.addr;
+        match addr.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => addr.set_ip(Ipv4Addr::LOCALHOST.into()),
+            IpAddr::V6(ip) if ip.is_unspecified() => addr.set_ip(Ipv6Addr::LOCALHOST.into()),
+            _ => {}
+        }
+        format!("http://{addr}")
+    }
+
+    /// The address the double is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// The bearer token every request must carry.
@@ -188,6 +291,24 @@ impl ApiDouble {
         }
         if let Some(server) = self.server.take() {
             let _ = server.await;
+        }
+    }
+}
+
+/// Where and how [`ApiDouble::start_with`] serves.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// Default `127.0.0.1:0` (a free port).
+    pub listen: SocketAddr,
+    /// The bearer token clients must send; default a random one.
+    pub token: Option<String>,
+}
+
+impl Default for StartOptions {
+    fn default() -> Self {
+        StartOptions {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            token: None,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use crate::kinds::{self, Kind};
+use crate::kinds::{self, Kind, KindError};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
 use crate::validation::{is_dns1123_subdomain, is_label_key, is_label_value};
@@ -457,6 +457,34 @@ impl Store {
         self.kinds
             .iter()
             .position(|k| k.group == group && k.version == version && k.plural == plural)
+    }
+
+    /// Serves `kind`: a new kind, or the new definition of the custom kind
+    /// with the same group and plural, as updating its CRD would (its
+    /// objects stay and read as the new version).
+    pub fn register(&mut self, kind: Kind) -> Result<KindId, KindError> {
+        if self
+            .kinds
+            .iter()
+            .any(|k| !k.custom && k.group == kind.group)
+        {
+            return Err(KindError::BuiltinGroup { group: kind.group });
+        }
+        let existing = self
+            .kinds
+            .iter()
+            .position(|k| k.custom && k.group == kind.group && k.plural == kind.plural);
+        let Some(kid) = existing else {
+            self.kinds.push(kind);
+            return Ok(self.kinds.len() - 1);
+        };
+        let (api_version, kind_name) = (kind.api_version(), kind.kind.clone());
+        for ((_, _, _), obj) in self.objects.iter_mut().filter(|((k, _, _), _)| *k == kid) {
+            obj["apiVersion"] = json!(api_version);
+            obj["kind"] = json!(kind_name);
+        }
+        self.kinds[kid] = kind;
+        Ok(kid)
     }
 
     pub fn resource_version(&self) -> u64 {

@@ -58,6 +58,9 @@ impl ControllerConfig {
     }
 }
 
+/// Cheap to clone: the clients share one channel. The fsb gateway holds a
+/// clone beside the API's.
+#[derive(Clone)]
 pub struct ControllerBackend {
     client: Client,
     /// `VolumeService` on the same channel and token.
@@ -479,11 +482,7 @@ impl ControllerBackend {
     }
 
     pub(crate) fn reference(&self, id: &str) -> pb::SandboxRef {
-        pb::SandboxRef {
-            namespace: self.namespace.clone(),
-            name: id.to_string(),
-            expected_uid: String::new(),
-        }
+        reference_in(&self.namespace, id)
     }
 
     pub(crate) fn client(&self) -> Client {
@@ -507,8 +506,12 @@ impl ControllerBackend {
     }
 
     pub(crate) async fn read(&self, id: &str) -> Result<pb::Sandbox, tonic::Status> {
+        self.read_in(&self.namespace, id).await
+    }
+
+    async fn read_in(&self, namespace: &str, id: &str) -> Result<pb::Sandbox, tonic::Status> {
         let req = pb::GetSandboxRequest {
-            sandbox: Some(self.reference(id)),
+            sandbox: Some(reference_in(namespace, id)),
         };
         Ok(self.client().get_sandbox(req).await?.into_inner())
     }
@@ -589,13 +592,9 @@ impl Backend for ControllerBackend {
     async fn get(&self, id: &str) -> ApiResult<SandboxRecord> {
         check_id(id)?;
         let sandbox = self
-            .client()
-            .get_sandbox(pb::GetSandboxRequest {
-                sandbox: Some(self.reference(id)),
-            })
+            .read(id)
             .await
-            .map_err(|s| map_status(Call::OnSandbox, id, s))?
-            .into_inner();
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?;
         Ok(to_record(&sandbox))
     }
 
@@ -826,22 +825,56 @@ impl Backend for ControllerBackend {
     }
 
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {
-        // Read from the controller every time; a cached answer would
-        // differ between replicas.
-        let rec = self.get(id).await?;
-        if rec.state == State::Paused {
-            return Err(paused_sandbox("SANDBOX_PAUSED", id));
-        }
-        self.route(id, port).await
+        self.proxy_route_in(&self.namespace, id, port).await
     }
 
-    #[tracing::instrument(name = "controller", skip_all, fields(call = "route", sandbox_id = %id, namespace = %self.namespace, port = port))]
     async fn route(&self, id: &str, port: u16) -> ApiResult<Route> {
+        self.resolve_in(&self.namespace, id, port).await
+    }
+}
+
+/// A reference to sandbox `id` of `namespace`, with no precondition.
+fn reference_in(namespace: &str, id: &str) -> pb::SandboxRef {
+    pb::SandboxRef {
+        namespace: namespace.to_string(),
+        name: id.to_string(),
+        expected_uid: String::new(),
+    }
+}
+
+/// Routes to sandboxes of any namespace: the fsb gateway's scopes name the
+/// namespace the OpenSandbox server created the sandbox in, which need not
+/// be the one this lifecycle serves.
+impl ControllerBackend {
+    /// [`Backend::proxy_route`] for sandbox `id` of `namespace`: refuses a
+    /// paused sandbox (409) rather than forwarding to a frozen process.
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "proxy_route", sandbox_id = %id, namespace = %namespace, port = port))]
+    pub(crate) async fn proxy_route_in(
+        &self,
+        namespace: &str,
+        id: &str,
+        port: u16,
+    ) -> ApiResult<Route> {
+        check_id(id)?;
+        // Read from the controller every time; a cached answer would
+        // differ between replicas.
+        let sandbox = self
+            .read_in(namespace, id)
+            .await
+            .map_err(|s| map_status(Call::OnSandbox, id, s))?;
+        if to_record(&sandbox).state == State::Paused {
+            return Err(paused_sandbox("SANDBOX_PAUSED", id));
+        }
+        self.resolve_in(namespace, id, port).await
+    }
+
+    #[tracing::instrument(name = "controller", skip_all, fields(call = "route", sandbox_id = %id, namespace = %namespace, port = port))]
+    async fn resolve_in(&self, namespace: &str, id: &str, port: u16) -> ApiResult<Route> {
         check_id(id)?;
         let ep = self
             .client()
             .resolve_endpoint(pb::ResolveEndpointRequest {
-                sandbox: Some(self.reference(id)),
+                sandbox: Some(reference_in(namespace, id)),
                 port: u32::from(port),
             })
             .await

@@ -16,6 +16,8 @@ mod docker_volumes;
 pub mod egress;
 pub mod error;
 pub mod expiry;
+pub mod gateway;
+pub mod gateway_scope;
 pub mod model;
 pub mod named_volumes;
 pub mod openapi;
@@ -39,6 +41,8 @@ pub use backend::{Backend, Route};
 pub use controller::{ControllerBackend, ControllerConfig};
 pub use docker::{DockerBackend, DockerConfig};
 pub use error::{ApiError, StartError};
+pub use gateway::GatewayConfig;
+pub use gateway_scope::KeyRing;
 
 /// Which engine runs the sandboxes.
 #[derive(Debug, Clone)]
@@ -72,6 +76,9 @@ pub struct LifecycleConfig {
     /// How often expired sandboxes are looked for (Docker backend; the
     /// controller expires its sandboxes itself).
     pub sweep_interval: Duration,
+    /// The fsb gateway for the OpenSandbox server's signed endpoints
+    /// (controller backend only).
+    pub gateway: Option<GatewayConfig>,
 }
 
 impl LifecycleConfig {
@@ -86,6 +93,7 @@ impl LifecycleConfig {
             data_dir: data_dir.into(),
             max_timeout_secs: validate::DEFAULT_MAX_TIMEOUT_SECS,
             sweep_interval: Duration::from_secs(5),
+            gateway: None,
         }
     }
 }
@@ -97,6 +105,8 @@ pub struct LifecycleHandle {
     server: JoinHandle<std::io::Result<()>>,
     /// `None` when the backend expires sandboxes itself.
     sweeper: Option<JoinHandle<()>>,
+    /// The fsb gateway's address and server, when one runs.
+    gateway: Option<(SocketAddr, JoinHandle<std::io::Result<()>>)>,
 }
 
 impl LifecycleHandle {
@@ -105,34 +115,80 @@ impl LifecycleHandle {
         self.addr
     }
 
+    /// The fsb gateway's bound address, when one runs.
+    pub fn gateway_addr(&self) -> Option<SocketAddr> {
+        self.gateway.as_ref().map(|(addr, _)| *addr)
+    }
+
     /// Stops accepting, finishes in-flight requests, stops the sweeper.
     pub async fn shutdown(self) -> std::io::Result<()> {
         let _ = self.shutdown.send(true);
         if let Some(s) = self.sweeper {
             s.abort();
         }
-        match self.server.await {
-            Ok(r) => r,
-            Err(e) if e.is_cancelled() => Ok(()),
-            Err(e) => Err(std::io::Error::other(e)),
-        }
+        let gateway = match self.gateway {
+            Some((_, server)) => server_result(server.await),
+            None => Ok(()),
+        };
+        server_result(self.server.await).and(gateway)
     }
 
-    /// Waits until the server stops on its own (an I/O error) or is shut down.
+    /// Waits until the API server (or the gateway) stops on its own (an I/O
+    /// error) or is shut down.
     pub async fn wait(&mut self) -> std::io::Result<()> {
-        match (&mut self.server).await {
-            Ok(r) => r,
-            Err(e) => Err(std::io::Error::other(e)),
+        match &mut self.gateway {
+            Some((_, gateway)) => tokio::select! {
+                r = &mut self.server => server_result(r),
+                r = gateway => server_result(r),
+            },
+            None => server_result((&mut self.server).await),
         }
     }
+}
+
+/// A server task's outcome; cancelled counts as stopped.
+fn server_result(
+    joined: Result<std::io::Result<()>, tokio::task::JoinError>,
+) -> std::io::Result<()> {
+    match joined {
+        Ok(r) => r,
+        Err(e) if e.is_cancelled() => Ok(()),
+        Err(e) => Err(std::io::Error::other(e)),
+    }
+}
+
+/// Serves `router` on `listener` until `stop` says so.
+fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
+    // Responses go out in more than one write (headers, then body): with
+    // Nagle's algorithm the second waits for the client's delayed ACK
+    // of the first, ~40 ms with Python's HTTP clients (the SDK).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
+    tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            })
+            .await
+    })
 }
 
 pub struct Lifecycle;
 
 impl Lifecycle {
     /// Connects the configured backend and serves the API.
-    pub async fn start(config: LifecycleConfig) -> Result<LifecycleHandle, StartError> {
+    pub async fn start(mut config: LifecycleConfig) -> Result<LifecycleHandle, StartError> {
         match config.backend.clone() {
+            BackendConfig::Docker(_) if config.gateway.is_some() => Err(StartError::Config(
+                "the fsb gateway needs the controller backend: it routes to sandboxes by namespace and id, which only the controller resolves".into(),
+            )),
             BackendConfig::Docker(d) => {
                 let backend = DockerBackend::connect(d, &config.data_dir).await?;
                 backend.check_host_roots(&config.allow_host_paths).await?;
@@ -140,16 +196,31 @@ impl Lifecycle {
             }
             BackendConfig::Controller(c) => {
                 let backend = ControllerBackend::connect(c).await?;
-                Self::start_with(config, backend).await
+                let gateway = match config.gateway.take() {
+                    Some(g) => Some(gateway::bind(&g, backend.clone()).await?),
+                    None => None,
+                };
+                let mut handle = Self::start_with(config, backend).await?;
+                if let Some(g) = gateway {
+                    let server = serve(g.listener, g.router, handle.shutdown.subscribe());
+                    handle.gateway = Some((g.addr, server));
+                }
+                Ok(handle)
             }
         }
     }
 
-    /// Serves the API over an already-built backend.
+    /// Serves the API over an already-built backend (no gateway: that is
+    /// [`Lifecycle::start`]'s, on the controller backend).
     pub async fn start_with<B: Backend>(
         config: LifecycleConfig,
         backend: B,
     ) -> Result<LifecycleHandle, StartError> {
+        if config.gateway.is_some() {
+            return Err(StartError::Config(
+                "the fsb gateway is started by Lifecycle::start on the controller backend".into(),
+            ));
+        }
         let api_key = match (&config.api_key, config.insecure_no_auth) {
             (Some(k), _) if !k.trim().is_empty() => Some(k.clone()),
             (_, true) => {
@@ -202,7 +273,7 @@ impl Lifecycle {
             addr: config.listen,
             source,
         })?;
-        let (tx, mut rx) = watch::channel(false);
+        let (tx, rx) = watch::channel(false);
         // One sweeper per sandbox: where the engine expires sandboxes, a
         // sweep here would be a second one per replica, racing renewals.
         let sweeper = sweeps.then(|| {
@@ -212,28 +283,14 @@ impl Lifecycle {
                 tx.subscribe(),
             ))
         });
-        let router = api::router(app);
-        // Responses go out in more than one write (headers, then body): with
-        // Nagle's algorithm the second waits for the client's delayed ACK
-        // of the first, ~40 ms with Python's HTTP clients (the SDK).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "TCP_NODELAY not set");
-            }
-        });
-        let server = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|stop| *stop).await;
-                })
-                .await
-        });
+        let server = serve(listener, api::router(app), rx);
         tracing::info!(%addr, "lifecycle API serving");
         Ok(LifecycleHandle {
             addr,
             shutdown: tx,
             server,
             sweeper,
+            gateway: None,
         })
     }
 }

@@ -60,6 +60,21 @@ pub fn python() -> Result<PathBuf, TestbedError> {
     Ok(PathBuf::from(stdout.trim()))
 }
 
+/// The `opensandbox-server` 1.1.1 executable, in its own venv
+/// (`target/opensandbox-server-venv`; its `python` sits beside it with the
+/// server's `kubernetes` client). Runs `benches/python/server-env.sh` once
+/// per process, which creates or refreshes the venv from PyPI: a separate
+/// venv because the server needs grpcio/protobuf versions the pinned
+/// contract clients of `.venv/` cannot share.
+pub fn opensandbox_server() -> Result<PathBuf, TestbedError> {
+    static SERVER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    made_once(&SERVER, || {
+        let script = workspace_root().join("benches/python/server-env.sh");
+        let stdout = run(Command::new("bash").arg(&script))?;
+        Ok(PathBuf::from(stdout.trim()))
+    })
+}
+
 /// What `make` returns, made once per process and kept in `cell`: the test
 /// binaries and images are expensive to build and every test asks for them.
 /// A failure is kept too (as its message), so it is not retried per test.

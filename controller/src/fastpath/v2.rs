@@ -29,7 +29,9 @@ impl FastPathV2 {
 }
 
 /// The sandbox a reference names, and what the caller expects of it
-/// (`generation`: the request's `expected_generation`, 0 = any).
+/// (`generation`: the request's `expected_generation`, 0 = any). v2 speaks
+/// of the API object's uid and generation where the store has an object
+/// (see [`identity`]).
 fn reference(
     r: Option<&pb::SandboxReference>,
     generation: i64,
@@ -43,22 +45,36 @@ fn reference(
     let expect = Precondition {
         uid: r.expected_uid.clone(),
         generation,
+        object_generation: true,
     };
     Ok((key, expect))
 }
 
+/// The sandbox as v2 names it. With the Kubernetes store the uid is the
+/// Sandbox resource's (and generations are its `metadata.generation`): the
+/// OpenSandbox server reads both from the resource and sends them back as
+/// preconditions, as it does with fast-sandbox, whose FastPath identity is
+/// the resource's.
 pub(crate) fn identity(r: &SandboxRecord) -> pb::SandboxIdentity {
     pb::SandboxIdentity {
-        uid: r.uid.clone(),
+        uid: r.object_uid().to_string(),
         name: r.name.clone(),
         namespace: r.namespace.clone(),
     }
 }
 
-/// The record plus what its agent last reported, in v2's vocabulary.
-pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
+/// Runtime, data plane and execd states of a sandbox as observed. The
+/// Kubernetes store's status says the same (`store::kube::derive_status`;
+/// a test holds them together), except for a silent agent's sandboxes.
+fn states(
+    observed: &Observed,
+) -> (
+    pb::RuntimeState,
+    pb::DataPlaneState,
+    pb::InfraComponentState,
+) {
     use pb::{DataPlaneState as D, InfraComponentState as I, RuntimeState as R};
-    let (runtime, data_plane, execd) = match core.observe(r).0 {
+    match observed {
         Observed::Recorded(Phase::Pending | Phase::Recovering) => {
             (R::Creating, D::Pending, I::Starting)
         }
@@ -70,11 +86,17 @@ pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
         Observed::Recorded(Phase::Running) => (R::Ready, D::Ready, I::Ready),
         Observed::Exited { failed: true, .. } => (R::Failed, D::Unavailable, I::Failed),
         Observed::Exited { failed: false, .. } => (R::Stopped, D::Unavailable, I::Failed),
-    };
+    }
+}
+
+/// The record plus what its agent last reported, in v2's vocabulary.
+pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
+    use pb::{DataPlaneState as D, RuntimeState as R};
+    let (runtime, data_plane, execd) = states(&core.observe(r).0);
     let ready = runtime == R::Ready && data_plane == D::Ready;
     pb::SandboxInfo {
         identity: Some(identity(r)),
-        applied_generation: r.generation,
+        applied_generation: r.object_generation(),
         runtime: Some(pb::RuntimeInfo {
             state: runtime as i32,
         }),
@@ -97,9 +119,7 @@ pub(crate) fn info(core: &Core, r: &SandboxRecord) -> pb::SandboxInfo {
     }
 }
 
-/// The one action handler sandbolt understands: its input is the
-/// OpenSandbox `networkPolicy` JSON.
-pub const EGRESS_HANDLER: &str = "egress";
+pub use sandbolt_deploy::sandbox::EGRESS_HANDLER;
 
 /// The egress policy a list of action bindings asks for (`field` names the
 /// list in errors); no binding = allow all.
@@ -127,30 +147,19 @@ fn egress_policy(bindings: &[pb::ActionBinding], field: &str) -> Result<NetworkP
 /// The egress binding while a policy is set: Ready once the agent confirmed
 /// it, Pending while the record holds a policy the agent has not confirmed.
 fn action_bindings(r: &SandboxRecord) -> Vec<pb::ActionBindingInfo> {
-    if r.spec.network_policy_json.is_empty() {
-        return Vec::new();
-    }
-    let (state, message) = if r.network_policy_pending {
-        (
-            pb::ActionState::Pending,
-            format!(
-                "recorded; agent {} has not confirmed it yet (re-sent when it reports the sandbox)",
-                r.agent_id
-            ),
-        )
-    } else {
-        (pb::ActionState::Ready, String::new())
-    };
-    let changed_ms = match r.network_policy_transition_unix_ms {
-        0 => r.created_at_unix_ms,
-        t => t,
-    };
-    vec![pb::ActionBindingInfo {
-        handler: EGRESS_HANDLER.into(),
-        state: state as i32,
-        last_transition_unix_seconds: changed_ms / 1000,
-        message,
-    }]
+    r.policy_delivery()
+        .map(|d| pb::ActionBindingInfo {
+            handler: EGRESS_HANDLER.into(),
+            state: if d.pending {
+                pb::ActionState::Pending
+            } else {
+                pb::ActionState::Ready
+            } as i32,
+            last_transition_unix_seconds: d.since_unix_ms / 1000,
+            message: d.message,
+        })
+        .into_iter()
+        .collect()
 }
 
 /// An agent pool; `prepared` = warm sandboxes ready on its agents.
@@ -241,7 +250,8 @@ fn all_pools(core: &Core, ns: &str) -> Vec<pb::PoolInfo> {
     items
 }
 
-/// A snapshot's `{namespace, name = id}`, recorded on the current span.
+/// A snapshot's `{namespace, name}` (name: its id or request id, see
+/// [`Core::snapshot_named`]), recorded on the current span.
 fn snapshot_name(nn: Option<&pb::NamespacedName>) -> Result<&pb::NamespacedName, Status> {
     let nn = nn.ok_or_else(|| Status::invalid_argument("snapshot is required"))?;
     if nn.name.is_empty() {
@@ -305,7 +315,7 @@ impl FastPathService for FastPathV2 {
                 )));
             }
         };
-        let spec = CreateRequest {
+        let mut spec = CreateRequest {
             request_id: q.request_id,
             namespace: q.namespace,
             wait_for_execd: completion == pb::CreateCompletion::Ready,
@@ -321,10 +331,12 @@ impl FastPathService for FastPathV2 {
             }),
             ..Default::default()
         };
+        // v2 has no snapshot_id: an image naming a snapshot restores it.
+        self.core.restore_snapshot_named_by_image(&mut spec)?;
         let r = self.core.create(spec).await?;
         Ok(Response::new(pb::CreateSandboxResponse {
             sandbox: Some(info(&self.core, &r)),
-            generation: r.generation,
+            generation: r.object_generation(),
             completion: completion as i32,
         }))
     }
@@ -377,7 +389,7 @@ impl FastPathService for FastPathV2 {
         let r = self.core.update(&key, op, spec).await?;
         Ok(Response::new(pb::UpdateSandboxResponse {
             sandbox: Some(identity(&r)),
-            committed_generation: r.generation,
+            committed_generation: r.object_generation(),
         }))
     }
 
@@ -397,7 +409,7 @@ impl FastPathService for FastPathV2 {
                 .iter()
                 .map(|r| pb::SandboxSummary {
                     identity: Some(identity(r)),
-                    generation: r.generation,
+                    generation: r.object_generation(),
                 })
                 .collect(),
             next_page_token: next,
@@ -414,7 +426,7 @@ impl FastPathService for FastPathV2 {
         let r = self.core.get(&key, &expect)?;
         Ok(Response::new(pb::GetSandboxResponse {
             sandbox: Some(info(&self.core, &r)),
-            generation: r.generation,
+            generation: r.object_generation(),
         }))
     }
 
@@ -489,7 +501,7 @@ impl FastPathService for FastPathV2 {
         };
         let route = self.core.resolve(&key, &expect, target)?;
         Ok(Response::new(pb::ResolveEndpointResponse {
-            sandbox_uid: route.record.uid.clone(),
+            sandbox_uid: route.record.object_uid().to_string(),
             endpoint: Some(pb::ResolvedEndpoint {
                 component_name: route.component,
                 protocol: "http".into(),
@@ -497,7 +509,7 @@ impl FastPathService for FastPathV2 {
             }),
             proxy_endpoint: route.proxy_endpoint,
             required_headers: route.headers.into_iter().collect(),
-            route_generation: route.record.generation,
+            route_generation: route.record.object_generation(),
             expires_at_unix_seconds: route.record.spec.expires_at,
         }))
     }
@@ -575,7 +587,7 @@ impl FastPathService for FastPathV2 {
         let nn = snapshot_name(q.snapshot.as_ref())?;
         let r = self
             .core
-            .get_snapshot(&nn.namespace, &nn.name, &q.expected_uid)?;
+            .get_snapshot_named(&nn.namespace, &nn.name, &q.expected_uid)?;
         Ok(Response::new(pb::GetSandboxSnapshotResponse {
             snapshot: Some(snapshot_info(&r)),
         }))
@@ -596,8 +608,11 @@ impl FastPathService for FastPathV2 {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("snapshot is required"))?;
         let nn = snapshot_name(r.namespaced_name.as_ref())?;
+        let snapshot = self
+            .core
+            .get_snapshot_named(&nn.namespace, &nn.name, &r.expected_uid)?;
         self.core
-            .delete_snapshot(&nn.namespace, &nn.name, &r.expected_uid)
+            .delete_snapshot(&nn.namespace, &snapshot.id, &r.expected_uid)
             .await?;
         Ok(Response::new(pb::DeleteSandboxSnapshotResponse {}))
     }
@@ -616,7 +631,7 @@ impl FastPathService for FastPathV2 {
         let r = self.core.pause(&key, &expect).await?;
         Ok(Response::new(pb::PauseSandboxResponse {
             sandbox: Some(info(&self.core, &r)),
-            generation: r.generation,
+            generation: r.object_generation(),
         }))
     }
 
@@ -640,7 +655,7 @@ impl FastPathService for FastPathV2 {
         let r = self.core.resume(&key, &expect).await?;
         Ok(Response::new(pb::ResumeSandboxResponse {
             sandbox: Some(info(&self.core, &r)),
-            generation: r.generation,
+            generation: r.object_generation(),
         }))
     }
 }
@@ -698,6 +713,99 @@ mod tests {
                 e.message()
             );
         }
+    }
+
+    /// GetSandbox and the Sandbox resource's status (what the OpenSandbox
+    /// server reads for GET and list) say the same of every phase and exit,
+    /// compared as the server turns a resource's state names into FastPath
+    /// values.
+    #[test]
+    fn getsandbox_and_the_resource_status_agree() {
+        use crate::store::ContainerExit;
+        let fastpath_name = |prefix: &str, v: serde_json::Value| {
+            format!("{prefix}{}", v.as_str().unwrap().to_uppercase())
+        };
+        let mut cases: Vec<(Observed, Option<ContainerExit>, Phase)> = [
+            Phase::Pending,
+            Phase::Running,
+            Phase::Paused,
+            Phase::Recovering,
+            Phase::Failed,
+        ]
+        .into_iter()
+        .map(|p| (Observed::Recorded(p), None, p))
+        .collect();
+        for failed in [true, false] {
+            let message = "exited".to_string();
+            cases.push((
+                Observed::Exited {
+                    failed,
+                    message: message.clone(),
+                },
+                Some(ContainerExit { failed, message }),
+                Phase::Running,
+            ));
+        }
+        for (observed, exit, phase) in cases {
+            let r = SandboxRecord {
+                phase,
+                ..Default::default()
+            };
+            let (runtime, data_plane, _) = states(&observed);
+            let status = crate::store::kube::derive_status(&r, exit.as_ref(), 1);
+            let cr_runtime = serde_json::to_value(status.runtime.unwrap().state).unwrap();
+            let cr_data_plane = serde_json::to_value(status.data_plane.unwrap().state).unwrap();
+            assert_eq!(
+                fastpath_name("RUNTIME_STATE_", cr_runtime),
+                runtime.as_str_name(),
+                "{observed:?}"
+            );
+            assert_eq!(
+                fastpath_name("DATA_PLANE_STATE_", cr_data_plane),
+                data_plane.as_str_name(),
+                "{observed:?}"
+            );
+        }
+    }
+
+    /// v2 names a sandbox by its API object's uid and generation when the
+    /// store has an object, and accepts either uid as the expected one.
+    #[test]
+    fn identity_and_preconditions_use_the_api_objects_uid_and_generation() {
+        let mut r = SandboxRecord {
+            uid: "controller-uid".into(),
+            name: "fsb-1".into(),
+            namespace: "ns".into(),
+            generation: 7,
+            ..Default::default()
+        };
+        assert_eq!(identity(&r).uid, "controller-uid", "no API object");
+        r.api_uid = "cr-uid".into();
+        r.api_generation = 2;
+        assert_eq!(identity(&r).uid, "cr-uid");
+        let nn = pb::NamespacedName {
+            namespace: "ns".into(),
+            name: "fsb-1".into(),
+        };
+        let reference_to = |uid: &str| pb::SandboxReference {
+            namespaced_name: Some(nn.clone()),
+            expected_uid: uid.into(),
+        };
+        for uid in ["cr-uid", "controller-uid", ""] {
+            let (_, expect) = reference(Some(&reference_to(uid)), 2).unwrap();
+            expect.check(&r).unwrap_or_else(|e| panic!("{uid:?}: {e}"));
+        }
+        let (_, other) = reference(Some(&reference_to("someone-else")), 0).unwrap();
+        assert!(matches!(other.check(&r), Err(Error::UidMismatch(..))));
+        // The record's own generation (7) is not the one v2 speaks of.
+        let (_, stale) = reference(Some(&reference_to("cr-uid")), 7).unwrap();
+        assert!(matches!(stale.check(&r), Err(Error::Aborted(_))));
+        // The control API keeps the record's generation.
+        let control = Precondition {
+            generation: 7,
+            ..Precondition::uid("cr-uid")
+        };
+        control.check(&r).unwrap();
     }
 
     #[test]

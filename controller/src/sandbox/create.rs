@@ -115,7 +115,8 @@ impl Core {
     }
 
     /// Checks a create request and completes it: namespace, name, the
-    /// snapshot it restores, the pool's limits and runtime.
+    /// snapshot it restores, the template its image names, the pool's
+    /// limits and runtime.
     #[tracing::instrument(skip_all, fields(namespace = %req.namespace, sandbox = %req.name, pool = %req.spec.pool, snapshot = %req.spec.snapshot_id))]
     pub fn validate(&self, mut req: CreateRequest) -> Result<CreateRequest> {
         let key = req.key();
@@ -131,7 +132,9 @@ impl Core {
         let spec = &mut req.spec;
         spec.pool = crate::placement::or_default(spec.pool.trim()).to_string();
         // A restore is never a warm pool member: `pool` is an agent pool.
+        // A template names the image a warm pool may be of: resolved first.
         if !restore {
+            self.resolve_template(&req.namespace, spec)?;
             self.resolve_warm_pool(spec)?;
         }
         if spec.image.trim().is_empty() {
@@ -597,6 +600,9 @@ fn new_record(mut req: CreateRequest, consistency: Consistency) -> (SandboxRecor
         network_policy_transition_unix_ms: now_ms,
         ip_address: String::new(),
         claimed_warm: false,
+        // The store fills them from the object it writes (if it has one).
+        api_uid: String::new(),
+        api_generation: 0,
     };
     (r, req)
 }

@@ -18,6 +18,8 @@
 //!   with the sandbox); read-only ones are mounted read-only again.
 //! - recreate (AUTO_RECREATE) stays on the snapshot's node: see
 //!   `recover.rs`.
+//! - FastPath v2 has no `snapshot_id`: its creates restore by naming the
+//!   snapshot as the image ([`Core::restore_snapshot_named_by_image`]).
 
 use crate::error::{Error, Result};
 use crate::ids::AgentId;
@@ -85,6 +87,29 @@ fn phase_name(p: SnapshotPhase) -> &'static str {
 }
 
 impl Core {
+    /// FastPath v2 restores by image: a create whose image names a snapshot
+    /// of its namespace ([`Core::snapshot_named`]: its id or request id)
+    /// restores that snapshot, as fast-sandbox, where a snapshot's restore
+    /// image is its template name (the OpenSandbox server sends
+    /// `GetSandboxSnapshot`'s `template_name`, which it sets to the request
+    /// id). The create becomes `snapshot_id` = the snapshot's id with no
+    /// image: [`Core::resolve_snapshot`] then checks it (READY, or
+    /// FAILED_PRECONDITION naming its phase) and fills in its image. An
+    /// image that names no snapshot is an image. The native APIs say
+    /// `snapshot_id` instead and never come here.
+    pub(crate) fn restore_snapshot_named_by_image(&self, req: &mut CreateRequest) -> Result<()> {
+        let image = req.spec.image.trim();
+        if image.is_empty() || !req.spec.snapshot_id.trim().is_empty() {
+            return Ok(());
+        }
+        if let Some(snap) = self.snapshot_named(&req.namespace, image)? {
+            tracing::info!(snapshot = %snap.id, image = %image, "the image names a snapshot: restoring it");
+            req.spec.snapshot_id = snap.id;
+            req.spec.image.clear();
+        }
+        Ok(())
+    }
+
     /// The validation step of a restore (none when `spec.snapshot_id` is
     /// empty): checks the snapshot and the request against it and fills in
     /// the image and the pool. True for a restore. `req.namespace` is

@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::ids::{SandboxId, SandboxKey};
 use crate::keyed_lock::KeyedLocks;
 use crate::registry::{AgentInfo, Registry};
-use crate::store::{SandboxRecord, Store, StoreError};
+use crate::sandbox::Observed;
+use crate::store::{ContainerExit, ExitObserver, SandboxRecord, Store, StoreError};
 use crate::volume_index::VolumeIndex;
 
 pub struct Core {
@@ -57,31 +58,55 @@ pub struct Core {
 /// the call. Empty uid or generation 0: no expectation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Precondition {
+    /// The record's uid or its API object's
+    /// ([`SandboxRecord::object_uid`]): both name the same record.
     pub uid: String,
     pub generation: i64,
+    /// `generation` counts as the API object's
+    /// ([`SandboxRecord::object_generation`], what FastPath v2 reports),
+    /// not the record's own (what the control API reports).
+    pub object_generation: bool,
 }
 
 impl Precondition {
     pub fn uid(uid: impl Into<String>) -> Self {
         Self {
             uid: uid.into(),
-            generation: 0,
+            ..Self::default()
         }
     }
 
     pub(crate) fn check(&self, r: &SandboxRecord) -> Result<()> {
-        if !self.uid.is_empty() && r.uid != self.uid {
+        if !self.uid.is_empty() && r.uid != self.uid && r.api_uid != self.uid {
             // The sandbox the caller means is gone; a namesake is not it.
             return Err(Error::UidMismatch(r.key(), self.uid.clone()));
         }
-        if self.generation != 0 && self.generation != r.generation {
+        let current = if self.object_generation {
+            r.object_generation()
+        } else {
+            r.generation
+        };
+        if self.generation != 0 && self.generation != current {
             return Err(Error::Aborted(format!(
-                "sandbox {}/{} is at generation {}, not {}",
-                r.namespace, r.name, r.generation, self.generation
+                "sandbox {}/{} is at generation {current}, not {}",
+                r.namespace, r.name, self.generation
             )));
         }
         Ok(())
     }
+}
+
+/// Exits as every API reports them ([`Observed::of`]), for the store to
+/// publish. A silent agent is not published: silence says nothing, and
+/// every sandbox of a restarted controller would flap until its agent
+/// heartbeats.
+fn exit_observer(registry: Arc<Registry>) -> ExitObserver {
+    Arc::new(move |r: &SandboxRecord| {
+        match Observed::of(&registry.sandbox_view(&r.agent_id, &r.sandbox_id), r) {
+            Observed::Exited { failed, message } => Some(ContainerExit { failed, message }),
+            Observed::Recorded(_) | Observed::AgentSilent { .. } => None,
+        }
+    })
 }
 
 /// Removes a container id from the in-flight set when dropped.
@@ -97,9 +122,11 @@ impl Core {
     pub fn new(config: ControllerConfig, store: Arc<dyn Store>) -> Result<Self> {
         // An RPC answer outranks heartbeats taken before it arrived.
         let volume_hold = (config.heartbeat_interval * 3).max(std::time::Duration::from_secs(5));
+        let registry = Arc::new(Registry::with_namespaced_pools(config.namespaced_pools));
+        store.publish_observed_exits(exit_observer(registry.clone()));
         Ok(Self {
             agents: AgentClients::new(&config.agent_token)?,
-            registry: Arc::new(Registry::with_namespaced_pools(config.namespaced_pools)),
+            registry,
             config,
             store,
             expiry: Mutex::new(BTreeSet::new()),

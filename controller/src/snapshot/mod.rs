@@ -80,6 +80,45 @@ impl Core {
             .ok_or_else(|| StoreError::SnapshotNotFound(id.to_string()).into())
     }
 
+    /// The snapshot of `namespace` that FastPath v2 calls `name`: the one
+    /// whose id it is, else the one created with it as request id. A v2
+    /// client names its snapshots by the request id it chose (fast-sandbox
+    /// names the resource after it; the OpenSandbox server reads, deletes
+    /// and restores its snapshots by that name), while sandbolt's ids are
+    /// its own. A request id names one snapshot per namespace (creates are
+    /// idempotent by it).
+    pub fn snapshot_named(&self, namespace: &str, name: &str) -> Result<Option<SnapshotRecord>> {
+        let namespace = or_default(namespace);
+        if name.is_empty() {
+            return Ok(None);
+        }
+        if let Some(r) = self
+            .store
+            .get_snapshot(name)?
+            .filter(|r| r.namespace == namespace)
+        {
+            return Ok(Some(r));
+        }
+        Ok(self
+            .store
+            .list_snapshots()?
+            .into_iter()
+            .find(|r| r.namespace == namespace && r.request_id == name))
+    }
+
+    /// [`Core::snapshot_named`], NOT_FOUND when there is none or (with
+    /// `expected_uid`) it is another record.
+    pub fn get_snapshot_named(
+        &self,
+        namespace: &str,
+        name: &str,
+        expected_uid: &str,
+    ) -> Result<SnapshotRecord> {
+        self.snapshot_named(namespace, name)?
+            .filter(|r| expected_uid.is_empty() || r.uid == expected_uid)
+            .ok_or_else(|| StoreError::SnapshotNotFound(name.to_string()).into())
+    }
+
     /// Names of the sandbox records restored from snapshot `id`: while any
     /// exists the snapshot stays.
     pub fn snapshot_users(&self, id: &str) -> Result<Vec<String>> {

@@ -14,10 +14,15 @@
 //!   record is always written in *one* request: a create or a phase change is
 //!   atomic, and the resourceVersion the controller holds is the object's.
 //! - `status` (runtime/data-plane states, the Ready condition,
-//!   observedGeneration) is derived from the record for readers — kubectl and
-//!   the OpenSandbox server. It is written through the status subresource
-//!   right after the main write, only when it changed; if that second write
-//!   fails, the record is still whole and the next write corrects the status.
+//!   observedGeneration, action bindings) is derived from the record for
+//!   readers — kubectl and the OpenSandbox server (see [`status`]). It is
+//!   written through the status subresource right after the main write,
+//!   only when it changed; if that second write fails, the record is still
+//!   whole and the leader's status publisher corrects the status.
+//! - The object's own `metadata.uid` and `metadata.generation` come back in
+//!   every record read or written (`api_uid`, `api_generation`): FastPath v2
+//!   names the sandbox by them, as the OpenSandbox server reads them from
+//!   the resource.
 //!
 //! # Reads
 //!
@@ -69,7 +74,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -79,14 +84,13 @@ use kube::{Api, Client, Resource, ResourceExt};
 use parking_lot::Mutex;
 use sandbolt_deploy::pool::{LimitValues, OciRuntime};
 use sandbolt_deploy::sandbox::{
-    DataPlaneState, DataPlaneStatus, FINALIZER, FailurePolicy as CrFailurePolicy, READY_CONDITION,
-    RuntimeState, RuntimeStatus, SandboxNetworkPolicy, SandboxResources, SandboxVolume,
-    labels_to_metadata, metadata_to_labels,
+    ActionBinding, EGRESS_HANDLER, FINALIZER, FailurePolicy as CrFailurePolicy,
+    SandboxNetworkPolicy, SandboxResources, SandboxVolume, labels_to_metadata, metadata_to_labels,
 };
 use sandbolt_deploy::snapshot::{SnapshotPhase as CrSnapshotPhase, SnapshotVolume};
 use sandbolt_deploy::warm_pool::{WarmPoolCapacity, WarmPoolTemplate};
 use sandbolt_deploy::{
-    Sandbox, SandboxSnapshot, SandboxSnapshotSpec, SandboxSpec, SandboxStatus, SandboxWarmPool,
+    Sandbox, SandboxSnapshot, SandboxSnapshotSpec, SandboxSpec, SandboxWarmPool,
     SandboxWarmPoolSpec,
 };
 use sandbolt_proto::egress::NetworkPolicy;
@@ -95,10 +99,14 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{AgentId, SandboxId, SandboxKey};
 
 use super::{
-    AgentRecord, Consistency, Event, FailurePolicy, HostVolume, ListRange, Phase, PvcVolume,
-    Resources, SandboxRecord, SandboxSpec as RecordSpec, SnapshotPhase, SnapshotRecord,
+    AgentRecord, Consistency, Event, ExitObserver, FailurePolicy, HostVolume, ListRange, Phase,
+    PvcVolume, Resources, SandboxRecord, SandboxSpec as RecordSpec, SnapshotPhase, SnapshotRecord,
     SnapshotVolumeRecord, Store, StoreError, StoreResult, WarmPoolRecord,
 };
+
+mod status;
+
+pub(crate) use status::derive_status;
 
 /// Annotation holding the controller's part of the record (JSON).
 pub const STATE_ANNOTATION: &str = "sandbolt.io/state";
@@ -121,6 +129,9 @@ pub struct KubeStoreConfig {
     pub write_timeout: Duration,
     /// How long `open` waits for the first full list of Sandboxes.
     pub sync_timeout: Duration,
+    /// How often the leader's status publisher compares every Sandbox's
+    /// status with its record and the observed exits.
+    pub status_period: Duration,
 }
 
 impl KubeStoreConfig {
@@ -129,6 +140,7 @@ impl KubeStoreConfig {
             agents_namespace: agents_namespace.into(),
             write_timeout: Duration::from_secs(10),
             sync_timeout: Duration::from_secs(30),
+            status_period: Duration::from_secs(1),
         }
     }
 }
@@ -282,10 +294,18 @@ pub struct KubeStore {
     overlay: Arc<Mutex<Overlay<SandboxKey, Sandbox>>>,
     warm: OwnRecords<WarmPoolRecord>,
     snapshots: OwnRecords<SnapshotRecord>,
+    /// The SandboxTemplates of every namespace (`crate::template`).
+    templates: crate::template::TemplateCatalog,
     /// Serializes request-id checks with creates: the API server has no
     /// unique index on request ids, this store (one leader) provides it.
     create_lock: Mutex<()>,
     write_timeout: Duration,
+    status_period: Duration,
+    /// Exits the records do not hold, once the controller's core said how
+    /// to observe them (see [`Store::publish_observed_exits`]).
+    exits: Mutex<Option<ExitObserver>>,
+    /// The status publisher, once started.
+    publisher: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A kind of the controller's own records, each kept as one custom
@@ -454,6 +474,8 @@ impl KubeStore {
         let ov = overlay.clone();
         let sync_timeout = store_config.sync_timeout;
         let ns = store_config.agents_namespace.clone();
+        let templates = crate::template::TemplateCatalog::start(config.clone(), sync_timeout);
+        let templates = runtime.spawn(templates);
         let started = runtime.spawn(async move {
             let client = Client::try_from(config).map_err(backend)?;
             let sandboxes: Api<Sandbox> = Api::all(client.clone());
@@ -466,6 +488,7 @@ impl KubeStore {
             Ok::<_, StoreError>((sandboxes, agents, cache, warm, snapshots))
         });
         let (sandboxes, agents, cache, warm, snapshots) = wait(started)?;
+        let templates = wait(templates)?;
         tracing::info!(
             sandboxes = cache.len(),
             warm_pools = warm.cache.as_ref().map(|c| c.len()).ok(),
@@ -480,8 +503,12 @@ impl KubeStore {
             overlay,
             warm,
             snapshots,
+            templates,
             create_lock: Mutex::new(()),
             write_timeout: store_config.write_timeout,
+            status_period: store_config.status_period,
+            exits: Mutex::new(None),
+            publisher: Mutex::new(None),
         })
     }
 
@@ -546,10 +573,18 @@ impl KubeStore {
         overlay.deleted(key, obj, cached);
     }
 
-    /// Writes the status derived from `record` if it differs from `written`'s;
+    /// Writes the status derived from `record` if it differs from `written`'s
+    /// at once (its observedGeneration is the generation `written` has, so
+    /// readers see a spec change unobserved for one round trip only);
     /// returns the newest object.
     fn sync_status(&self, record: &SandboxRecord, written: Sandbox) -> Sandbox {
-        let status = derive_status(record, written.metadata.generation.unwrap_or(1));
+        let observer = self.exits.lock().clone();
+        let exit = observer.and_then(|o| o(record));
+        let status = derive_status(
+            record,
+            exit.as_ref(),
+            written.metadata.generation.unwrap_or(1),
+        );
         if written.status.as_ref() == Some(&status) {
             return written;
         }
@@ -826,6 +861,7 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
             .collect(),
         runtime: (!spec.runtime.is_empty()).then(|| spec.runtime.clone()),
         network_policy: policy_to_spec(&spec.network_policy_json)?,
+        action_bindings: policy_to_bindings(&spec.network_policy_json),
     };
     let labels = obj.metadata.labels.get_or_insert_with(BTreeMap::new);
     labels.retain(|k, _| !k.starts_with(sandbolt_deploy::sandbox::METADATA_LABEL_PREFIX));
@@ -912,7 +948,7 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
                 .map(|v| volume!(v => HostVolume))
                 .collect(),
             runtime: spec.runtime.clone().unwrap_or_default(),
-            network_policy_json: policy_from_spec(spec.network_policy.as_ref(), obj)?,
+            network_policy_json: policy_from_spec(spec, obj)?,
             pvc_volumes: state.pvc_volumes,
             warm_pool: state.warm_pool,
             snapshot_id: state.snapshot_id,
@@ -934,6 +970,8 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
         network_policy_transition_unix_ms: state.network_policy_transition_unix_ms,
         ip_address: state.ip_address,
         claimed_warm: state.claimed_warm,
+        api_uid: obj.metadata.uid.clone().unwrap_or_default(),
+        api_generation: obj.metadata.generation.unwrap_or(0),
     }))
 }
 
@@ -948,23 +986,50 @@ fn policy_to_spec(json: &str) -> StoreResult<Option<SandboxNetworkPolicy>> {
         .map_err(|e| StoreError::Invalid(format!("spec.networkPolicy: {e}")))
 }
 
-/// `spec.networkPolicy` back as the record's normalized JSON, checked by
-/// the one policy parser (the object may have been edited by hand).
-fn policy_from_spec(p: Option<&SandboxNetworkPolicy>, obj: &Sandbox) -> StoreResult<String> {
-    let Some(p) = p else {
-        return Ok(String::new());
+/// The record's normalized policy JSON as the FastPath action bindings
+/// the OpenSandbox server reads (`spec.actionBindings`); none for
+/// allow-all. The controller's record holds one policy: FastPath bindings
+/// are turned into it on the way in (`fastpath::v2`), and back here.
+fn policy_to_bindings(json: &str) -> Vec<ActionBinding> {
+    if json.is_empty() {
+        return Vec::new();
+    }
+    vec![ActionBinding {
+        handler: EGRESS_HANDLER.into(),
+        input: json.to_string(),
+    }]
+}
+
+/// The policy of `spec` as the record's normalized JSON, checked by the one
+/// policy parser (the object may have been edited by hand): the structured
+/// `networkPolicy`, else the `egress` action binding's input (an object
+/// that has only the bindings, as fast-sandbox writes them).
+fn policy_from_spec(spec: &SandboxSpec, obj: &Sandbox) -> StoreResult<String> {
+    let (field, json) = match (&spec.network_policy, egress_binding(spec)) {
+        (Some(p), _) => (
+            "networkPolicy",
+            serde_json::to_string(p).map_err(|e| corrupt_policy(obj, "networkPolicy", e))?,
+        ),
+        (None, Some(b)) => ("actionBindings", b.input.clone()),
+        (None, None) => return Ok(String::new()),
     };
-    let corrupt = |e: String| {
-        StoreError::Corrupt(format!(
-            "sandbox {}/{}: spec.networkPolicy: {e}",
-            obj.namespace().unwrap_or_default(),
-            obj.name_any()
-        ))
-    };
-    let json = serde_json::to_string(p).map_err(|e| corrupt(e.to_string()))?;
     NetworkPolicy::parse(&json)
         .map(|p| p.to_json())
-        .map_err(|e| corrupt(e.to_string()))
+        .map_err(|e| corrupt_policy(obj, field, e))
+}
+
+fn egress_binding(spec: &SandboxSpec) -> Option<&ActionBinding> {
+    spec.action_bindings
+        .iter()
+        .find(|b| b.handler == EGRESS_HANDLER)
+}
+
+fn corrupt_policy(obj: &Sandbox, field: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!(
+        "sandbox {}/{}: spec.{field}: {e}",
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    ))
 }
 
 /// Limits and requests in the Kubernetes shape (`limits.cpu`, …); `None`
@@ -1005,47 +1070,6 @@ fn resources_from_spec(s: Option<&SandboxResources>) -> StoreResult<Resources> {
         cpu_request: get(&s.requests, "cpu"),
         memory_request: get(&s.requests, "memory"),
     })
-}
-
-/// Status for readers of the Sandbox, derived from the record.
-fn derive_status(record: &SandboxRecord, generation: i64) -> SandboxStatus {
-    let (runtime, data_plane) = match record.phase {
-        Phase::Pending => (RuntimeState::Pending, DataPlaneState::Pending),
-        Phase::Running => (RuntimeState::Ready, DataPlaneState::Ready),
-        Phase::Paused => (RuntimeState::Paused, DataPlaneState::Unavailable),
-        Phase::Recovering => (RuntimeState::Creating, DataPlaneState::Unavailable),
-        Phase::Failed => (RuntimeState::Failed, DataPlaneState::Failed),
-    };
-    let ready = runtime == RuntimeState::Ready;
-    let message = (!record.message.is_empty()).then(|| record.message.clone());
-    SandboxStatus {
-        runtime: Some(RuntimeStatus {
-            state: runtime,
-            message: message.clone(),
-            last_transition_time: None,
-        }),
-        data_plane: Some(DataPlaneStatus {
-            state: data_plane,
-            endpoint: None,
-            message: None,
-            last_transition_time: None,
-        }),
-        conditions: vec![Condition {
-            type_: READY_CONDITION.into(),
-            status: if ready { "True" } else { "False" }.into(),
-            observed_generation: Some(generation),
-            reason: format!("{:?}", record.phase),
-            message: message.unwrap_or_default(),
-            // The phase change is the transition; its time is the record's
-            // creation until the record keeps transition times itself.
-            last_transition_time: Time(
-                Timestamp::from_millisecond(record.created_at_unix_ms).unwrap_or_default(),
-            ),
-        }],
-        observed_generation: Some(generation),
-        agent_id: (!record.agent_id.is_empty()).then(|| record.agent_id.to_string()),
-        node_name: None,
-    }
 }
 
 /// The SandboxWarmPool for `pool`, on top of `base` (the stored object: keeps
@@ -1364,6 +1388,10 @@ fn agent_lease_name(agent_id: &str) -> String {
 }
 
 impl Store for KubeStore {
+    fn template_catalog(&self) -> Option<&crate::template::TemplateCatalog> {
+        Some(&self.templates)
+    }
+
     fn put_warm_pool(&self, pool: &WarmPoolRecord) -> StoreResult<WarmPoolRecord> {
         self.put_own(&self.warm, pool)
     }
@@ -1626,6 +1654,25 @@ impl Store for KubeStore {
             .collect()
     }
 
+    fn publish_observed_exits(&self, observer: ExitObserver) {
+        *self.exits.lock() = Some(observer.clone());
+        let publisher = status::StatusPublisher {
+            client: self.sandboxes.clone().into_client(),
+            cache: self.cache.clone(),
+            overlay: self.overlay.clone(),
+            observer,
+            write_timeout: self.write_timeout,
+        };
+        let rt = self
+            .runtime
+            .as_ref()
+            .expect("runtime lives as long as the store");
+        let task = rt.spawn(publisher.run(self.status_period));
+        if let Some(previous) = self.publisher.lock().replace(task) {
+            previous.abort();
+        }
+    }
+
     fn deletions_requested(&self) -> Vec<SandboxKey> {
         self.snapshot()
             .into_iter()
@@ -1799,19 +1846,6 @@ mod tests {
     }
 
     #[test]
-    fn status_is_ready_only_when_running() {
-        let mut r = crate::store::tests_support::record("default", "fsb-1", "");
-        r.phase = Phase::Running;
-        let mut obj = to_object(&r, None).unwrap();
-        obj.metadata.generation = Some(1);
-        obj.status = Some(derive_status(&r, 1));
-        assert!(obj.is_ready());
-        r.phase = Phase::Pending;
-        obj.status = Some(derive_status(&r, 1));
-        assert!(!obj.is_ready());
-    }
-
-    #[test]
     fn record_survives_the_object_round_trip() {
         let mut r = crate::store::tests_support::record("default", "fsb-2", "");
         r.spec.metadata.insert("team".into(), "a".into());
@@ -1846,12 +1880,68 @@ mod tests {
         let policy = obj.spec.network_policy.clone().expect("structured policy");
         assert_eq!(policy.egress[0].target, "*.example.com");
         assert_eq!(policy.egress.len(), 2);
+        // The same policy as the OpenSandbox server reads it.
+        assert_eq!(
+            obj.spec.action_bindings,
+            [ActionBinding {
+                handler: "egress".into(),
+                input: r.spec.network_policy_json.clone(),
+            }]
+        );
         obj.metadata.resource_version = Some("7".into());
+        obj.metadata.uid = Some("api-uid".into());
+        obj.metadata.generation = Some(3);
         let mut back = from_object(&obj).unwrap().unwrap();
         assert_eq!(back.revision, "7");
+        // The object's identity comes with it; the record's own stays.
+        assert_eq!((back.api_uid.as_str(), back.api_generation), ("api-uid", 3));
+        assert_eq!(
+            (back.object_uid(), back.object_generation()),
+            ("api-uid", 3)
+        );
+        assert_eq!((back.uid.as_str(), back.generation), ("uid-fsb-2", 1));
         back.revision = r.revision.clone();
+        back.api_uid.clear();
+        back.api_generation = 0;
         assert_eq!(back, r);
         assert_eq!(obj.labels()["metadata.sandbox.fast.io/team"], "a");
         assert_eq!(obj.finalizers(), [FINALIZER.to_string()]);
+        // Never written into the object: the API server owns them.
+        let mut r2 = r.clone();
+        r2.api_uid = "stale".into();
+        r2.api_generation = 9;
+        let obj2 = to_object(&r2, None).unwrap();
+        let raw = &obj2.annotations()[STATE_ANNOTATION];
+        let state: serde_json::Map<String, serde_json::Value> = serde_json::from_str(raw).unwrap();
+        assert!(
+            !raw.contains("stale") && state.keys().all(|k| !k.starts_with("api")),
+            "{raw}"
+        );
+    }
+
+    #[test]
+    fn the_policy_reads_back_from_either_field() {
+        let r = crate::store::tests_support::record("default", "fsb-3", "");
+        let json = NetworkPolicy::parse(
+            r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"PyPI.org"}]}"#,
+        )
+        .unwrap()
+        .to_json();
+        let mut obj = to_object(&r, None).unwrap();
+        let read = |obj: &Sandbox| from_object(obj).map(|r| r.unwrap().spec.network_policy_json);
+        // Only the bindings, as the OpenSandbox server (or fast-sandbox)
+        // writes them; the input is checked by the one parser.
+        obj.spec.action_bindings = vec![ActionBinding {
+            handler: "egress".into(),
+            input: r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"PyPI.org"}]}"#
+                .into(),
+        }];
+        assert_eq!(read(&obj).unwrap(), json);
+        obj.spec.action_bindings[0].input = "{".into();
+        let e = read(&obj).unwrap_err().to_string();
+        assert!(e.contains("spec.actionBindings"), "{e}");
+        // Neither: allow-all.
+        obj.spec.action_bindings.clear();
+        assert_eq!(read(&obj).unwrap(), "");
     }
 }

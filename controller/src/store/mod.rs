@@ -278,6 +278,20 @@ pub struct SandboxRecord {
     /// creates and for records from before warm pools).
     #[serde(default)]
     pub claimed_warm: bool,
+    /// The uid the API server gave the object holding the record (the
+    /// Kubernetes store's `metadata.uid`); empty in stores without one.
+    /// Read from the object, never written: `uid` stays the identity agents
+    /// and the janitor know the sandbox by.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub api_uid: String,
+    /// The object's `metadata.generation` (moves with spec changes only, as
+    /// Kubernetes counts them); 0 in stores without one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub api_generation: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 impl SandboxRecord {
@@ -312,12 +326,83 @@ impl SandboxRecord {
         }
     }
 
+    /// The uid clients outside the controller know the sandbox by: the API
+    /// object's when the store has one (the OpenSandbox server reads it
+    /// from the Sandbox resource), else the record's.
+    pub fn object_uid(&self) -> &str {
+        if self.api_uid.is_empty() {
+            &self.uid
+        } else {
+            &self.api_uid
+        }
+    }
+
+    /// The generation that goes with [`Self::object_uid`]: the API object's
+    /// when the store has one, else the record's.
+    pub fn object_generation(&self) -> i64 {
+        if self.api_generation == 0 {
+            self.generation
+        } else {
+            self.api_generation
+        }
+    }
+
+    /// How far the egress policy got to the agent; `None` without one
+    /// (allow-all). Every API reports it as the egress action binding.
+    pub fn policy_delivery(&self) -> Option<PolicyDelivery> {
+        if self.spec.network_policy_json.is_empty() {
+            return None;
+        }
+        let message = if self.network_policy_pending {
+            format!(
+                "recorded; agent {} has not confirmed it yet (re-sent when it reports the sandbox)",
+                self.agent_id
+            )
+        } else {
+            String::new()
+        };
+        Some(PolicyDelivery {
+            pending: self.network_policy_pending,
+            message,
+            since_unix_ms: match self.network_policy_transition_unix_ms {
+                0 => self.created_at_unix_ms,
+                t => t,
+            },
+        })
+    }
+
     /// Whether the record holds a slot on its agent.
     pub fn holds_slot(&self) -> bool {
         !self.agent_id.is_empty()
             && matches!(self.phase, Phase::Pending | Phase::Running | Phase::Paused)
     }
 }
+
+/// See [`SandboxRecord::policy_delivery`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyDelivery {
+    /// Recorded, not confirmed by the agent yet.
+    pub pending: bool,
+    /// Why it is pending; empty once confirmed.
+    pub message: String,
+    /// When the policy last changed or was confirmed (unix ms).
+    pub since_unix_ms: i64,
+}
+
+/// A container its agent reports as exited, which the record (still
+/// Running or Paused) does not say: the failure policies act on lost
+/// containers, not on entrypoints that ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerExit {
+    /// Exited with an error (else: it stopped cleanly).
+    pub failed: bool,
+    pub message: String,
+}
+
+/// What the controller observes of a record's container beyond the record:
+/// `None` while the record's phase tells the whole story.
+pub type ExitObserver =
+    std::sync::Arc<dyn Fn(&SandboxRecord) -> Option<ContainerExit> + Send + Sync>;
 
 /// An agent the controller has seen, so a restarted controller knows whom to
 /// wait for and where to reach them before they heartbeat again.
@@ -534,6 +619,18 @@ pub trait Store: Send + Sync + 'static {
     fn list_snapshots(&self) -> StoreResult<Vec<SnapshotRecord>>;
     /// Removes a snapshot record; `None` if it did not exist.
     fn delete_snapshot(&self, id: &str) -> StoreResult<Option<SnapshotRecord>>;
+
+    /// Lets a store whose records are read outside the controller (the
+    /// Kubernetes store's `status`) show exits the record does not hold:
+    /// `observer` answers for a record. Stores without such readers ignore
+    /// it.
+    fn publish_observed_exits(&self, _observer: ExitObserver) {}
+
+    /// The SandboxTemplates creates may name (`crate::template`); `None`:
+    /// this store has none, an image is always an image.
+    fn template_catalog(&self) -> Option<&crate::template::TemplateCatalog> {
+        None
+    }
 
     /// Records someone outside the controller asked to delete (a Kubernetes
     /// `kubectl delete` leaves the object terminating behind its finalizer

@@ -95,12 +95,65 @@ pub fn rv_of(meta: &ObjectMeta) -> u64 {
 /// what most tests do before the step they check.
 pub async fn create<K>(api: &Api<K>, obj: &K) -> K
 where
-    K: Clone
-        + std::fmt::Debug
-        + k8s_openapi::serde::de::DeserializeOwned
-        + k8s_openapi::serde::Serialize,
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
 {
     api.create(&kube::api::PostParams::default(), obj)
         .await
         .unwrap_or_else(|e| panic!("creating {obj:?}: {e}"))
+}
+
+/// A CRD none of the double's built-in kinds matches: a namespaced
+/// `example.io/v1` `Widget` with the status subresource (and a served-false
+/// old version, which must not be served).
+pub const WIDGET_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.io
+spec:
+  group: example.io
+  names: {kind: Widget, plural: widgets, singular: widget}
+  scope: Namespaced
+  versions:
+  - name: v1beta1
+    served: false
+    storage: false
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+    subresources: {status: {}}
+"#;
+
+pub fn widget_resource() -> ApiResource {
+    ApiResource {
+        group: "example.io".into(),
+        version: "v1".into(),
+        api_version: "example.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    }
+}
+
+pub fn widgets(client: &Client) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), NS, &widget_resource())
+}
+
+pub fn widget(name: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "example.io/v1",
+        "kind": "Widget",
+        "metadata": {"name": name},
+        "spec": {"size": 1},
+    }))
+    .expect("a DynamicObject")
+}
+
+/// The workspace root (kube-double's parent).
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("kube-double sits in the workspace")
+        .to_path_buf()
 }

@@ -1,0 +1,265 @@
+//! The controller's gRPC ports and who may call what on them.
+//!
+//! - The main port serves everything (FastPath v1 + v2, the native API,
+//!   RegistryService, health). FastPath and native calls need the FastPath
+//!   bearer token, or, with [`ControllerConfig::fastpath_tls`], a client
+//!   certificate instead: the port then speaks TLS and plaintext side by
+//!   side (a TLS connection starts with a handshake record, a plaintext
+//!   HTTP/2 one with its preface), so agents, janitors, the bundled
+//!   lifecycle and the kubelet's gRPC probes, which have no certificates,
+//!   keep working unchanged.
+//! - The open port ([`ControllerConfig::open_fastpath_listen`]) serves only
+//!   FastPath v1 + v2 and health, with no credentials at all: it exists for
+//!   the OpenSandbox server, whose FastPath client opens a plaintext channel
+//!   and cannot send a token. Only the network may reach it (the chart's
+//!   NetworkPolicy), and nothing on it can register an agent.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use sandbolt_proto::auth::RequireBearer;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::Connected;
+use tonic::{Request, Status};
+
+use crate::config::{ControllerConfig, TlsFiles};
+use crate::{Error, Result};
+
+/// First byte of a TLS record carrying a handshake message (a ClientHello
+/// opens every TLS connection); an HTTP/2 preface starts with `P`.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// A client that connected but neither finished a TLS handshake nor sent a
+/// first byte within this long is dropped, so idle sockets cannot pile up.
+const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepted connections waiting for the gRPC server to take them.
+const ACCEPT_BACKLOG: usize = 64;
+
+/// The FastPath token check of the main port, which a verified client
+/// certificate satisfies as well (see [`ControllerConfig::fastpath_tls`]).
+#[derive(Clone)]
+pub(crate) struct FastPathAuth {
+    bearer: RequireBearer,
+    /// TLS is on and no token is configured: plaintext FastPath calls are
+    /// refused instead of running open (a certificate is the only way in).
+    certificate_only: bool,
+}
+
+impl FastPathAuth {
+    pub(crate) fn new(config: &ControllerConfig) -> Self {
+        let token = config.fastpath_token.as_deref().filter(|t| !t.is_empty());
+        Self {
+            bearer: RequireBearer::new(token, "fastpath"),
+            certificate_only: config.fastpath_tls.is_some() && token.is_none(),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for FastPathAuth {
+    fn call(&mut self, req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        let has_certificate = req
+            .extensions()
+            .get::<MainPortPeer>()
+            .is_some_and(|p| p.client_certificate);
+        if has_certificate {
+            return Ok(req);
+        }
+        if self.certificate_only {
+            return Err(Status::unauthenticated(
+                "fastpath: this port needs a TLS client certificate signed by the configured client CA",
+            ));
+        }
+        self.bearer.check(req)
+    }
+}
+
+/// What the main port knows about a connection's peer; FastPath handlers
+/// find it in the request extensions.
+#[derive(Debug, Clone)]
+pub(crate) struct MainPortPeer {
+    /// The peer completed mutual TLS with a certificate the client CA signed.
+    pub(crate) client_certificate: bool,
+}
+
+/// One accepted connection of the main port with TLS on.
+pub(crate) enum MainPortConn {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Connected for MainPortConn {
+    type ConnectInfo = MainPortPeer;
+
+    fn connect_info(&self) -> MainPortPeer {
+        match self {
+            Self::Plain(_) => MainPortPeer {
+                client_certificate: false,
+            },
+            Self::Tls(s) => {
+                let (_, session) = s.get_ref();
+                MainPortPeer {
+                    // The verifier refuses a handshake without one; checked
+                    // again so a config change cannot silently open the port.
+                    client_certificate: session.peer_certificates().is_some_and(|c| !c.is_empty()),
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for MainPortConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for MainPortConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_flush(cx),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// The main port's connections with TLS on: each accepted socket gets
+/// TCP_NODELAY, then is handed over as plaintext or after a completed
+/// mutual-TLS handshake. Ends when the gRPC server drops the stream.
+pub(crate) fn plaintext_or_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+) -> ReceiverStream<io::Result<MainPortConn>> {
+    let (tx, rx) = mpsc::channel(ACCEPT_BACKLOG);
+    tokio::spawn(accept_loop(listener, TlsAcceptor::from(tls), tx));
+    ReceiverStream::new(rx)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    tx: mpsc::Sender<io::Result<MainPortConn>>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            () = tx.closed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "controller port: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Why TCP_NODELAY: see `nodelay` in lib.rs.
+        let _ = stream.set_nodelay(true);
+        let (acceptor, tx) = (acceptor.clone(), tx.clone());
+        // Per connection, so a slow handshake never holds up the others.
+        tokio::spawn(async move {
+            match tokio::time::timeout(
+                FIRST_BYTES_TIMEOUT,
+                plaintext_or_handshake(stream, &acceptor),
+            )
+            .await
+            {
+                Ok(Ok(conn)) => {
+                    let _ = tx.send(Ok(conn)).await;
+                }
+                Ok(Err(e)) => {
+                    tracing::info!(%peer, error = %e, "controller port: TLS connection refused")
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "controller port: no first bytes in time; dropped")
+                }
+            }
+        });
+    }
+}
+
+async fn plaintext_or_handshake(
+    stream: TcpStream,
+    acceptor: &TlsAcceptor,
+) -> io::Result<MainPortConn> {
+    let mut first = [0u8; 1];
+    let n = stream.peek(&mut first).await?;
+    if n == 1 && first[0] == TLS_HANDSHAKE_RECORD {
+        Ok(MainPortConn::Tls(Box::new(acceptor.accept(stream).await?)))
+    } else {
+        Ok(MainPortConn::Plain(stream))
+    }
+}
+
+/// The main port's TLS settings: the server certificate, a client
+/// certificate required and verified against `client_ca`, HTTP/2 by ALPN
+/// (gRPC clients, grpcio among them, insist on it).
+pub(crate) fn server_tls_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let bad = |what: &str, path: &std::path::Path, e: &dyn std::fmt::Display| {
+        Error::InvalidArgument(format!("FastPath TLS {what} {}: {e}", path.display()))
+    };
+    let chain = CertificateDer::pem_file_iter(&files.cert)
+        .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| bad("certificate", &files.cert, &e))?;
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| bad("key", &files.key, &e))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(&files.client_ca)
+        .map_err(|e| bad("client CA", &files.client_ca, &e))?
+    {
+        let ca = ca.map_err(|e| bad("client CA", &files.client_ca, &e))?;
+        roots
+            .add(ca)
+            .map_err(|e| bad("client CA", &files.client_ca, &e))?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| bad("client CA", &files.client_ca, &e))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Internal(format!("TLS protocol versions: {e}")))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| bad("certificate/key pair", &files.cert, &e))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
