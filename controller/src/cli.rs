@@ -205,6 +205,12 @@ pub struct ControllerArgs {
     /// How often expired sandboxes are looked for.
     #[arg(long, env = "SANDBOLT_EXPIRY_SWEEP_INTERVAL", default_value = "1s", value_parser = duration)]
     pub expiry_sweep_interval: Duration,
+    /// Kubernetes store: how long an expired sandbox's Sandbox resource is
+    /// kept as a tombstone (its container is removed at expiry): the
+    /// OpenSandbox server shows it as Terminated, as with fast-sandbox, and
+    /// a create of the same name replaces it. It is deleted after this long.
+    #[arg(long, env = "SANDBOLT_EXPIRED_SANDBOX_RETENTION", default_value = "1h", value_parser = duration)]
+    pub expired_sandbox_retention: Duration,
     /// Test hook: freeze at a named point (`strong-after-record[:name]`,
     /// `fast-after-create[:name]`) so a test can `kill -9` there.
     #[arg(long, env = FAILPOINT_ENV, hide = true)]
@@ -244,6 +250,7 @@ impl ControllerArgs {
         c.agent_gone_timeout = self.agent_gone_timeout;
         c.startup_grace = self.startup_grace;
         c.expiry_sweep_interval = self.expiry_sweep_interval;
+        c.expired_sandbox_retention = self.expired_sandbox_retention;
         c.failpoint = self.failpoint.clone();
         check_timeouts(&c)?;
         Ok(c)
@@ -442,6 +449,8 @@ mod tests {
             "3s",
             "--expiry-sweep-interval",
             "100ms",
+            "--expired-sandbox-retention",
+            "2m",
             "--consistency",
             "fast",
             "--failpoint",
@@ -451,6 +460,11 @@ mod tests {
         assert_eq!(c.heartbeat_interval, Duration::from_millis(100));
         assert_eq!(c.startup_grace, Duration::from_secs(3));
         assert_eq!(c.expiry_sweep_interval, Duration::from_millis(100));
+        assert_eq!(c.expired_sandbox_retention, Duration::from_secs(120));
+        assert_eq!(
+            parse(&[]).config().unwrap().expired_sandbox_retention,
+            Duration::from_secs(3600)
+        );
         assert_eq!(c.default_consistency, Consistency::Fast);
         let fp = c.failpoint.expect("failpoint");
         assert_eq!(fp.only_for.as_deref(), Some("victim"));

@@ -58,6 +58,9 @@ pub struct ControllerConfig {
     /// `None` (one machine): never — a silent agent's sandboxes wait for it.
     pub agent_presence: Option<std::sync::Arc<dyn crate::registry::AgentPresence>>,
     pub expiry_sweep_interval: Duration,
+    /// Kubernetes store: how long an expired sandbox's resource stays as a
+    /// tombstone (the OpenSandbox server shows it as Terminated).
+    pub expired_sandbox_retention: Duration,
     /// Upper bound for one agent create (image + container + execd ready).
     pub create_deadline: Duration,
     /// Fast mode: attempts to commit the record after the container exists.
@@ -95,6 +98,7 @@ impl ControllerConfig {
             agent_gone_timeout: DEFAULT_AGENT_GONE_TIMEOUT,
             agent_presence: None,
             expiry_sweep_interval: Duration::from_secs(1),
+            expired_sandbox_retention: crate::store::kube::DEFAULT_EXPIRED_SANDBOX_RETENTION,
             create_deadline: Duration::from_secs(60),
             record_commit_attempts: 5,
             default_recovery_timeout: Duration::from_secs(60),

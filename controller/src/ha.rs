@@ -156,6 +156,10 @@ where
     let client = kube::Client::try_from(kube_config.clone())
         .map_err(|e| Error::Unavailable(format!("Kubernetes client: {e}")))?;
     let namespace = lease.namespace.clone();
+    let store_config = KubeStoreConfig {
+        expired_sandbox_retention: config.expired_sandbox_retention,
+        ..KubeStoreConfig::new(namespace.clone())
+    };
     let status = StatusApis::namespaced(client.clone(), &namespace);
     let elector = LeaderElector::spawn(client, lease)
         .map_err(|e| Error::InvalidArgument(format!("leader election: {e}")))?;
@@ -163,7 +167,7 @@ where
         config,
         elector,
         move || {
-            let store = KubeStore::open(kube_config, KubeStoreConfig::new(namespace))?;
+            let store = KubeStore::open(kube_config, store_config)?;
             Ok(Arc::new(store) as _)
         },
         Some(status),

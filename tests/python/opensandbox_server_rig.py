@@ -698,7 +698,10 @@ class Rig:
 
     def expired(self) -> str:
         """What GET reads once a sandbox's expiry passed: a template sandbox
-        (the server wants timeout >= 60 s) renewed to expire in 3 s."""
+        (the server wants timeout >= 60 s) renewed to expire in 3 s. sandbolt
+        removes the container and keeps the Sandbox resource as a tombstone
+        (runtime Stopped), which the server reads as Terminated, as with
+        fast-sandbox; the server's kill then deletes the tombstone."""
         tid = self.need_template()
         sbx = SandboxSync.create_from_template(
             tid,
@@ -720,16 +723,18 @@ class Rig:
                     raise
                 self.extra_ids.remove(sid)
                 raise Differs(
-                    "GET answers 404 once it expired: sandbolt deletes an expired sandbox and its "
-                    "Sandbox resource; fast-sandbox keeps the resource (runtime Stopped), which the "
-                    "server reads as Terminated"
+                    "GET answers 404 once it expired: no tombstone of the Sandbox resource was kept"
                 )
-            if info.status.state == "Terminated":
+            state = info.status.state
+            if state == "Terminated":
                 self.manager.kill_sandbox(sid)
+                wait_gone(self.manager, sid)
                 self.extra_ids.remove(sid)
-                return "Terminated after its expiry"
+                return f"Terminated after its expiry (reason {info.status.reason}); kill removes it"
+            if state == "Failed":
+                raise Differs(f"reads Failed after its expiry: {info.status.message}")
             if time.monotonic() > deadline:
-                raise Differs(f"still {info.status.state!r} {SETTLE:.0f} s after a 3 s expiry")
+                raise Differs(f"still {state!r} {SETTLE:.0f} s after a 3 s expiry")
             time.sleep(0.2)
 
     def delete_template(self) -> str:

@@ -62,6 +62,7 @@ const MUST_WORK: &[&str] = &[
     "snapshot delete",
     "kill",
     "404 after kill",
+    "expired sandbox reads",
     "delete_template",
 ];
 
@@ -69,14 +70,11 @@ const MUST_WORK: &[&str] = &[
 /// why): the server's fsb provider answers 501 for logs by design (FastPath
 /// has no logs; no sandbolt call is made; the summary includes the logs, so
 /// it is 501 too), and refuses `expires` on fsb
-/// endpoints (no expiring routes); sandbolt deletes an expired
-/// sandbox, so the server answers 404 where fast-sandbox's kept resource
-/// reads Terminated. Asserted, so that the table stays true.
+/// endpoints (no expiring routes). Asserted, so that the table stays true.
 const KNOWN_GAPS: &[(&str, &str)] = &[
     ("diagnostics logs", "missing"),
     ("get_signed_endpoint", "missing"),
     ("diagnostics summary", "missing"),
-    ("expired sandbox reads", "differs"),
 ];
 
 #[test]

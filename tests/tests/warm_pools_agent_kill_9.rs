@@ -164,6 +164,9 @@ async fn agent_kill_9_with_a_full_buffer_leaks_nothing() {
         "every warm sandbox has its own namespace: {ns_full:?}"
     );
 
+    // The agent keeps prepared rootfs snapshots for cold creates; the
+    // killed one's must go, the restarted one makes its own when it likes.
+    let prepared_before: BTreeSet<String> = prepared(&active_snapshots(&bed).await);
     guard.agent.kill9();
     // The kill leaves them running, owned by nobody: this is what the
     // restart must clean up.
@@ -176,10 +179,22 @@ async fn agent_kill_9_with_a_full_buffer_leaks_nothing() {
     // Nothing of the old ones: no active snapshot beyond the live
     // containers' own, no namespace beyond the live ones' and the prepared.
     let snaps = active_snapshots(&bed).await;
+    let rootfs: Vec<&String> = snaps
+        .iter()
+        .filter(|s| !s.starts_with(PREPARED_PREFIX))
+        .collect();
     assert_eq!(
-        snaps.len(),
+        rootfs.len(),
         BUFFER,
         "one rootfs per live container, none of the killed agent's: {snaps:?}"
+    );
+    let survivors: Vec<String> = prepared(&snaps)
+        .intersection(&prepared_before)
+        .cloned()
+        .collect();
+    assert!(
+        survivors.is_empty(),
+        "the killed agent's prepared snapshots survived: {survivors:?}"
     );
     for id in &first {
         assert!(
@@ -214,4 +229,17 @@ async fn agent_kill_9_with_a_full_buffer_leaks_nothing() {
         "the stopped agent left network state: {purged:?}"
     );
     drop_bed_checked(bed).await;
+}
+
+/// Key prefix of the agent's prepared rootfs snapshots (issue 17).
+const PREPARED_PREFIX: &str = sandbolt_node::labels::PREPARED_KEY_PREFIX;
+
+/// The keys of the prepared snapshots among `ctr snapshots ls` lines.
+fn prepared(lines: &[String]) -> BTreeSet<String> {
+    lines
+        .iter()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|k| k.starts_with(PREPARED_PREFIX))
+        .map(String::from)
+        .collect()
 }

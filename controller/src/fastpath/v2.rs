@@ -351,7 +351,7 @@ impl FastPathService for FastPathV2 {
         req: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let (key, expect) = reference(req.get_ref().sandbox.as_ref(), 0)?;
-        self.core.delete(&key, &expect).await?;
+        self.core.delete_or_tombstone(&key, &expect).await?;
         Ok(Response::new(pb::DeleteResponse {}))
     }
 

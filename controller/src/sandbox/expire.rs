@@ -5,6 +5,7 @@
 
 use crate::clock;
 use crate::ids::SandboxKey;
+use crate::sandbox::delete::DeleteCause;
 use crate::sandbox::{Core, Precondition};
 
 impl Core {
@@ -20,7 +21,10 @@ impl Core {
         for (t, key) in due {
             match self.store.get(&key) {
                 Ok(Some(r)) if r.spec.expires_at != 0 && r.spec.expires_at <= now => {
-                    match self.delete(&key, &Precondition::uid(r.uid)).await {
+                    match self
+                        .delete_for(&key, &Precondition::uid(r.uid), DeleteCause::Expired)
+                        .await
+                    {
                         Ok(_) => {
                             tracing::info!(sandbox = %key.name, namespace = %key.namespace, expired_at = t, "expired sandbox deleted");
                             deleted.push(key);

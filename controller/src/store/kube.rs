@@ -43,7 +43,10 @@
 //! delete (the object turns terminating) and then removes the finalizer, after
 //! the controller removed the container. A Sandbox deleted from outside
 //! (`kubectl delete`) stays terminating until the controller has cleaned up:
-//! [`Store::deletions_requested`] reports it.
+//! [`Store::deletions_requested`] reports it. An expiry leaves a tombstone
+//! instead ([`tombstone`]): the resource without the controller's state and
+//! finalizer, status Stopped, for the OpenSandbox server to show as
+//! Terminated until the retention ends.
 //!
 //! # Warm pools
 //!
@@ -105,8 +108,10 @@ use super::{
 };
 
 mod status;
+mod tombstone;
 
 pub(crate) use status::derive_status;
+pub use tombstone::EXPIRED_ANNOTATION;
 
 /// Annotation holding the controller's part of the record (JSON).
 pub const STATE_ANNOTATION: &str = "sandbolt.io/state";
@@ -120,6 +125,8 @@ pub const AGENT_RECORD_LABEL: &str = "sandbolt.io/agent-record";
 pub const WARM_CREATED_ANNOTATION: &str = "sandbolt.io/created-at-unix-ms";
 /// How long an own write shadows the watch cache at most.
 pub const OVERLAY_TTL: Duration = Duration::from_secs(10);
+/// How long an expired sandbox's tombstone stays by default.
+pub const DEFAULT_EXPIRED_SANDBOX_RETENTION: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone)]
 pub struct KubeStoreConfig {
@@ -132,6 +139,9 @@ pub struct KubeStoreConfig {
     /// How often the leader's status publisher compares every Sandbox's
     /// status with its record and the observed exits.
     pub status_period: Duration,
+    /// How long an expired sandbox's tombstone stays (then the leader's
+    /// status publisher deletes it).
+    pub expired_sandbox_retention: Duration,
 }
 
 impl KubeStoreConfig {
@@ -141,6 +151,7 @@ impl KubeStoreConfig {
             write_timeout: Duration::from_secs(10),
             sync_timeout: Duration::from_secs(30),
             status_period: Duration::from_secs(1),
+            expired_sandbox_retention: DEFAULT_EXPIRED_SANDBOX_RETENTION,
         }
     }
 }
@@ -301,6 +312,7 @@ pub struct KubeStore {
     create_lock: Mutex<()>,
     write_timeout: Duration,
     status_period: Duration,
+    expired_sandbox_retention: Duration,
     /// Exits the records do not hold, once the controller's core said how
     /// to observe them (see [`Store::publish_observed_exits`]).
     exits: Mutex<Option<ExitObserver>>,
@@ -507,6 +519,7 @@ impl KubeStore {
             create_lock: Mutex::new(()),
             write_timeout: store_config.write_timeout,
             status_period: store_config.status_period,
+            expired_sandbox_retention: store_config.expired_sandbox_retention,
             exits: Mutex::new(None),
             publisher: Mutex::new(None),
         })
@@ -606,6 +619,43 @@ impl KubeStore {
                 written
             }
         }
+    }
+
+    /// Creates `obj`; `Err(holder)`, the object holding the name (perhaps
+    /// still terminating, or a tombstone), when it is taken.
+    fn create_object(
+        &self,
+        key: &SandboxKey,
+        obj: &Sandbox,
+    ) -> StoreResult<Result<Sandbox, Sandbox>> {
+        let api = self.sandboxes_in(&key.namespace);
+        let o = obj.clone();
+        match self.call("create", async move {
+            api.create(&PostParams::default(), &o).await
+        })? {
+            Ok(o) => Ok(Ok(o)),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let api = self.sandboxes_in(&key.namespace);
+                let name = key.name.clone();
+                let holder = self
+                    .call("get", async move { api.get(&name).await })?
+                    .map_err(|e| api_error(e, key))?;
+                Ok(Err(holder))
+            }
+            Err(e) => Err(api_error(e, key)),
+        }
+    }
+
+    fn remove_tombstone(&self, obj: &Sandbox) -> StoreResult<()> {
+        let key = key_of(obj);
+        let api = self.sandboxes_in(&key.namespace);
+        let o = obj.clone();
+        self.call("delete tombstone", async move {
+            tombstone::remove(api, &o).await
+        })?
+        .map_err(|e| api_error(e, &key))?;
+        self.forget(obj);
+        Ok(())
     }
 
     fn sandboxes_in(&self, namespace: &str) -> Api<Sandbox> {
@@ -819,6 +869,20 @@ macro_rules! volume {
             read_only: $v.read_only,
         }
     };
+}
+
+/// Why a create found `key` taken by `holder`.
+fn taken_by(key: &SandboxKey, holder: &Sandbox) -> StoreError {
+    match from_object(holder) {
+        Ok(Some(record)) => StoreError::AlreadyExists(Box::new(record)),
+        Ok(None) if tombstone::is_tombstone(holder) => StoreError::Unavailable(format!(
+            "sandbox {key}: the tombstone of an expired sandbox of this name is still being removed"
+        )),
+        Ok(None) => {
+            StoreError::Invalid(format!("sandbox {key} exists and was not made by sandbolt"))
+        }
+        Err(e) => e,
+    }
 }
 
 fn to_time(unix_seconds: i64) -> Option<Time> {
@@ -1433,26 +1497,16 @@ impl Store for KubeStore {
         }
         let key = record.key();
         let obj = to_object(record, None)?;
-        let api = self.sandboxes_in(&record.namespace);
-        let created = match self.call("create", async move {
-            api.create(&PostParams::default(), &obj).await
-        })? {
+        let created = match self.create_object(&key, &obj)? {
             Ok(o) => o,
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                // Taken (perhaps still terminating): report the holder.
-                let api = self.sandboxes_in(&record.namespace);
-                let name = record.name.clone();
-                let holder = self
-                    .call("get", async move { api.get(&name).await })?
-                    .map_err(|e| api_error(e, &key))?;
-                let holder = from_object(&holder)?.ok_or_else(|| {
-                    StoreError::Invalid(format!(
-                        "sandbox {key} exists and was not made by sandbolt"
-                    ))
-                })?;
-                return Err(StoreError::AlreadyExists(Box::new(holder)));
+            // An expired sandbox's remains: a new sandbox of the name
+            // replaces them.
+            Err(holder) if tombstone::is_tombstone(&holder) => {
+                self.remove_tombstone(&holder)?;
+                self.create_object(&key, &obj)?
+                    .map_err(|holder| taken_by(&key, &holder))?
             }
-            Err(e) => return Err(api_error(e, &key)),
+            Err(holder) => return Err(taken_by(&key, &holder)),
         };
         let newest = self.sync_status(record, created);
         let obj = self.remember(newest);
@@ -1523,14 +1577,7 @@ impl Store for KubeStore {
         let uid = current.metadata.uid.clone();
         let outcome = self.call("delete", async move {
             if !terminating {
-                let dp = DeleteParams {
-                    preconditions: uid.map(|uid| kube::api::Preconditions {
-                        uid: Some(uid),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match api.delete(&n, &dp).await {
+                match api.delete(&n, &tombstone::of_uid(uid)).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
                     Err(e) => return Err(e),
@@ -1571,6 +1618,53 @@ impl Store for KubeStore {
         outcome.map_err(|e| api_error(e, key))?;
         self.forget(&current);
         Ok(record)
+    }
+
+    fn delete_expired(&self, key: &SandboxKey) -> StoreResult<Option<SandboxRecord>> {
+        let Some(current) = self.lookup(key) else {
+            return self.delete(key);
+        };
+        let Some(record) = from_object(&current)? else {
+            return self.delete(key);
+        };
+        let api = self.sandboxes_in(&key.namespace);
+        let burial = tombstone::bury(
+            api,
+            key.name.clone(),
+            current.metadata.uid.clone(),
+            Timestamp::now(),
+        );
+        match self
+            .call("tombstone", burial)?
+            .map_err(|e| api_error(e, key))?
+        {
+            tombstone::Burial::Tombstone(obj) => {
+                self.remember(*obj);
+                Ok(Some(record))
+            }
+            tombstone::Burial::Gone => {
+                self.forget(&current);
+                Ok(Some(record))
+            }
+            tombstone::Burial::Terminating => self.delete(key),
+        }
+    }
+
+    fn delete_tombstone(&self, key: &SandboxKey) -> StoreResult<bool> {
+        // Live: called once a delete found no record, the cache may lag
+        // behind the tombstone the caller read.
+        let api = self.sandboxes_in(&key.namespace);
+        let name = key.name.clone();
+        let found = self
+            .call("get", async move { api.get_opt(&name).await })?
+            .map_err(|e| api_error(e, key))?;
+        match found {
+            Some(obj) if tombstone::is_tombstone(&obj) => {
+                self.remove_tombstone(&obj)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     fn list(&self, range: &ListRange<'_>) -> StoreResult<Vec<SandboxRecord>> {
@@ -1662,6 +1756,7 @@ impl Store for KubeStore {
             overlay: self.overlay.clone(),
             observer,
             write_timeout: self.write_timeout,
+            tombstone_retention: self.expired_sandbox_retention,
         };
         let rt = self
             .runtime

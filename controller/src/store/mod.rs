@@ -590,6 +590,19 @@ pub trait Store: Send + Sync + 'static {
     fn replace(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord>;
     /// Deletes a record (and its request id); `None` if it did not exist.
     fn delete(&self, key: &SandboxKey) -> StoreResult<Option<SandboxRecord>>;
+    /// Deletes the record of a sandbox whose expiry passed (its container
+    /// is gone). A store read outside the controller may leave a tombstone
+    /// there for those readers (the Kubernetes store: the OpenSandbox
+    /// server shows an expired sandbox as Terminated); a tombstone is no
+    /// record: no read of this trait returns it. By default a delete.
+    fn delete_expired(&self, key: &SandboxKey) -> StoreResult<Option<SandboxRecord>> {
+        self.delete(key)
+    }
+    /// Removes the tombstone an expiry left at `key`, if that is all there
+    /// is; true when one was removed (stores without tombstones: never).
+    fn delete_tombstone(&self, _key: &SandboxKey) -> StoreResult<bool> {
+        Ok(false)
+    }
     /// The records `range` selects, in namespace and name order.
     fn list(&self, range: &ListRange<'_>) -> StoreResult<Vec<SandboxRecord>>;
 

@@ -21,7 +21,7 @@ use sandbolt_deploy::sandbox::{
     READY_CONDITION, RuntimeState, RuntimeStatus,
 };
 
-use super::{Overlay, from_object, key_of, object_ref};
+use super::{Overlay, from_object, key_of, object_ref, tombstone};
 use crate::ids::SandboxKey;
 use crate::store::{ContainerExit, ExitObserver, Phase, SandboxRecord};
 
@@ -115,6 +115,8 @@ pub(super) struct StatusPublisher {
     pub(super) overlay: Arc<Mutex<Overlay<SandboxKey, Sandbox>>>,
     pub(super) observer: ExitObserver,
     pub(super) write_timeout: Duration,
+    /// How long an expired sandbox's tombstone stays.
+    pub(super) tombstone_retention: Duration,
 }
 
 impl StatusPublisher {
@@ -128,17 +130,25 @@ impl StatusPublisher {
     }
 
     async fn publish_once(&self) {
+        let now = Timestamp::now();
         for obj in self.cache.state() {
             let key = key_of(&obj);
             if self.overlay.lock().fresh(&key).is_some() {
                 continue;
             }
-            let Ok(Some(record)) = from_object(&obj) else {
-                continue;
+            let status = if tombstone::is_tombstone(&obj) {
+                if tombstone::outlived(&obj, self.tombstone_retention, now) {
+                    self.remove_tombstone(&key, &obj).await;
+                    continue;
+                }
+                tombstone::tombstone_status(&obj)
+            } else {
+                let Ok(Some(record)) = from_object(&obj) else {
+                    continue;
+                };
+                let exit = (self.observer)(&record);
+                derive_status(&record, exit.as_ref(), obj.metadata.generation.unwrap_or(1))
             };
-            let exit = (self.observer)(&record);
-            let status =
-                derive_status(&record, exit.as_ref(), obj.metadata.generation.unwrap_or(1));
             if obj.status.as_ref() == Some(&status) {
                 continue;
             }
@@ -156,6 +166,26 @@ impl StatusPublisher {
                 Err(_) => {
                     tracing::debug!(sandbox = %key.name, namespace = %key.namespace, "status write timed out")
                 }
+            }
+        }
+    }
+
+    /// Deletes a tombstone kept for its retention (a failure is the next
+    /// round's to retry).
+    async fn remove_tombstone(&self, key: &SandboxKey, obj: &Sandbox) {
+        let api: Api<Sandbox> = Api::namespaced(self.client.clone(), &key.namespace);
+        match tokio::time::timeout(self.write_timeout, tombstone::remove(api, obj)).await {
+            Ok(Ok(())) => {
+                tracing::info!(sandbox = %key.name, namespace = %key.namespace, "expired sandbox's tombstone removed after its retention");
+                let mut overlay = self.overlay.lock();
+                let cached = self.cache.get(&object_ref(key));
+                overlay.deleted(key.clone(), obj, cached);
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(sandbox = %key.name, namespace = %key.namespace, %error, "tombstone not removed yet")
+            }
+            Err(_) => {
+                tracing::debug!(sandbox = %key.name, namespace = %key.namespace, "tombstone removal timed out")
             }
         }
     }
