@@ -9,79 +9,30 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::api::Api;
+use sandbolt_controller::SandboxKey;
 use sandbolt_controller::store::ListRange;
-use sandbolt_controller::store::kube::{
-    EXPIRED_ANNOTATION, KubeStore, KubeStoreConfig, STATE_ANNOTATION,
-};
-use sandbolt_controller::{Controller, ControllerHandle, SandboxKey};
+use sandbolt_controller::store::kube::{EXPIRED_ANNOTATION, STATE_ANNOTATION};
 use sandbolt_deploy::Sandbox;
 use sandbolt_deploy::sandbox::{FINALIZER, READY_CONDITION, RuntimeState};
-use sandbolt_kube_double::ApiDouble;
 use sandbolt_proto::fastpath::v2;
-use support::standin::StandInAgent;
-use support::{HB, eventually, standin_config};
+use support::eventually;
+use support::kube_bed::{self, KubeBed as Bed};
 use tonic::Code;
-use tonic::transport::Channel;
-
-type V2 = v2::fast_path_service_client::FastPathServiceClient<Channel>;
 
 const NS: &str = "opensandbox";
-
-struct Bed {
-    api: ApiDouble,
-    controller: ControllerHandle,
-    agent: StandInAgent,
-    v2: V2,
-    sandboxes: Api<Sandbox>,
-    _dir: tempfile::TempDir,
-}
 
 /// A controller over the Kubernetes store on the double (expiry swept and
 /// status published every 100 ms, tombstones kept for `retention`), one
 /// stand-in agent, a FastPath v2 client.
 async fn bed(retention: Duration) -> Bed {
-    let api = ApiDouble::start().await;
-    let mut cfg = KubeStoreConfig::new("sandbolt-system");
-    cfg.write_timeout = Duration::from_secs(5);
-    cfg.status_period = Duration::from_millis(100);
-    cfg.expired_sandbox_retention = retention;
-    let kube_config = api.config();
-    let store = tokio::task::spawn_blocking(move || KubeStore::open(kube_config, cfg))
-        .await
-        .unwrap()
-        .expect("kube store opens on the double");
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = standin_config(dir.path());
-    config.expiry_sweep_interval = Duration::from_millis(100);
-    let controller = Controller::start_with_store(config, Arc::new(store))
-        .await
-        .unwrap();
-    let agent = StandInAgent::start(
-        "a1",
-        "default",
-        8,
-        &["busybox"],
-        controller.local_addr(),
-        HB,
-    )
-    .await;
-    let v2 = V2::connect(format!("http://{}", controller.local_addr()))
-        .await
-        .unwrap();
-    let sandboxes = Api::namespaced(api.client(), NS);
-    Bed {
-        api,
-        controller,
-        agent,
-        v2,
-        sandboxes,
-        _dir: dir,
-    }
+    kube_bed::start(NS, |store, controller| {
+        store.expired_sandbox_retention = retention;
+        controller.expiry_sweep_interval = Duration::from_millis(100);
+    })
+    .await
 }
 
 fn reference(name: &str, uid: &str) -> Option<v2::SandboxReference> {

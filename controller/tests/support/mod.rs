@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod kube_bed;
 pub mod standin;
 
 use std::path::Path;
