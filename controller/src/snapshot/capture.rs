@@ -63,12 +63,7 @@ impl Core {
         if req.request_id.is_empty() {
             return Ok(None);
         }
-        let Some(r) = self
-            .store
-            .list_snapshots()?
-            .into_iter()
-            .find(|r| r.namespace == req.source.namespace && r.request_id == req.request_id)
-        else {
+        let Some(r) = self.snapshot_of_request_id(&req.source.namespace, &req.request_id)? else {
             return Ok(None);
         };
         if r.source_sandbox != req.source.name {

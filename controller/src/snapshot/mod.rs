@@ -99,11 +99,21 @@ impl Core {
         {
             return Ok(Some(r));
         }
+        self.snapshot_of_request_id(namespace, name)
+    }
+
+    /// The snapshot of `namespace` created with `request_id` (a request id
+    /// names one snapshot per namespace: creates are idempotent by it).
+    pub(crate) fn snapshot_of_request_id(
+        &self,
+        namespace: &str,
+        request_id: &str,
+    ) -> Result<Option<SnapshotRecord>> {
         Ok(self
             .store
             .list_snapshots()?
             .into_iter()
-            .find(|r| r.namespace == namespace && r.request_id == name))
+            .find(|r| r.namespace == namespace && r.request_id == request_id))
     }
 
     /// [`Core::snapshot_named`], NOT_FOUND when there is none or (with
