@@ -728,14 +728,10 @@ impl KubeStore {
                     let Some(current) = api.get_opt(&n).await? else {
                         return Ok(None);
                     };
-                    let dp = DeleteParams {
-                        preconditions: Some(kube::api::Preconditions {
-                            uid: current.meta().uid.clone(),
-                            resource_version: None,
-                        }),
-                        ..DeleteParams::default()
-                    };
-                    match api.delete(&n, &dp).await {
+                    match api
+                        .delete(&n, &delete_of_uid(current.meta().uid.clone()))
+                        .await
+                    {
                         Ok(_) => return Ok(Some(current)),
                         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
                         Err(kube::Error::Api(s)) if s.code == 409 => continue,
@@ -843,6 +839,18 @@ fn wait<T: Send + 'static>(task: tokio::task::JoinHandle<StoreResult<T>>) -> Sto
 }
 
 /// Maps an API error of a request about the record at `key`.
+/// A delete of the object with that uid only (`None`: whatever holds the
+/// name): one made again under the name in between is not touched.
+fn delete_of_uid(uid: Option<String>) -> DeleteParams {
+    DeleteParams {
+        preconditions: uid.map(|uid| kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    }
+}
+
 fn api_error(e: kube::Error, key: &SandboxKey) -> StoreError {
     match &e {
         kube::Error::Api(s) if s.code == 404 => StoreError::NotFound(key.clone()),
@@ -1577,7 +1585,7 @@ impl Store for KubeStore {
         let uid = current.metadata.uid.clone();
         let outcome = self.call("delete", async move {
             if !terminating {
-                match api.delete(&n, &tombstone::of_uid(uid)).await {
+                match api.delete(&n, &delete_of_uid(uid)).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
                     Err(e) => return Err(e),

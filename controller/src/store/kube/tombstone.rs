@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use sandbolt_deploy::sandbox::{
     DataPlaneState, DataPlaneStatus, FINALIZER, READY_CONDITION, RuntimeState, RuntimeStatus,
 };
 use sandbolt_deploy::{Sandbox, SandboxStatus};
 
-use super::STATE_ANNOTATION;
+use super::{STATE_ANNOTATION, delete_of_uid};
 
 /// Marks a tombstone; its value is when the sandbox expired (RFC 3339).
 pub const EXPIRED_ANNOTATION: &str = "sandbolt.io/expired-at";
@@ -143,23 +143,12 @@ pub(super) async fn bury(
 /// name meanwhile stays). Already gone counts as removed.
 pub(super) async fn remove(api: Api<Sandbox>, obj: &Sandbox) -> Result<(), kube::Error> {
     match api
-        .delete(&obj.name_any(), &of_uid(obj.metadata.uid.clone()))
+        .delete(&obj.name_any(), &delete_of_uid(obj.metadata.uid.clone()))
         .await
     {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e),
-    }
-}
-
-/// A delete of that object only (`None`: whatever holds the name).
-pub(super) fn of_uid(uid: Option<String>) -> DeleteParams {
-    DeleteParams {
-        preconditions: uid.map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
     }
 }
 
