@@ -2,7 +2,7 @@
 //! the agent's gRPC API on the test bed's real containerd/runc, observed from
 //! inside the sandbox (its log) and on the host.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! and through the data-plane proxy), and image import over containerd's
 //! content + images API.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::time::Duration;

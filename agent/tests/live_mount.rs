@@ -3,7 +3,7 @@
 //! `ctr tasks exec`, i.e. a process inside it), what the host sees, and that
 //! symlinks planted inside the sandbox cannot carry a mount out of its root.
 
-mod common;
+use crate::common;
 
 use std::os::fd::OwnedFd;
 use std::path::Path;

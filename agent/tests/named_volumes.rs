@@ -6,7 +6,7 @@
 //! labels, and a full quota fails writes inside the sandbox with EDQUOT.
 //! Every call goes through AgentService (tonic, bearer token).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -5,7 +5,7 @@
 //! (`/proc/<pid>/ns/net`), so what is checked is exactly what the
 //! sandbox's processes get.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::future::Future;

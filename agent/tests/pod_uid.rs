@@ -3,7 +3,7 @@
 //! containers it adopts to its own UID before it serves — the sandboxes keep
 //! running throughout. Real containerd (the test bed).
 
-mod common;
+use crate::common;
 
 use common::*;
 use sandbolt_agent::Agent;

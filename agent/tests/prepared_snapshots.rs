@@ -6,7 +6,7 @@
 //! process's and removes those of one that is gone; `prepared_snapshots = 0`
 //! turns it off; nothing is left.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

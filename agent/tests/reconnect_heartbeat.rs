@@ -2,7 +2,7 @@
 //! exits reconciled), and heartbeats pushed to a controller's
 //! RegistryService.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

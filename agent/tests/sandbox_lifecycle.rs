@@ -1,7 +1,7 @@
 //! Create → running → output → delete on the test bed's real containerd/runc,
 //! through the agent's gRPC API.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

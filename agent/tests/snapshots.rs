@@ -9,7 +9,7 @@
 //! nothing; a restarted agent cleans up after a capture that died. Every
 //! call goes through AgentService (tonic, bearer token).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};

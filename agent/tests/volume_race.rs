@@ -6,7 +6,7 @@
 //! over and over. Every sandbox must see the real directory's marker files,
 //! or its create must fail cleanly — never the host's `/`.
 
-mod common;
+use crate::common;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;

@@ -678,7 +678,10 @@ fn kill_9_during_operations_never_leaves_a_half_volume() {
         let _ = std::fs::remove_file(root.join("worker-ready"));
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
-                "kill_9_during_operations_never_leaves_a_half_volume",
+                &sandbolt_test_support::test_name(
+                    module_path!(),
+                    "kill_9_during_operations_never_leaves_a_half_volume",
+                ),
                 "--exact",
                 "--nocapture",
             ])

@@ -4,7 +4,7 @@
 //! delaying start-up or creates, and a sandbox of a warm image then starts
 //! without another pull.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

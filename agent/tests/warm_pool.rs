@@ -4,7 +4,7 @@
 //! identity mismatches, refill, capacity and target trims, agent restart,
 //! and the janitor's warm rule.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -14,7 +14,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{AgentFlags, JanitorFlags, NodeFlags, execd_via_proxy};
 use sandbolt_janitor::{ControllerOwnership, KeepReason, OwnershipSource};

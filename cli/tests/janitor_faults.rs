@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{AgentFlags, JanitorFlags, NodeFlags, execd_via_proxy, reference};
 use containerd_client::services::v1::snapshots::{Kind, ListSnapshotsRequest};

@@ -9,7 +9,7 @@
 //! (`tests/tests/opensandbox_server_rig.rs`) runs the same through the real
 //! server on a real agent.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering::SeqCst;
 

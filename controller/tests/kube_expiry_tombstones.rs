@@ -7,7 +7,7 @@
 //! leader removes it after the retention. The resource lives on the
 //! Kubernetes API double; the agent is a stand-in (`support/standin.rs`).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

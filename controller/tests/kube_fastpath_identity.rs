@@ -8,7 +8,7 @@
 //! agent is a stand-in (see `support/standin.rs`): these tests are about the
 //! records and the resource, not containers.
 
-mod support;
+use crate::support;
 
 use kube::ResourceExt;
 use sandbolt_controller::SandboxKey;

@@ -8,7 +8,7 @@
 //!
 //! The store blocks its caller for API round trips: multi-threaded runtime.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

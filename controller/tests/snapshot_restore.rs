@@ -8,7 +8,7 @@
 //! path (containerd snapshots, overlay upper dirs) runs on real agents in
 //! `tests/tests/snapshots_sdk.rs` and `agent/tests/`.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::SeqCst;

@@ -9,7 +9,7 @@
 //! itself (containerd, overlay upper dirs) runs on the real agent in
 //! `tests/tests/` and `agent/tests/`.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -8,7 +8,7 @@
 //! `lost_agent_failure_policy.rs` (AUTO_RECREATE / MANUAL),
 //! `python_fastpath_contract.rs` (grpcio clients).
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@
 //! real agents does not have. The data path (btrfs, mounts inside
 //! containers) runs on real agents in `tests/tests/` and `agent/tests/`.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

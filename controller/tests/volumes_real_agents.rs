@@ -8,7 +8,7 @@
 //! sandboxes (bytes written, read back, restored, forked) is covered end to
 //! end in `tests/tests/volumes_end_to_end.rs`.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -8,7 +8,7 @@
 //! marker file). Also WarmPoolService CRUD and validation, and FastPath
 //! v2's GetPool/ListPools counts.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! Route-by-route edge cases against a real `execd` process on loopback.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -2,8 +2,6 @@
 //! the official Python SDK against it in busybox, and a shell-less image (execd plus
 //! one static binary) that still runs `argv` commands and file operations.
 
-mod common;
-
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! `--init`: entrypoint as a child, signal forwarding, exit status, zombie reaping.
 //! (Here execd is a child subreaper rather than PID 1; the container test covers PID 1.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

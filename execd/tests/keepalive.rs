@@ -7,7 +7,7 @@
 //! on a connection the server closed right after, so the client's next request on it
 //! got "Server disconnected without sending a response".
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! local execd process: commands, background + logs + interrupt, sessions, files
 //! (1 B, 20 KiB, 8 MiB byte-exact), directories, metrics.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

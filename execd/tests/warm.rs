@@ -2,7 +2,7 @@
 //! token, environment and working directory, starts the entrypoint as a cold start would,
 //! and succeeds exactly once.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Request/response semantics through the real kube client.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The `kube-double` binary: flags, the URL on stdout, the kubeconfig, and
 //! a clean exit on SIGTERM / SIGINT.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -1,7 +1,7 @@
 //! Kinds registered at run time (CRD files, `register_kind`), the
 //! kubeconfig, and the API server's boolean query parameters.
 
-mod common;
+use crate::common;
 
 use common::*;
 use http::Request;

@@ -2,7 +2,7 @@
 //! server's) from `target/opensandbox-server-venv`, through a kubeconfig
 //! from `write_kubeconfig`, on a kind registered from a CRD.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

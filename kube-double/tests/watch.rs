@@ -1,6 +1,6 @@
 //! Watch semantics through kube's raw watch and `kube::runtime::watcher`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! its poolMax as a 429 with `Retry-After: 1`; and the official Python SDK
 //! creating sandboxes from a pool.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! (its native control API) and a real agent on the test bed's private
 //! containerd.
 
-mod common;
+use crate::common;
 
 /// Runs one pytest file against a lifecycle over a fresh controller and
 /// agent; `host_root` passes the agent's allowed host-path root to the suite

@@ -6,7 +6,7 @@
 //! snapshot `Deleting` until that sandbox goes. Then the same through the
 //! Python SDK.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

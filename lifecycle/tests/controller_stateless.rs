@@ -6,7 +6,7 @@
 //! sweep). Limits, metadata and volumes reach the sandbox; controller errors
 //! keep their meaning.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

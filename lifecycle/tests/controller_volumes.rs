@@ -5,7 +5,7 @@
 //! out of a running sandbox; the access-mode and in-use rules as 409s; and
 //! the official Python SDK creating sandboxes with a `pvc`.
 
-mod common;
+use crate::common;
 
 use common::{call, sh};
 use reqwest::{Method as M, StatusCode};

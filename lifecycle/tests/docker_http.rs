@@ -2,7 +2,7 @@
 //! auth, error shapes, `X-Request-ID`, both mounts, 501s, validation,
 //! manual cleanup, expiry persisted across a restart.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! The image is built from scratch out of the static `sandbolt` and execd
 //! binaries; its `sandbolt --version` must run too (issue 8).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! (169.254.169.254) and not the node's own addresses. Every negative check
 //! has a control that shows the target answers from the root namespace.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! test bed's private dockerd on this host's cgroup v1): the same limits the
 //! containerd path applies, and they hold.
 
-mod common;
+use crate::common;
 
 use common::{call, sh};
 use reqwest::{Method, StatusCode};

@@ -1,7 +1,7 @@
 //! The official OpenSandbox Python SDK 1.1.1, end to end, against the
 //! lifecycle server on the Docker backend (test bed's private dockerd).
 
-mod common;
+use crate::common;
 
 /// Runs one pytest file against a fresh lifecycle on the test bed's dockerd;
 /// `host_root` passes the allowed host-path root to the suite.

@@ -5,7 +5,7 @@
 //! delete while a restored sandbox lives (`Deleting`, then gone with it,
 //! leaving no image behind). Then the same through the Python SDK.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

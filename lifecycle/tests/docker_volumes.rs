@@ -5,7 +5,7 @@
 //! never contains another sandbox's binding; the engine is checked to see
 //! the allowed host-path roots where the lifecycle does.
 
-mod common;
+use crate::common;
 
 use bollard::Docker;
 use bollard::models::VolumeCreateRequest;
@@ -407,7 +407,10 @@ async fn the_engine_must_see_allowed_roots_where_the_lifecycle_does() {
         .arg(exe)
         .args([
             "--exact",
-            "the_engine_must_see_allowed_roots_where_the_lifecycle_does",
+            &sandbolt_test_support::test_name(
+                module_path!(),
+                "the_engine_must_see_allowed_roots_where_the_lifecycle_does",
+            ),
             "--nocapture",
         ])
         .env(PROBE_ENV, "1")

@@ -7,7 +7,7 @@
 //! unsigned scopes are refused before anything reaches the sandbox; the
 //! scope never reaches it either.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! Bounded by examples per operation and a time budget so it fits a busy
 //! 2-core machine. `SCHEMATHESIS_SEED` replays a run (the seed is printed).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -126,6 +126,18 @@ pub fn init_tracing(default_filter: &str) {
         .try_init();
 }
 
+/// The name the test harness gives `test` declared in `module` (its
+/// `module_path!()`): the path without the test binary's crate name. A test
+/// that re-runs its own binary for itself passes this to `--exact`, which
+/// would match nothing with the bare function name once the crate's test
+/// files are modules of one binary.
+pub fn test_name(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{test}"),
+        None => test.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

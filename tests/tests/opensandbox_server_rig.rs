@@ -12,8 +12,7 @@
 //! and no Sandbox resource, the template delete no SandboxTemplate, the
 //! snapshot delete no SandboxSnapshot.
 
-#[path = "support/rig.rs"]
-mod rig;
+use crate::support::rig;
 
 use std::path::PathBuf;
 use std::time::Duration;

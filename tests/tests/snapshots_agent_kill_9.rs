@@ -18,14 +18,11 @@
 //! Then everything is deleted, the agent and the controller stop, and the
 //! bed is left clean.
 
-#[path = "support/warm.rs"]
-mod warm;
+use crate::support::warm;
 
-#[path = "support/snapshots.rs"]
-mod snapshots;
+use crate::support::snapshots;
 
-#[path = "support/agent_proc.rs"]
-mod agent_proc;
+use crate::support::agent_proc;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

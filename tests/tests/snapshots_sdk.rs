@@ -13,11 +13,9 @@
 //! over REST) containerd holds nothing of the snapshot, no container and no
 //! writable layer is left, and the bed is clean.
 
-#[path = "support/warm.rs"]
-mod warm;
+use crate::support::warm;
 
-#[path = "support/snapshots.rs"]
-mod snapshots;
+use crate::support::snapshots;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -30,8 +30,7 @@ use sandbolt_testbed::Testbed;
 use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
 
-#[path = "support/agent_proc.rs"]
-mod agent_proc;
+use crate::support::agent_proc;
 
 const TOKEN: &str = "volumes-kill-9-token";
 const ROUNDS: u32 = 20;

@@ -12,8 +12,7 @@
 //! running sandbox and unmounting; a quota stops writes inside with EDQUOT
 //! and the API says why; a volume survives a controller restart.
 
-#[path = "support/volumes.rs"]
-mod volumes;
+use crate::support::volumes;
 
 use std::path::Path;
 use std::time::Duration;

@@ -13,11 +13,9 @@
 //! (`sandbolt_agent::network::purge` finds nothing to remove), no mount,
 //! process or directory of the bed.
 
-#[path = "support/warm.rs"]
-mod warm;
+use crate::support::warm;
 
-#[path = "support/agent_proc.rs"]
-mod agent_proc;
+use crate::support::agent_proc;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -10,8 +10,7 @@
 //! gone (never put back into the buffer), and the buffer is whole again at
 //! the end.
 
-#[path = "support/warm.rs"]
-mod warm;
+use crate::support::warm;
 
 use std::collections::BTreeSet;
 

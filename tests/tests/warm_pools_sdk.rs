@@ -9,8 +9,7 @@
 //! checks the claims took distinct warm sandboxes, that the buffer refills,
 //! and that the bed is left clean.
 
-#[path = "support/warm.rs"]
-mod warm;
+use crate::support::warm;
 
 use std::collections::BTreeMap;
 

@@ -19,8 +19,7 @@ use sandbolt_lifecycle::{BackendConfig, Lifecycle, LifecycleConfig, LifecycleHan
 use sandbolt_testbed::Testbed;
 use serde_json::{Value, json};
 
-#[path = "execd.rs"]
-pub mod execd;
+pub use super::execd;
 pub use execd::Output;
 
 pub const TOKEN: &str = "volumes-e2e-token";

@@ -20,8 +20,7 @@ use sandbolt_proto::control::v1 as native;
 use sandbolt_testbed::{OciImage, Testbed};
 use serde_json::{Value, json};
 
-#[path = "execd.rs"]
-pub mod execd;
+pub use super::execd;
 pub use execd::Output;
 
 pub const API_KEY: &str = "warm-e2e-api-key-0123456789";

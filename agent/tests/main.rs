@@ -1,0 +1,22 @@
+//! All of this crate's integration tests, one module per file, built as one
+//! test binary: one link instead of one per file keeps the test build's disk
+//! and link time in bounds (nextest still runs every test in its own process).
+
+mod common;
+
+mod dns_proxy;
+mod edge_e2e;
+mod edge_proxy;
+mod images_execd;
+mod live_mount;
+mod named_volumes;
+mod network;
+mod pod_uid;
+mod prepared_snapshots;
+mod reconnect_heartbeat;
+mod sandbox_lifecycle;
+mod snapshots;
+mod volume_race;
+mod volume_store;
+mod warm_images;
+mod warm_pool;

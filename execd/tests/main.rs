@@ -1,0 +1,12 @@
+//! All of this crate's integration tests, one module per file, built as one
+//! test binary: one link instead of one per file keeps the test build's disk
+//! and link time in bounds (nextest still runs every test in its own process).
+
+mod common;
+
+mod api;
+mod container;
+mod init;
+mod keepalive;
+mod sdk;
+mod warm;
