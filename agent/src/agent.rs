@@ -5,8 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::registry::Registry;
 use sandbolt_proto::agent::v1::agent_service_server::AgentServiceServer;
 use sandbolt_proto::auth::RequireBearer;
+use sandbolt_telemetry::{GrpcMetrics, Readiness};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -15,7 +17,7 @@ use tonic::service::interceptor::InterceptedService;
 use crate::config::AgentConfig;
 use crate::containerd::Containerd;
 use crate::error::{AgentError, Result};
-use crate::heartbeat::Heartbeat;
+use crate::heartbeat::{Heartbeat, Registration};
 use crate::sandbox::Sandboxes;
 use crate::server::{AgentApi, Identity};
 use crate::volume_mounts::VolumeMounts;
@@ -39,6 +41,8 @@ pub struct AgentHandle {
     shutdown: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
     network: Option<crate::network::Network>,
+    /// The controller's answer to the last heartbeat; None without one.
+    registration: Option<Registration>,
 }
 
 /// How long [`AgentHandle::shutdown`] lets each background task finish
@@ -48,11 +52,36 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 impl Agent {
     /// Validates the configuration, recovers the sandboxes containerd still
     /// has, then serves: gRPC API, data-plane proxy, heartbeat, warm images.
+    /// Its metrics count into a registry nobody serves; see
+    /// [`Agent::start_with_metrics`].
     pub async fn start(config: AgentConfig) -> Result<AgentHandle> {
+        Self::start_with_metrics(config, &mut Registry::default()).await
+    }
+
+    /// [`Agent::start`], with the agent's metrics (create stages and
+    /// outcomes, live sandbox gauges, gRPC calls as component `agent`)
+    /// registered into `registry`, e.g. the one `--metrics-listen` serves.
+    pub async fn start_with_metrics(
+        config: AgentConfig,
+        registry: &mut Registry,
+    ) -> Result<AgentHandle> {
+        let grpc_metrics = GrpcMetrics::register(registry, "agent");
+        Self::start_with_grpc_metrics(config, registry, grpc_metrics).await
+    }
+
+    /// [`Agent::start_with_metrics`] counting gRPC calls into
+    /// `grpc_metrics`, which the caller registered (a process that serves
+    /// more than one gRPC component registers those families once).
+    pub async fn start_with_grpc_metrics(
+        config: AgentConfig,
+        registry: &mut Registry,
+        grpc_metrics: GrpcMetrics,
+    ) -> Result<AgentHandle> {
         validate(&config)?;
         let cfg = Arc::new(config);
         let instance_id = uuid::Uuid::new_v4().to_string();
         let sandboxes = recover_sandboxes(&cfg, &instance_id).await?;
+        sandboxes.metrics().register(registry, &sandboxes);
         let listeners = Listeners::bind(&cfg).await?;
         let network = start_network(&cfg, &sandboxes).await?;
 
@@ -88,15 +117,24 @@ impl Agent {
         let (grpc_addr, proxy_addr) = (listeners.grpc_addr, listeners.proxy_addr);
         tasks.push((
             "grpc",
-            serve_grpc(&cfg, api.clone(), listeners.grpc, shutdown_rx.clone()),
+            serve_grpc(
+                &cfg,
+                api.clone(),
+                grpc_metrics,
+                listeners.grpc,
+                shutdown_rx.clone(),
+            ),
         ));
         tasks.push((
             "proxy",
             serve_proxy(sandboxes.clone(), listeners.proxy, shutdown_rx.clone()),
         ));
-        match start_heartbeat(&cfg, api.clone(), shutdown_rx.clone()) {
-            Ok(Some(heartbeat)) => tasks.push(("heartbeat", heartbeat)),
-            Ok(None) => {}
+        let registration = match start_heartbeat(&cfg, api.clone(), shutdown_rx.clone()) {
+            Ok(Some((heartbeat, registration))) => {
+                tasks.push(("heartbeat", heartbeat));
+                Some(registration)
+            }
+            Ok(None) => None,
             Err(e) => {
                 let _ = shutdown.send(true);
                 if let Some(network) = network {
@@ -104,7 +142,7 @@ impl Agent {
                 }
                 return Err(e);
             }
-        }
+        };
         if network.is_some() || sandboxes.volumes().enabled() {
             tasks.push((
                 "orphan-gc",
@@ -132,6 +170,7 @@ impl Agent {
             shutdown,
             tasks,
             network,
+            registration,
         })
     }
 }
@@ -287,10 +326,12 @@ fn identity(cfg: &AgentConfig, instance_id: &str, listeners: &Listeners) -> Iden
 }
 
 /// Serves AgentService (bearer token required) and `grpc.health.v1`
-/// (open) until shutdown.
+/// (open) until shutdown; every call is counted, timed and runs under its
+/// request id (the caller's `x-request-id`, else a new one).
 fn serve_grpc(
     cfg: &AgentConfig,
     api: Arc<AgentApi>,
+    metrics: GrpcMetrics,
     listener: TcpListener,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
@@ -309,6 +350,7 @@ fn serve_grpc(
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let res = tonic::transport::Server::builder()
+            .layer(sandbolt_telemetry::grpc_layer(metrics))
             .add_service(health_service)
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, async move {
@@ -355,22 +397,29 @@ async fn release_orphans(sandboxes: Arc<Sandboxes>, mut shutdown: watch::Receive
     }
 }
 
-/// The heartbeat task, when a controller is configured.
+/// The heartbeat task and what the controller last answered it, when a
+/// controller is configured.
 fn start_heartbeat(
     cfg: &AgentConfig,
     api: Arc<AgentApi>,
     shutdown: watch::Receiver<bool>,
-) -> Result<Option<JoinHandle<()>>> {
+) -> Result<Option<(JoinHandle<()>, Registration)>> {
     let Some(endpoint) = cfg.controller_endpoint.clone() else {
         return Ok(None);
     };
+    let registration = Registration::default();
     let heartbeat = Heartbeat {
         endpoint,
         token: cfg.controller_token.clone().unwrap_or_default(),
         interval: cfg.heartbeat_interval,
+        registration: registration.clone(),
     };
-    Ok(Some(tokio::spawn(heartbeat.into_task(api, shutdown)?)))
+    let task = tokio::spawn(heartbeat.into_task(api, shutdown)?);
+    Ok(Some((task, registration)))
 }
+
+/// How long a readiness check waits for containerd's `Version`.
+const READINESS_CONTAINERD_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl AgentHandle {
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -399,6 +448,33 @@ impl AgentHandle {
     /// The warm sandbox buffer.
     pub fn warm_pool(&self) -> &Arc<WarmPool> {
         &self.api.warm_pool
+    }
+
+    /// Ready while containerd answers and (with a controller) the
+    /// controller answered the last heartbeat: `/readyz` of
+    /// `--metrics-listen`.
+    pub fn readiness(&self) -> Readiness {
+        let containerd = self.sandboxes.containerd().clone();
+        let registration = self.registration.clone();
+        Readiness::from_fn(move || {
+            let containerd = containerd.clone();
+            let registration = registration.clone();
+            async move {
+                let mut client = containerd.version();
+                match tokio::time::timeout(READINESS_CONTAINERD_TIMEOUT, client.version(())).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(status)) => {
+                        return Err(format!("containerd: {}", status.message()));
+                    }
+                    Err(_) => {
+                        return Err(format!(
+                            "containerd did not answer within {READINESS_CONTAINERD_TIMEOUT:?}"
+                        ));
+                    }
+                }
+                registration.map_or(Ok(()), |r| r.check())
+            }
+        })
     }
 
     /// The inventory the heartbeat would send now.

@@ -20,6 +20,32 @@ pub struct Heartbeat {
     pub endpoint: String,
     pub token: String,
     pub interval: Duration,
+    /// Updated with each heartbeat's outcome.
+    pub registration: Registration,
+}
+
+/// Whether the controller knows this agent: it answered the last
+/// heartbeat (the agent's readiness, see `AgentHandle::readiness`).
+#[derive(Debug, Clone)]
+pub struct Registration(Arc<parking_lot::Mutex<Result<(), String>>>);
+
+impl Default for Registration {
+    fn default() -> Self {
+        Self(Arc::new(parking_lot::Mutex::new(Err(
+            "no heartbeat answered by the controller yet".into(),
+        ))))
+    }
+}
+
+impl Registration {
+    /// `Err` says why the controller may not know this agent.
+    pub fn check(&self) -> Result<(), String> {
+        self.0.lock().clone()
+    }
+
+    fn set(&self, outcome: Result<(), String>) {
+        *self.0.lock() = outcome;
+    }
 }
 
 impl Heartbeat {
@@ -41,6 +67,7 @@ impl Heartbeat {
         let channel = endpoint.connect_lazy();
         let mut client = RegistryServiceClient::with_interceptor(channel, token);
         let mut interval = self.interval;
+        let registration = self.registration;
         Ok(async move {
             loop {
                 match api.inventory().await {
@@ -53,6 +80,7 @@ impl Heartbeat {
                             .await
                         {
                             Ok(resp) => {
+                                registration.set(Ok(()));
                                 let resp = resp.into_inner();
                                 if resp.warm_targets_set {
                                     api.warm_pool.set_targets(resp.warm_targets);
@@ -64,7 +92,12 @@ impl Heartbeat {
                                 tracing::debug!(sandboxes, ?interval, "heartbeat sent");
                             }
                             Err(s) => {
-                                tracing::warn!(code = ?s.code(), error = %s.message(), "heartbeat failed")
+                                tracing::warn!(code = ?s.code(), error = %s.message(), "heartbeat failed");
+                                registration.set(Err(format!(
+                                    "the last heartbeat failed: {:?}: {}",
+                                    s.code(),
+                                    s.message()
+                                )));
                             }
                         }
                     }

@@ -13,6 +13,8 @@ pub mod events;
 pub mod hardening;
 pub mod heartbeat;
 pub mod live_mount;
+pub mod logs;
+pub mod metrics;
 pub mod netns;
 pub mod network;
 mod openat2;

@@ -40,6 +40,7 @@ use crate::containerd::Containerd;
 use crate::error::{AgentError, Result};
 use crate::images::{self, Images, ResolvedImage};
 use crate::labels;
+use crate::metrics::{AgentMetrics, CreateSource, CreateStage};
 use crate::network::{Attachment, Network};
 use crate::prepared::Prepared;
 use crate::runtime::RuntimeInfo;
@@ -188,6 +189,8 @@ pub struct Sandboxes {
     prepared: Arc<Prepared>,
     /// Committed sandbox snapshots (captures, deletes, restores' parents).
     snapshots: Arc<Snapshots>,
+    /// Create stage timings and outcomes (see [`AgentMetrics::register`]).
+    metrics: AgentMetrics,
 }
 
 pub fn now_ms() -> i64 {
@@ -279,6 +282,27 @@ impl CreateClock {
     }
 }
 
+/// What a cold create (or a warm start) did so far.
+#[derive(Default)]
+struct CreateProgress {
+    /// Microseconds since the create began, for the response.
+    timings: CreateTimings,
+    /// Each stage's own duration, once it succeeded (user creates report
+    /// them to [`AgentMetrics`]).
+    stages: Vec<(CreateStage, Duration)>,
+    /// Whether this create made the container: only then is cleaning up
+    /// after a failure ours to do (an id clash must not remove someone
+    /// else's container).
+    created: bool,
+}
+
+/// Runs `step` and says how long it took.
+async fn timed<T>(step: impl Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    let out = step.await;
+    (out, started.elapsed())
+}
+
 /// What execd runs as the sandbox's entrypoint, and how.
 struct Entrypoint {
     command: Vec<String>,
@@ -341,7 +365,13 @@ impl Sandboxes {
             instance_id: instance_id.to_string(),
             user_creates: AtomicUsize::new(0),
             warm_wake: Arc::new(tokio::sync::Notify::new()),
+            metrics: AgentMetrics::default(),
         }
+    }
+
+    /// This agent's create metrics.
+    pub fn metrics(&self) -> &AgentMetrics {
+        &self.metrics
     }
 
     /// The node's named volumes.
@@ -402,6 +432,11 @@ impl Sandboxes {
         &self.ctrd
     }
 
+    /// The file the task of sandbox `id` writes its stdout and stderr to.
+    pub fn log_path(&self, id: &str) -> std::path::PathBuf {
+        self.cfg.log_path(id)
+    }
+
     fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.locks.lock().entry(id.to_string()).or_default().clone()
     }
@@ -451,6 +486,22 @@ impl Sandboxes {
     /// any more is replaced by a cold create under the same id.
     #[tracing::instrument(skip_all)]
     pub async fn create(&self, spec: SandboxSpec) -> Result<Created> {
+        let mut source = Some(CreateSource::Cold);
+        let created = self.create_or_claim(spec, &mut source).await;
+        if let Some(source) = source {
+            self.metrics.count_create(source, created.is_ok());
+        }
+        created
+    }
+
+    /// [`Self::create`] proper. Leaves `source` at what served the request:
+    /// a claim (also when it refused the request), a cold create, or None
+    /// for the idempotent answer about a sandbox that exists (no create).
+    async fn create_or_claim(
+        &self,
+        spec: SandboxSpec,
+        source: &mut Option<CreateSource>,
+    ) -> Result<Created> {
         let clock = CreateClock::start();
         validate_request(&spec)?;
         let _in_flight = UserCreate::enter(&self.user_creates);
@@ -458,6 +509,7 @@ impl Sandboxes {
         let lock = self.lock_for(&id);
         let _guard = lock.lock().await;
         if let Some(status) = self.existing(&spec)? {
+            *source = None;
             return Ok(Created {
                 status,
                 timings: CreateTimings::default(),
@@ -475,12 +527,13 @@ impl Sandboxes {
             });
         }
         if self.is_warm(&id) {
+            *source = Some(CreateSource::Warm);
             let claimed = self.claim(&spec, &clock).await;
             self.warm_wake.notify_one();
             match claimed {
                 Ok(Some(created)) => return Ok(created),
                 // W is gone: a cold create under its id.
-                Ok(None) => {}
+                Ok(None) => *source = Some(CreateSource::Cold),
                 // A refused request leaves W warm.
                 Err(e) => return Err(e),
             }
@@ -543,34 +596,32 @@ impl Sandboxes {
             self.release_lock(&id, lock);
             return Err(e);
         }
-        let mut timings = CreateTimings::default();
-        // Whether this create made the container: only then is cleaning up
-        // after a failure ours to do (an id clash must not remove someone
-        // else's container).
-        let mut created = false;
-        let outcome = match self
-            .create_and_start(spec, clock, &mut timings, &mut created)
-            .await
-        {
+        let mut progress = CreateProgress::default();
+        let outcome = match self.create_and_start(spec, clock, &mut progress).await {
             Ok(pid) => {
-                timings.task_started_us = clock.elapsed_us();
+                progress.timings.task_started_us = clock.elapsed_us();
                 self.mark_running(&id, pid);
-                self.wait_until_ready(spec, pid, clock, &mut timings)
+                self.wait_until_ready(spec, pid, clock, &mut progress)
                     .await
                     .map(|()| pid)
             }
             Err(e) => Err(e),
         };
+        // The stages that got done count, whether or not the create did.
+        for &(stage, took) in &progress.stages {
+            self.metrics.observe_stage(stage, took);
+        }
         match outcome {
             Ok(pid) => {
                 tracing::info!(sandbox = %id, pid, total_us = clock.elapsed_us(), "sandbox running");
                 Ok(Created {
                     status: self.get(&id)?,
-                    timings,
+                    timings: progress.timings,
                     claimed_warm: false,
                 })
             }
             Err(e) => {
+                let created = progress.created;
                 tracing::warn!(sandbox = %id, error = %e, created, "create failed");
                 self.undo_create(&id, created).await;
                 self.release_lock(&id, lock);
@@ -639,8 +690,7 @@ impl Sandboxes {
         &self,
         spec: &SandboxSpec,
         clock: &CreateClock,
-        timings: &mut CreateTimings,
-        created: &mut bool,
+        progress: &mut CreateProgress,
     ) -> Result<u32> {
         let runtime = self.runtime_for(spec)?;
         let limits = self.limits_for(spec.resources.clone().unwrap_or_default())?;
@@ -653,17 +703,21 @@ impl Sandboxes {
         let restore = self.restore_parent(spec).await?;
 
         // A prepared namespace is taken while the image resolves.
-        let (image, attachment) =
-            tokio::join!(self.image_for(spec), self.reserve_network(spec, policy));
+        let ((image, image_took), attachment) = tokio::join!(
+            timed(self.image_for(spec)),
+            self.reserve_network(spec, policy)
+        );
         let attachment = attachment?;
         let image = image?;
-        timings.image_resolved_us = clock.elapsed_us();
+        progress.timings.image_resolved_us = clock.elapsed_us();
+        progress.stages.push((CreateStage::Image, image_took));
 
         // The sandbox's rules go in while the container and its task are
         // made (runc creates the task's processes but runs nothing of the
         // sandbox's until tasks.Start); both are done before the task starts.
         // Until then the namespace's traffic is dropped.
         let container = async {
+            let started = Instant::now();
             let oci = self.runtime_spec(spec, &image, &limits, attachment.as_ref())?;
             let labels = self.container_labels(spec, runtime)?;
             let (key, prepared) = self.snapshot_key_for(spec, &image);
@@ -671,23 +725,34 @@ impl Sandboxes {
             // containerd's GC off the snapshot from the moment it exists.
             self.create_container(spec, runtime, &image, &oci, labels, &key)
                 .await?;
-            *created = true;
+            progress.created = true;
             let parent = restore
                 .as_ref()
                 .map_or(image.chain_id.as_str(), |(p, _)| p.as_str());
             let rootfs = self.rootfs(&key, prepared, parent).await?;
             // Container and rootfs ready (with a prepared snapshot: no
             // snapshots.Prepare on this path).
-            timings.container_created_us = clock.elapsed_us();
+            progress.timings.container_created_us = clock.elapsed_us();
+            progress
+                .stages
+                .push((CreateStage::Container, started.elapsed()));
             tracing::debug!(sandbox = %spec.sandbox_id, snapshot = %key, prepared, "container created");
-            self.create_task(&spec.sandbox_id, rootfs, runtime).await
+            let (pid, took) = timed(self.create_task(&spec.sandbox_id, rootfs, runtime)).await;
+            pid.map(|pid| (pid, took))
         };
-        let (pid, rules) = tokio::join!(container, self.apply_network(spec, &attachment));
+        let (task, rules) = tokio::join!(container, self.apply_network(spec, &attachment));
         rules?;
-        let pid = pid?;
-        // Before tasks.Start: none of the sandbox's code has run yet.
-        crate::live_mount::attach_held(pid, held).await?;
-        self.start_task(&spec.sandbox_id).await?;
+        let (pid, task_create_took) = task?;
+        let (started, task_start_took) = timed(async {
+            // Before tasks.Start: none of the sandbox's code has run yet.
+            crate::live_mount::attach_held(pid, held).await?;
+            self.start_task(&spec.sandbox_id).await
+        })
+        .await;
+        started?;
+        progress
+            .stages
+            .push((CreateStage::Task, task_create_took + task_start_took));
         Ok(pid)
     }
 
@@ -1135,12 +1200,14 @@ impl Sandboxes {
         spec: &SandboxSpec,
         pid: u32,
         clock: &CreateClock,
-        timings: &mut CreateTimings,
+        progress: &mut CreateProgress,
     ) -> Result<()> {
         if spec.wait_for_execd {
-            self.wait_for_execd(&spec.sandbox_id, pid, &spec.access_token)
-                .await?;
-            timings.execd_ready_us = clock.elapsed_us();
+            let (ready, took) =
+                timed(self.wait_for_execd(&spec.sandbox_id, pid, &spec.access_token)).await;
+            ready?;
+            progress.timings.execd_ready_us = clock.elapsed_us();
+            progress.stages.push((CreateStage::ExecdReady, took));
         }
         Ok(())
     }
@@ -1492,14 +1559,9 @@ impl Sandboxes {
             let Ok(_guard) = lock.try_lock() else {
                 continue;
             };
-            let request = self.ctrd.req(GetContainerRequest { id: id.clone() });
-            match self.ctrd.containers().get(request).await {
-                Err(s) if s.code() == Code::NotFound => {
-                    tracing::info!(sandbox = %id, "container gone without a delete: releasing its network");
-                    released += usize::from(network.release(&id).await);
-                }
-                Ok(_) => {}
-                Err(s) => tracing::warn!(sandbox = %id, error = %s, "containers.Get failed"),
+            if self.container_gone(&id).await {
+                tracing::info!(sandbox = %id, "container gone without a delete: releasing its network");
+                released += usize::from(network.release(&id).await);
             }
             self.release_lock(&id, &lock);
         }
@@ -1519,21 +1581,31 @@ impl Sandboxes {
             let Ok(_guard) = lock.try_lock() else {
                 continue;
             };
-            let request = self.ctrd.req(GetContainerRequest { id: id.clone() });
-            match self.ctrd.containers().get(request).await {
-                Err(s) if s.code() == Code::NotFound => {
-                    tracing::info!(sandbox = %id, "container gone without a delete: releasing its volumes");
-                    released += self.volumes.release(&id, None);
-                    if let Some(e) = self.table.write().get_mut(&id) {
-                        e.volume_mounts.clear();
-                    }
+            if self.container_gone(&id).await {
+                tracing::info!(sandbox = %id, "container gone without a delete: releasing its volumes");
+                released += self.volumes.release(&id, None);
+                if let Some(e) = self.table.write().get_mut(&id) {
+                    e.volume_mounts.clear();
                 }
-                Ok(_) => {}
-                Err(s) => tracing::warn!(sandbox = %id, error = %s, "containers.Get failed"),
             }
             self.release_lock(&id, &lock);
         }
         released
+    }
+
+    /// Whether containerd says container `id` does not exist (a failed
+    /// lookup is logged and taken for "still there": releasing is only
+    /// safe on a definite answer).
+    async fn container_gone(&self, id: &str) -> bool {
+        let request = self.ctrd.req(GetContainerRequest { id: id.to_string() });
+        match self.ctrd.containers().get(request).await {
+            Err(s) if s.code() == Code::NotFound => true,
+            Ok(_) => false,
+            Err(s) => {
+                tracing::warn!(sandbox = %id, error = %s, "containers.Get failed");
+                false
+            }
+        }
     }
 
     /// Reserves the sandbox's named volumes in the mount table. A refusal

@@ -325,6 +325,15 @@ impl AgentService for AgentApi {
             .await?;
         Ok(Response::new(v1::DeleteSnapshotResponse { existed }))
     }
+
+    #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id, tail_lines = request.get_ref().tail_lines))]
+    async fn read_sandbox_log(
+        &self,
+        request: Request<v1::ReadSandboxLogRequest>,
+    ) -> Result<Response<v1::SandboxLog>, Status> {
+        let log = crate::logs::read_sandbox_log(&self.sandboxes, request.into_inner()).await?;
+        Ok(Response::new(log))
+    }
 }
 
 /// Volume snapshots named `sbs-<id>` belong to sandbox snapshot `<id>` (its

@@ -9,6 +9,7 @@ mod edge_e2e;
 mod edge_proxy;
 mod images_execd;
 mod live_mount;
+mod metrics;
 mod named_volumes;
 mod network;
 mod pod_uid;

@@ -16,6 +16,7 @@ pub mod sdk;
 pub mod snapshot;
 pub mod stats;
 pub mod systems;
+pub mod telemetry;
 pub mod warm;
 
 use std::path::PathBuf;
@@ -67,6 +68,17 @@ impl BenchError {
 
 pub type Result<T> = std::result::Result<T, BenchError>;
 
+/// The scenarios a run can be limited to (`--scenario`).
+pub const SCENARIOS: [&str; 7] = [
+    "sequential",
+    "burst",
+    "churn",
+    "sdk",
+    "warm",
+    "snapshots",
+    "telemetry",
+];
+
 /// How much to measure.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -92,6 +104,12 @@ pub struct Options {
     /// MiB of filesystem changes in the snapshotted sandboxes, one source
     /// sandbox (and its captures) per size.
     pub snapshot_sizes_mib: Vec<u64>,
+    /// Rounds of the telemetry scenario (issue 20: creates with OTLP export
+    /// and scraping on vs off, interleaved); 0 leaves it out.
+    pub telemetry_rounds: u32,
+    /// The scenarios to run (names as [`Options::runs`] knows them); empty:
+    /// all of them.
+    pub scenarios: Vec<String>,
     /// OCI runtime of sandbolt's agents (`runc`, `crun`, `runsc`).
     pub runtime: String,
     pub out_dir: PathBuf,
@@ -111,6 +129,8 @@ impl Options {
             warm_burst: 4,
             snapshot_rounds: 3,
             snapshot_sizes_mib: vec![1],
+            telemetry_rounds: 3,
+            scenarios: Vec::new(),
             runtime: "runc".into(),
             out_dir,
             progress: false,
@@ -127,9 +147,16 @@ impl Options {
             warm_burst: 100,
             snapshot_rounds: 10,
             snapshot_sizes_mib: vec![1, 100, 1024],
+            telemetry_rounds: 50,
+            scenarios: Vec::new(),
             runtime: "runc".into(),
             out_dir,
             progress: true,
         }
+    }
+
+    /// Whether the run includes `scenario` (one of [`SCENARIOS`]).
+    pub fn runs(&self, scenario: &str) -> bool {
+        self.scenarios.is_empty() || self.scenarios.iter().any(|s| s == scenario)
     }
 }

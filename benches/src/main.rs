@@ -43,6 +43,14 @@ struct Args {
     /// (default: 1 with --quick, else 1,100,1024).
     #[arg(long, value_delimiter = ',')]
     snapshot_sizes_mib: Option<Vec<u64>>,
+    /// Rounds of the telemetry scenario: creates with OTLP span export and
+    /// scraping on vs off, interleaved (0 leaves it out).
+    #[arg(long)]
+    telemetry_rounds: Option<u32>,
+    /// Run only these scenarios (sequential, burst, churn, sdk, warm,
+    /// snapshots, telemetry; repeatable or comma-separated); default all.
+    #[arg(long = "scenario", value_delimiter = ',')]
+    scenarios: Vec<String>,
     /// OCI runtime of sandbolt's agents: runc, crun or runsc (one that
     /// cannot run on this machine is reported as such).
     #[arg(long, default_value = "runc")]
@@ -54,12 +62,9 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // The telemetry scenario switches OTLP span export on and off in this
+    // process's subscriber, so the harness installs it.
+    sandbolt_benches::telemetry::init_tracing();
     let args = Args::parse();
     let mut opts = if args.quick {
         Options::quick(args.out.clone())
@@ -76,6 +81,18 @@ async fn main() -> anyhow::Result<()> {
     if let Some(sizes) = args.snapshot_sizes_mib {
         opts.snapshot_sizes_mib = sizes;
     }
+    opts.telemetry_rounds = args.telemetry_rounds.unwrap_or(opts.telemetry_rounds);
+    if let Some(unknown) = args
+        .scenarios
+        .iter()
+        .find(|s| !sandbolt_benches::SCENARIOS.contains(&s.as_str()))
+    {
+        anyhow::bail!(
+            "unknown scenario {unknown:?}; known: {}",
+            sandbolt_benches::SCENARIOS.join(", ")
+        );
+    }
+    opts.scenarios = args.scenarios;
     opts.runtime = args.runtime;
     opts.progress = std::io::IsTerminal::is_terminal(&std::io::stderr()) || !args.quick;
     let command = std::env::args().collect::<Vec<_>>().join(" ");

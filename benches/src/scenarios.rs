@@ -42,12 +42,16 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
     let machine = machine::describe();
     let bench = Bench::start(&opts.runtime).await?;
     let enabled: Vec<System> = System::ALL.to_vec();
-    let total = (opts.iterations as u64 + 1) * enabled.len() as u64
-        + BURST_SYSTEMS.len() as u64
-        + opts.churn as u64
-        + u64::from(opts.sdk_rounds > 0)
-        + u64::from(opts.warm_rounds > 0)
-        + u64::from(opts.snapshot_rounds > 0);
+    let steps = |scenario: &str, n: u64| if opts.runs(scenario) { n } else { 0 };
+    let total = steps(
+        "sequential",
+        (opts.iterations as u64 + 1) * enabled.len() as u64,
+    ) + steps("burst", BURST_SYSTEMS.len() as u64)
+        + steps("churn", opts.churn as u64)
+        + steps("sdk", u64::from(opts.sdk_rounds > 0))
+        + steps("warm", u64::from(opts.warm_rounds > 0))
+        + steps("snapshots", u64::from(opts.snapshot_rounds > 0))
+        + steps("telemetry", u64::from(opts.telemetry_rounds > 0));
     let mut run = Run {
         bench,
         enabled,
@@ -58,18 +62,33 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
         retried: Vec::new(),
         notes: Vec::new(),
     };
-    run.sequential(opts.iterations).await;
-    run.bursts(opts.burst).await;
-    run.churn(opts.churn).await;
-    run.sdk(opts.sdk_rounds).await;
-    run.warm(opts).await;
-    run.snapshots(opts).await;
+    if opts.runs("sequential") {
+        run.sequential(opts.iterations).await;
+    }
+    if opts.runs("burst") {
+        run.bursts(opts.burst).await;
+    }
+    if opts.runs("churn") {
+        run.churn(opts.churn).await;
+    }
+    if opts.runs("sdk") {
+        run.sdk(opts.sdk_rounds).await;
+    }
+    if opts.runs("warm") {
+        run.warm(opts).await;
+    }
+    if opts.runs("snapshots") {
+        run.snapshots(opts).await;
+    }
+    if opts.runs("telemetry") {
+        run.telemetry(opts.telemetry_rounds).await;
+    }
     run.progress.finish();
     run.bench.shutdown().await;
     Ok(RunOutput {
         machine,
         options: format!(
-            "iterations={} burst={} churn={} sdk_rounds={} warm_rounds={} warm_burst={} snapshot_rounds={} snapshot_sizes_mib={:?} runtime={}",
+            "iterations={} burst={} churn={} sdk_rounds={} warm_rounds={} warm_burst={} snapshot_rounds={} snapshot_sizes_mib={:?} telemetry_rounds={} scenarios={} runtime={}",
             opts.iterations,
             opts.burst,
             opts.churn,
@@ -78,6 +97,12 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
             opts.warm_burst,
             opts.snapshot_rounds,
             opts.snapshot_sizes_mib,
+            opts.telemetry_rounds,
+            if opts.scenarios.is_empty() {
+                "all".to_string()
+            } else {
+                opts.scenarios.join(",")
+            },
             opts.runtime
         ),
         samples: run.samples,
@@ -305,6 +330,19 @@ impl Run {
         self.samples.extend(snapshots.samples);
         self.skipped.extend(snapshots.skipped);
         self.notes.extend(snapshots.notes);
+    }
+
+    /// Telemetry (issue 20): cold creates and deletes with OTLP span export
+    /// and scraping on vs off, interleaved round by round.
+    async fn telemetry(&mut self, rounds: u32) {
+        if rounds == 0 {
+            return;
+        }
+        self.progress.step(&format!("telemetry on/off x{rounds}"));
+        let telemetry = crate::telemetry::run(&self.bench, rounds).await;
+        self.samples.extend(telemetry.samples);
+        self.skipped.extend(telemetry.skipped);
+        self.notes.extend(telemetry.notes);
     }
 }
 

@@ -30,7 +30,7 @@ use crate::{BenchError, Result};
 
 /// The namespace sandbolt's agents default to, shared with the kubelet.
 pub const NAMESPACE: &str = "k8s.io";
-const TOKEN: &str = "bench-agent-token";
+pub(crate) const TOKEN: &str = "bench-agent-token";
 const SLEEP: [&str; 2] = ["sleep", "3600"];
 /// What the native API's "limits" system asks for: a CFS quota of half a
 /// CPU, 256 MiB of memory (swap held to it) and 512 processes.
@@ -707,7 +707,9 @@ async fn start_controller_path(
 
 /// The agent's first heartbeat registers it; until then the pool has no
 /// live agent to place on.
-async fn wait_for_ready_agent(client: &mut FastPathServiceClient<Channel>) -> Result<()> {
+pub(crate) async fn wait_for_ready_agent(
+    client: &mut FastPathServiceClient<Channel>,
+) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let ready = client

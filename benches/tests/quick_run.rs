@@ -3,10 +3,12 @@
 //! asserts that the harness works — never a speed.
 
 use sandbolt_benches::systems::System;
-use sandbolt_benches::{Options, report, scenarios, sdk, snapshot, warm};
+use sandbolt_benches::{Options, report, scenarios, sdk, snapshot, telemetry, warm};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_run_measures_every_system_and_writes_results() {
+    // The telemetry scenario exports through the harness's subscriber.
+    telemetry::init_tracing();
     let dir = tempfile::tempdir().unwrap();
     let mut opts = Options::quick(dir.path().to_path_buf());
     opts.iterations = 2;
@@ -17,6 +19,7 @@ async fn quick_run_measures_every_system_and_writes_results() {
     opts.warm_burst = 3;
     opts.snapshot_rounds = 2;
     opts.snapshot_sizes_mib = vec![1];
+    opts.telemetry_rounds = 2;
     let out = scenarios::run(&opts).await.expect("harness runs");
     assert!(
         out.skipped.is_empty(),
@@ -96,6 +99,14 @@ async fn quick_run_measures_every_system_and_writes_results() {
     for system in [snapshot::COLD.to_string(), snapshot::restore_system(1)] {
         assert_eq!(count(snapshot::RESTORE, &system), 2, "{system}");
     }
+    // Telemetry (issue 20): every round ran off and on (the on rounds
+    // exported spans, or the scenario would be in `skipped`), and each on
+    // round's flush was timed.
+    for system in [telemetry::OFF, telemetry::ON] {
+        assert_eq!(count(telemetry::CREATE, system), 2, "{system}");
+        assert_eq!(count(telemetry::DELETE, system), 2, "{system}");
+    }
+    assert_eq!(count(telemetry::FLUSH, telemetry::ON), 2);
     // The SDK scenario: every lifecycle server, the OpenSandbox server 1.1.1
     // included, answers every round (skipped is empty, checked above).
     for system in sdk::SYSTEMS {
@@ -152,6 +163,10 @@ async fn quick_run_measures_every_system_and_writes_results() {
             snapshot::restore_system(1),
             snapshot::COLD
         )),
+        "{md}"
+    );
+    assert!(
+        md.contains(&format!("{}: on ÷ off", telemetry::CREATE)),
         "{md}"
     );
     // Issue 13: both limits pairs (native API, SDK) get their row.

@@ -1,10 +1,13 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use sandbolt_agent::config::{DEFAULT_CNI_BIN_DIR, Ipv4Net, NetworkConfig, SubnetChoice};
 use sandbolt_agent::volume_store::{BackendChoice, VolumeStoreConfig};
 use sandbolt_agent::{Agent, AgentConfig};
+use sandbolt_telemetry::prometheus_client::registry::Registry;
+use sandbolt_telemetry::{OpsServer, Readiness};
 
 /// Where the agent keeps per-sandbox logs and its state (the janitor reads
 /// the logs there too).
@@ -108,6 +111,8 @@ pub(crate) struct AgentArgs {
     network: NetworkArgs,
     #[command(flatten)]
     volumes: VolumeArgs,
+    #[command(flatten)]
+    metrics: MetricsListenArgs,
     /// Remove everything sandbox networking made on this host for the agent
     /// of --state-dir (namespaces, veths, addresses, its nftables table,
     /// its subnet claim), then exit; for uninstall, or after the agent was
@@ -115,6 +120,35 @@ pub(crate) struct AgentArgs {
     /// agent runs.
     #[arg(long)]
     purge_network: bool,
+}
+
+/// `--metrics-listen` (shared by the commands that run a component).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct MetricsListenArgs {
+    /// Serve Prometheus `/metrics` (OpenMetrics text), `/healthz` and
+    /// `/readyz` on this address, without auth (nothing secret; limit who
+    /// reaches it with the network). Off when not given.
+    #[arg(long, env = "SANDBOLT_METRICS_LISTEN", value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
+}
+
+impl MetricsListenArgs {
+    /// Serves `registry` and `ready` when `--metrics-listen` asks; the
+    /// server stops when the answer is dropped.
+    pub(crate) async fn serve(
+        self,
+        registry: Registry,
+        ready: Readiness,
+    ) -> anyhow::Result<Option<OpsServer>> {
+        let Some(listen) = self.metrics_listen else {
+            return Ok(None);
+        };
+        let router = sandbolt_telemetry::ops_router(Arc::new(registry), ready);
+        let server = sandbolt_telemetry::serve_ops(listen, router)
+            .await
+            .context("--metrics-listen")?;
+        Ok(Some(server))
+    }
 }
 
 /// `--network`: whether sandboxes get egress.
@@ -443,10 +477,21 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.network = args.network.config()?;
     let context = agent_start_context(volumes.as_ref());
     config.volumes = volumes;
-    let handle = Agent::start(config).await.context(context)?;
+    let mut registry = Registry::default();
+    let handle = Agent::start_with_metrics(config, &mut registry)
+        .await
+        .context(context)?;
+    let ops = match args.metrics.serve(registry, handle.readiness()).await {
+        Ok(ops) => ops,
+        Err(e) => {
+            handle.shutdown().await;
+            return Err(e);
+        }
+    };
     tracing::info!(grpc = %handle.grpc_addr(), proxy = %handle.proxy_addr(), "agent serving");
     crate::shutdown_signal().await;
     handle.shutdown().await;
+    drop(ops);
     Ok(())
 }
 

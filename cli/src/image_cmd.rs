@@ -23,6 +23,26 @@ pub(crate) enum ImageCommand {
     /// gzip-compressed. Of an index of platforms, only this machine's
     /// platform is imported. Prints the names it created, one a line.
     Import(ImportArgs),
+    /// Pull an image from its registry into containerd, as an agent does
+    /// for a create whose image the node lacks. Prints its name.
+    Pull(PullArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct PullArgs {
+    /// Image reference (`docker.io/library/busybox:1.36`).
+    reference: String,
+    #[command(flatten)]
+    containerd: crate::containerd::ContainerdArgs,
+    #[arg(long, default_value = "overlayfs")]
+    snapshotter: String,
+    /// Registry host (`host[:port]`) to pull from over plain HTTP
+    /// (repeatable); every other registry needs TLS.
+    #[arg(long)]
+    plain_http: Vec<String>,
+    /// Longest the pull may take.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    timeout: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -45,7 +65,35 @@ pub(crate) struct ImportArgs {
 pub(crate) async fn run(cmd: ImageCommand) -> anyhow::Result<()> {
     match cmd {
         ImageCommand::Import(args) => import(args).await,
+        ImageCommand::Pull(args) => pull(args).await,
     }
+}
+
+async fn connect(args: &crate::containerd::ContainerdArgs) -> anyhow::Result<Containerd> {
+    Containerd::connect(&args.socket, &args.namespace, Duration::from_secs(10))
+        .await
+        .with_context(|| format!("connecting to containerd at {}", args.socket.display()))
+}
+
+async fn pull(args: PullArgs) -> anyhow::Result<()> {
+    let ctrd = connect(&args.containerd).await?;
+    // containerd's pull reports no byte counts to us: a spinner with the
+    // time spent, drawn only for a person watching.
+    let bar = crate::people::spinner(format!("pulling {}", args.reference));
+    let result = sandbolt_node::images::pull(
+        &ctrd,
+        &args.snapshotter,
+        &args.reference,
+        args.timeout,
+        &args.plain_http,
+    )
+    .await;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    result.with_context(|| format!("cannot pull {}", args.reference))?;
+    println!("{}", args.reference);
+    Ok(())
 }
 
 async fn import(args: ImportArgs) -> anyhow::Result<()> {
@@ -54,18 +102,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
     let size = std::fs::metadata(&args.archive)
         .with_context(|| format!("cannot import {}", args.archive.display()))?
         .len();
-    let ctrd = Containerd::connect(
-        &args.containerd.socket,
-        &args.containerd.namespace,
-        Duration::from_secs(10),
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "connecting to containerd at {}",
-            args.containerd.socket.display()
-        )
-    })?;
+    let ctrd = connect(&args.containerd).await?;
     let images = Images::new(ctrd, args.snapshotter);
     let bar = (std::io::stderr().is_terminal() && size >= PROGRESS_MIN_BYTES)
         .then(|| Arc::new(Bar::new()));

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use sandbolt_janitor::agent_pods::DEFAULT_SELECTOR;
 use sandbolt_janitor::{AgentPods, Janitor, JanitorConfig, ScanReport};
+use sandbolt_telemetry::prometheus_client::registry::Registry;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct JanitorArgs {
@@ -65,6 +66,8 @@ pub(crate) struct JanitorArgs {
     /// Run one scan, print what it did, and exit.
     #[arg(long)]
     once: bool,
+    #[command(flatten)]
+    metrics: crate::agent_cmd::MetricsListenArgs,
 }
 
 pub(crate) fn config(args: &JanitorArgs) -> JanitorConfig {
@@ -161,9 +164,13 @@ pub(crate) async fn run(args: JanitorArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    let mut registry = Registry::default();
+    janitor.metrics().register(&mut registry);
+    let ops = args.metrics.serve(registry, janitor.readiness()).await?;
     let handle = Janitor::spawn(std::sync::Arc::new(janitor));
     crate::shutdown_signal().await;
     handle.shutdown().await;
+    drop(ops);
     Ok(())
 }
 
@@ -189,5 +196,25 @@ mod tests {
         );
         let no_ns = parse(&["--kube"]);
         assert!(agent_pod_namespace(&no_ns).is_err());
+    }
+
+    #[test]
+    fn the_metrics_listener_is_off_unless_an_address_is_given() {
+        assert_eq!(parse(&[]).metrics.metrics_listen, None);
+        let on = parse(&["--metrics-listen", "127.0.0.1:9464"]);
+        assert_eq!(
+            on.metrics.metrics_listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        let err = crate::try_parse_flags::<JanitorArgs>(&[
+            "janitor",
+            "--controller",
+            "http://c:9090",
+            "--token",
+            "t",
+            "--metrics-listen",
+            "nowhere",
+        ]);
+        assert!(err.is_err(), "an address is required");
     }
 }

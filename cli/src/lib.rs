@@ -10,6 +10,7 @@ mod image_cmd;
 mod janitor_cmd;
 mod lifecycle_cmd;
 mod logging;
+mod people;
 mod secrets;
 mod static_elf;
 mod up;
@@ -29,7 +30,8 @@ server speaks the OpenSandbox Lifecycle REST API, so the official SDKs work
 unchanged, on top of the controller or, where there is no containerd, Docker.
 
 Start everything on one machine with `sandbolt up`; run the components
-separately (controller, agent, lifecycle) in a cluster.";
+separately (controller, agent, lifecycle) in a cluster. `sandbolt sandbox`,
+`volume` and `pool` manage sandboxes on a lifecycle server from a terminal.";
 
 #[derive(Debug, Parser)]
 #[command(name = "sandbolt", version, about = ABOUT, long_about = LONG_ABOUT)]
@@ -45,6 +47,11 @@ pub struct Cli {
     /// Log as JSON lines instead of text.
     #[arg(long, global = true, env = "SANDBOLT_LOG_JSON")]
     log_json: bool,
+
+    /// Export spans over OTLP/gRPC to this collector (`http://host:4317`),
+    /// as service `sandbolt-<command>` [default: off]
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -67,23 +74,48 @@ enum Command {
     /// Manage images on this node's containerd (no registry needed).
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
+    /// Create, list, exec into, copy files to and from, and remove
+    /// sandboxes on a lifecycle server.
+    Sandbox(people::sandbox::SandboxArgs),
+    /// Manage named volumes and their snapshots on a lifecycle server.
+    Volume(people::volume::VolumeArgs),
+    /// Manage warm pools on a lifecycle server.
+    Pool(people::pool::PoolArgs),
+    /// Print a shell completion script (`sandbolt completions bash >
+    /// /etc/bash_completion.d/sandbolt`).
+    Completions { shell: clap_complete::Shell },
+}
+
+impl Command {
+    /// A command whose output is its result: its routine steps are not
+    /// logged, and its error is printed once, not logged beside it.
+    fn one_shot(&self) -> bool {
+        matches!(
+            self,
+            Command::Image(_)
+                | Command::Sandbox(_)
+                | Command::Volume(_)
+                | Command::Pool(_)
+                | Command::Completions { .. }
+        )
+    }
 }
 
 /// Parses the command line, runs the subcommand, and maps its outcome to an
 /// exit code (errors are printed with their causes).
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    // A one-shot command's error is its whole output: printed once below
-    // (one line), not logged beside it; its routine steps are not logged.
-    let one_shot = matches!(cli.command, Command::Image(_));
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| {
+        e.format(&mut <Cli as clap::CommandFactory>::command())
+            .exit()
+    });
+    // A trace backend tells processes apart by service.name.
+    let service_name = format!("sandbolt-{}", matches.subcommand_name().unwrap_or("cli"));
+    let one_shot = cli.command.one_shot();
     let filter = cli
         .log
         .as_deref()
         .unwrap_or(if one_shot { "warn" } else { "info" });
-    if let Err(e) = logging::init(filter, cli.log_json) {
-        eprintln!("sandbolt: {e:#}");
-        return ExitCode::from(2);
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("sandbolt")
@@ -95,6 +127,27 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The OTLP exporter's channel runs on the runtime, so logging starts
+    // inside it; declared after it, the guard flushes the last spans first.
+    let otlp = cli
+        .otlp_endpoint
+        .as_deref()
+        .filter(|e| !e.is_empty())
+        .map(|endpoint| logging::OtlpExport {
+            endpoint,
+            service_name: &service_name,
+        });
+    let initialized = {
+        let _in_runtime = runtime.enter();
+        logging::init(filter, cli.log_json, otlp)
+    };
+    let _otlp_guard = match initialized {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("sandbolt: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     let result = runtime.block_on(async {
         match cli.command {
             Command::Up(args) => up::run(args).await,
@@ -103,16 +156,28 @@ pub fn main() -> ExitCode {
             Command::Janitor(args) => janitor_cmd::run(args).await,
             Command::Lifecycle(args) => lifecycle_cmd::run(args).await,
             Command::Image(cmd) => image_cmd::run(cmd).await,
+            Command::Sandbox(args) => people::sandbox::run(args).await,
+            Command::Volume(args) => people::volume::run(args).await,
+            Command::Pool(args) => people::pool::run(args).await,
+            Command::Completions { shell } => {
+                let mut cmd = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(shell, &mut cmd, "sandbolt", &mut std::io::stdout());
+                Ok(())
+            }
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            if !one_shot {
-                tracing::error!("{e:#}");
+            // Scripts tell failures apart by code (see people::CLIENT_HELP).
+            let (code, print) = people::exit_of(&e);
+            if print {
+                if !one_shot {
+                    tracing::error!("{e:#}");
+                }
+                eprintln!("sandbolt: {e:#}");
             }
-            eprintln!("sandbolt: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(code)
         }
     }
 }

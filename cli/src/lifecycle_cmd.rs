@@ -5,8 +5,9 @@ use anyhow::Context;
 use sandbolt_lifecycle::gateway_scope::SECURE_ACCESS_KEYS_ENV;
 use sandbolt_lifecycle::{
     BackendConfig, ControllerConfig, DockerConfig, GatewayConfig, KeyRing, Lifecycle,
-    LifecycleConfig,
+    LifecycleConfig, LifecycleMetrics,
 };
+use sandbolt_telemetry::prometheus_client::registry::Registry;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct LifecycleArgs {
@@ -74,6 +75,8 @@ pub(crate) struct LifecycleArgs {
     docker_network: DockerNetworkArgs,
     #[command(flatten)]
     gateway: GatewayArgs,
+    #[command(flatten)]
+    metrics: crate::agent_cmd::MetricsListenArgs,
 }
 
 /// The fsb gateway: where the OpenSandbox server's endpoints for its
@@ -231,11 +234,21 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         args.allow_host_path,
     );
     config.gateway = gateway;
+    let mut registry = Registry::default();
+    config.metrics = Some(LifecycleMetrics::register(&mut registry));
     let handle = Lifecycle::start(config)
         .await
         .context("starting the lifecycle API")?;
+    let ops = match args.metrics.serve(registry, handle.readiness()).await {
+        Ok(ops) => ops,
+        Err(e) => {
+            let _ = handle.shutdown().await;
+            return Err(e);
+        }
+    };
     tracing::info!(addr = %handle.addr(), gateway = ?handle.gateway_addr(), "lifecycle API serving");
     crate::shutdown_signal().await;
+    drop(ops);
     handle.shutdown().await?;
     Ok(())
 }
@@ -258,6 +271,17 @@ mod tests {
         }
         // A token without a controller would be silently unused.
         assert!(parse(&["--controller-token", "t0k"]).is_err());
+    }
+
+    #[test]
+    fn metrics_listen_is_off_unless_asked_for() {
+        assert_eq!(parse(&[]).expect("parses").metrics.metrics_listen, None);
+        let a = parse(&["--metrics-listen", "127.0.0.1:9464"]).expect("parses");
+        assert_eq!(
+            a.metrics.metrics_listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        assert!(parse(&["--metrics-listen", "nowhere"]).is_err());
     }
 
     #[test]

@@ -8,9 +8,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use sandbolt_agent::{Agent, AgentConfig};
-use sandbolt_controller::{Controller, ControllerConfig};
-use sandbolt_lifecycle::{BackendConfig, DockerConfig, Lifecycle};
+use sandbolt_agent::{Agent, AgentConfig, AgentHandle};
+use sandbolt_controller::{Controller, ControllerConfig, ControllerHandle};
+use sandbolt_janitor::JanitorHandle;
+use sandbolt_lifecycle::{
+    BackendConfig, DockerConfig, Lifecycle, LifecycleHandle, LifecycleMetrics, Readiness,
+};
+use sandbolt_telemetry::OpsServer;
+use sandbolt_telemetry::prometheus_client::registry::Registry;
 
 use crate::containerd::{self, Supervised};
 use crate::controller_cmd::ConsistencyArg;
@@ -102,6 +107,10 @@ pub(crate) struct UpArgs {
     /// <data-dir>/volumes, unless that is on btrfs already).
     #[command(flatten)]
     volumes: crate::agent_cmd::VolumeArgs,
+    /// One ops endpoint for all four components: their metrics in one
+    /// scrape, and /readyz ready when every one is.
+    #[command(flatten)]
+    metrics: crate::agent_cmd::MetricsListenArgs,
 }
 
 enum Engine {
@@ -190,10 +199,60 @@ async fn docker_answers(socket: &Path) -> bool {
     )
 }
 
+/// What `up` has started on containerd so far; [`Started::stop`] stops it
+/// in reverse order, after a failed start as after a signal.
+#[derive(Default)]
+struct Started {
+    controller: Option<ControllerHandle>,
+    agent: Option<AgentHandle>,
+    lifecycle: Option<LifecycleHandle>,
+    janitor: Option<JanitorHandle>,
+    ops: Option<OpsServer>,
+    fastpath_token: Option<crate::secrets::FastPathToken>,
+}
+
+impl Started {
+    async fn stop(self) {
+        drop(self.ops);
+        if let Some(janitor) = self.janitor {
+            janitor.shutdown().await;
+        }
+        if let Some(lifecycle) = self.lifecycle
+            && let Err(e) = lifecycle.shutdown().await
+        {
+            tracing::warn!(error = %e, "lifecycle API shutdown");
+        }
+        if let Some(agent) = self.agent {
+            agent.shutdown().await;
+        }
+        if let Some(controller) = self.controller {
+            controller.shutdown().await;
+        }
+    }
+}
+
 async fn run_on_containerd(
     args: &UpArgs,
     execd: PathBuf,
     network: Option<sandbolt_agent::config::NetworkConfig>,
+) -> anyhow::Result<()> {
+    let mut started = Started::default();
+    let result = start_on_containerd(args, execd, network, &mut started).await;
+    if result.is_ok() {
+        announce_containerd(&started);
+        crate::shutdown_signal().await;
+    }
+    started.stop().await;
+    result
+}
+
+/// Starts controller, agent, lifecycle, janitor and the ops endpoint into
+/// `started`, every one counting into one registry.
+async fn start_on_containerd(
+    args: &UpArgs,
+    execd: PathBuf,
+    network: Option<sandbolt_agent::config::NetworkConfig>,
+    started: &mut Started,
 ) -> anyhow::Result<()> {
     // Components in one process still authenticate to each other.
     let agent_token = crate::secrets::random_token()?;
@@ -201,6 +260,7 @@ async fn run_on_containerd(
     // local user could otherwise list every sandbox and resolve its endpoint.
     let fastpath_token =
         crate::secrets::fastpath_token(&args.data_dir, args.fastpath_token.as_deref())?;
+    let mut registry = Registry::default();
 
     let mut controller_config = ControllerConfig::new(
         args.fastpath_listen,
@@ -209,42 +269,68 @@ async fn run_on_containerd(
     );
     controller_config.fastpath_token = Some(fastpath_token.value.clone());
     controller_config.default_consistency = args.consistency.into();
+    let controller_metrics = sandbolt_controller::register_metrics(&mut registry);
+    let controller_ready = controller_metrics.readiness();
+    // One set of gRPC families for the whole process: the agent counts into
+    // the controller's under its own component label.
+    let agent_grpc = controller_metrics.grpc().for_component("agent");
+    controller_config.metrics = Some(controller_metrics);
     let controller = Controller::start(controller_config)
         .await
         .with_context(|| format!("starting the controller on {}", args.fastpath_listen))?;
     let fastpath = controller.local_addr();
+    started.controller = Some(controller);
 
     let agent_config = agent_config(args, execd, network, &agent_token, fastpath);
     let context = crate::agent_cmd::agent_start_context(agent_config.volumes.as_ref());
-    let agent = match Agent::start(agent_config).await {
-        Ok(a) => a,
-        Err(e) => {
-            controller.shutdown().await;
-            return Err(e).context(context);
-        }
-    };
+    let agent = Agent::start_with_grpc_metrics(agent_config, &mut registry, agent_grpc)
+        .await
+        .context(context)?;
+    let agent_ready = agent.readiness();
+    started.agent = Some(agent);
 
     // The lifecycle speaks the controller's native API, behind the same token.
     let mut backend = sandbolt_lifecycle::ControllerConfig::new(format!("http://{fastpath}"));
     backend.token = Some(fastpath_token.value.clone());
-    let lifecycle_config = lifecycle_cmd::config(
+    let mut lifecycle_config = lifecycle_cmd::config(
         args.lifecycle_listen,
         &args.access,
         BackendConfig::Controller(backend),
         args.data_dir.join("lifecycle"),
         args.allow_host_path.clone(),
     );
-    let lifecycle = match Lifecycle::start(lifecycle_config).await {
-        Ok(l) => l,
-        Err(e) => {
-            agent.shutdown().await;
-            controller.shutdown().await;
-            return Err(e).context("starting the lifecycle API");
-        }
-    };
+    lifecycle_config.metrics = Some(LifecycleMetrics::register(&mut registry));
+    let lifecycle = Lifecycle::start(lifecycle_config)
+        .await
+        .context("starting the lifecycle API")?;
+    let lifecycle_ready = lifecycle.readiness();
+    started.lifecycle = Some(lifecycle);
+    started.fastpath_token = Some(fastpath_token);
 
-    // The janitor talks to the controller over gRPC like a node's janitor
-    // does, with the agent token.
+    let janitor = sandbolt_janitor::Janitor::start(janitor_config(args, fastpath, agent_token))
+        .await
+        .context("starting the janitor")?;
+    janitor.metrics().register(&mut registry);
+    let janitor_ready = janitor.readiness();
+    started.janitor = Some(janitor);
+
+    let ready = all_ready(vec![
+        ("controller", controller_ready),
+        ("agent", agent_ready),
+        ("lifecycle", lifecycle_ready),
+        ("janitor", janitor_ready),
+    ]);
+    started.ops = args.metrics.serve(registry, ready).await?;
+    Ok(())
+}
+
+/// The janitor of `up`: it talks to the controller over gRPC like a node's
+/// janitor does, with the agent token.
+fn janitor_config(
+    args: &UpArgs,
+    fastpath: SocketAddr,
+    agent_token: String,
+) -> sandbolt_janitor::JanitorConfig {
     let mut janitor_config = sandbolt_janitor::JanitorConfig::new(
         crate::secrets::hostname(),
         &args.containerd.socket,
@@ -255,39 +341,52 @@ async fn run_on_containerd(
     janitor_config.containerd_namespace = args.containerd.namespace.clone();
     janitor_config.interval = args.janitor_interval;
     janitor_config.agent_state_dir = Some(args.data_dir.join("agent"));
-    let janitor = match sandbolt_janitor::Janitor::start(janitor_config).await {
-        Ok(j) => j,
-        Err(e) => {
-            let _ = lifecycle.shutdown().await;
-            agent.shutdown().await;
-            controller.shutdown().await;
-            return Err(e).context("starting the janitor");
+    janitor_config
+}
+
+/// Ready when every part is, else the first part's reason, named.
+fn all_ready(parts: Vec<(&'static str, Readiness)>) -> Readiness {
+    let parts = std::sync::Arc::new(parts);
+    Readiness::from_fn(move || {
+        let parts = parts.clone();
+        async move {
+            for (name, ready) in parts.iter() {
+                ready
+                    .check()
+                    .await
+                    .map_err(|reason| format!("{name}: {reason}"))?;
+            }
+            Ok(())
         }
+    })
+}
+
+/// Says where everything of a started `up` on containerd serves.
+fn announce_containerd(started: &Started) {
+    let (Some(lifecycle), Some(agent), Some(controller), Some(token)) = (
+        &started.lifecycle,
+        &started.agent,
+        &started.controller,
+        &started.fastpath_token,
+    ) else {
+        return;
     };
     // The path, never the token: logs travel further than the data dir.
     tracing::info!(
-        file = %fastpath_token.file.display(),
-        token = fastpath_token.origin.as_str(),
+        file = %token.file.display(),
+        token = token.origin.as_str(),
         "FastPath and the native API require `authorization: Bearer <token>`; clients on this machine read the token from this file (root only)"
     );
     tracing::info!(
         lifecycle = %format!("http://{}", lifecycle.addr()),
-        fastpath = %fastpath,
+        fastpath = %controller.local_addr(),
         agent = %agent.grpc_addr(),
         proxy = %agent.proxy_addr(),
+        metrics = ?started.ops.as_ref().map(OpsServer::local_addr),
         runtime = "containerd",
-        fastpath_token_file = %fastpath_token.file.display(),
+        fastpath_token_file = %token.file.display(),
         "sandbolt is up"
     );
-
-    crate::shutdown_signal().await;
-    janitor.shutdown().await;
-    if let Err(e) = lifecycle.shutdown().await {
-        tracing::warn!(error = %e, "lifecycle API shutdown");
-    }
-    agent.shutdown().await;
-    controller.shutdown().await;
-    Ok(())
 }
 
 /// The agent of `up`: this host, the controller beside it, named volumes
@@ -325,22 +424,34 @@ fn agent_config(
 async fn run_on_docker(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> {
     let mut docker = DockerConfig::new(&args.docker_socket, execd);
     args.docker_network.apply(&mut docker);
-    let config = lifecycle_cmd::config(
+    let mut config = lifecycle_cmd::config(
         args.lifecycle_listen,
         &args.access,
         BackendConfig::Docker(docker),
         args.data_dir.join("lifecycle"),
         args.allow_host_path.clone(),
     );
+    let mut registry = Registry::default();
+    config.metrics = Some(LifecycleMetrics::register(&mut registry));
     let lifecycle = Lifecycle::start(config)
         .await
         .context("starting the lifecycle API on Docker")?;
+    let ready = lifecycle.readiness();
+    let ops = match args.metrics.serve(registry, ready).await {
+        Ok(ops) => ops,
+        Err(e) => {
+            let _ = lifecycle.shutdown().await;
+            return Err(e);
+        }
+    };
     tracing::info!(
         lifecycle = %format!("http://{}", lifecycle.addr()),
+        metrics = ?ops.as_ref().map(OpsServer::local_addr),
         runtime = "docker",
         "sandbolt is up (Docker fallback: no controller or agent)"
     );
     crate::shutdown_signal().await;
+    drop(ops);
     lifecycle.shutdown().await?;
     Ok(())
 }

@@ -8,5 +8,6 @@ mod agent_outage;
 mod execd_static;
 mod image_import;
 mod janitor_faults;
+mod people_cli;
 mod readme_quickstart;
 mod up_e2e;

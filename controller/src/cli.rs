@@ -14,6 +14,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sandbolt_telemetry::prometheus_client::registry::Registry;
+use sandbolt_telemetry::{OpsServer, ops_router, serve_ops};
+
 use crate::config::{ControllerConfig, FAILPOINT_ENV, FailpointSpec, TlsFiles};
 use crate::ha::{ElectedExit, run_on_kubernetes};
 use crate::leader::LeaseConfig;
@@ -28,6 +31,10 @@ pub const LISTENING_LINE: &str = "SANDBOLT_CONTROLLER_LISTENING";
 /// (its address follows), so a caller that asked for port 0 learns the port
 /// by the time it has read the listening line.
 pub const OPEN_FASTPATH_LINE: &str = "SANDBOLT_CONTROLLER_OPEN_FASTPATH";
+
+/// Printed once the ops endpoint (--metrics-listen) serves, before the
+/// controller starts (a standby prints it too); its address follows.
+pub const METRICS_LINE: &str = "SANDBOLT_CONTROLLER_METRICS";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreArg {
@@ -211,6 +218,13 @@ pub struct ControllerArgs {
     /// a create of the same name replaces it. It is deleted after this long.
     #[arg(long, env = "SANDBOLT_EXPIRED_SANDBOX_RETENTION", default_value = "1h", value_parser = duration)]
     pub expired_sandbox_retention: Duration,
+    /// Serve /metrics (Prometheus, OpenMetrics text), /healthz and /readyz
+    /// on this address, plain HTTP without credentials: nothing there is
+    /// secret, and a network rule (the chart's NetworkPolicy) limits who
+    /// reaches it. /readyz is 503 on a standby replica and until the store
+    /// is open. Off by default.
+    #[arg(long, env = "SANDBOLT_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Test hook: freeze at a named point (`strong-after-record[:name]`,
     /// `fast-after-create[:name]`) so a test can `kill -9` there.
     #[arg(long, env = FAILPOINT_ENV, hide = true)]
@@ -225,6 +239,11 @@ pub enum RunError {
     Kubernetes {
         what: &'static str,
         source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("metrics endpoint on {listen}: {source}")]
+    Metrics {
+        listen: SocketAddr,
+        source: sandbolt_telemetry::TelemetryError,
     },
     #[error("controller on {listen}: {source}")]
     Controller {
@@ -332,15 +351,59 @@ fn announce(h: &ControllerHandle) {
     let _ = std::io::stdout().flush();
 }
 
+/// With `--metrics-listen`: registers the controller's metrics, hands them
+/// to `config` and serves the ops router (metrics, health, readiness).
+async fn serve_metrics(
+    config: &mut ControllerConfig,
+    listen: Option<SocketAddr>,
+) -> Result<Option<OpsServer>, RunError> {
+    let Some(listen) = listen else {
+        return Ok(None);
+    };
+    let mut registry = Registry::default();
+    let metrics = crate::register_metrics(&mut registry);
+    let router = ops_router(Arc::new(registry), metrics.readiness());
+    config.metrics = Some(metrics);
+    let server = serve_ops(listen, router)
+        .await
+        .map_err(|source| RunError::Metrics { listen, source })?;
+    tracing::info!(addr = %server.local_addr(), "serving /metrics, /healthz and /readyz");
+    println!("{METRICS_LINE} {}", server.local_addr());
+    let _ = std::io::stdout().flush();
+    Ok(Some(server))
+}
+
 /// Runs the controller these flags describe until `shutdown` resolves (or,
 /// with the Kubernetes store, until this replica loses the lease).
 pub async fn run(args: ControllerArgs, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let mut config = args.config()?;
     add_presence(&mut config, &args).await?;
-    let listen = args.listen;
-    if args.store == StoreArg::Kubernetes {
-        return run_kubernetes(config, args, shutdown).await;
+    let ops = serve_metrics(&mut config, args.metrics_listen).await?;
+    let ran = if args.store == StoreArg::Kubernetes {
+        run_kubernetes(config, args, shutdown).await
+    } else {
+        run_embedded(config, args.listen, shutdown).await
+    };
+    // Closed before returning, so that a caller that starts again finds
+    // the port free; a scraper holding a connection open cannot keep it.
+    if let Some(ops) = ops
+        && tokio::time::timeout(OPS_SHUTDOWN_GRACE, ops.shutdown())
+            .await
+            .is_err()
+    {
+        tracing::warn!(grace = ?OPS_SHUTDOWN_GRACE, "ops endpoint did not stop in time; aborted");
     }
+    ran
+}
+
+/// How long the ops endpoint's requests in flight may take at shutdown.
+const OPS_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+async fn run_embedded(
+    config: ControllerConfig,
+    listen: SocketAddr,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
     let handle = Controller::start(config)
         .await
         .map_err(|source| RunError::Controller { listen, source })?;

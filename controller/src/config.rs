@@ -77,6 +77,10 @@ pub struct ControllerConfig {
     /// Set by the entry point (from `SANDBOLT_CONTROLLER_FAILPOINT`), never
     /// read from the environment here.
     pub failpoint: Option<FailpointSpec>,
+    /// Where the controller's metrics go (one registration per process,
+    /// see [`crate::register_metrics`]); `None`: into a registry nobody
+    /// scrapes.
+    pub metrics: Option<crate::metrics::ControllerMetrics>,
 }
 
 impl ControllerConfig {
@@ -105,6 +109,7 @@ impl ControllerConfig {
             startup_grace: Duration::from_secs(10),
             namespaced_pools: false,
             failpoint: None,
+            metrics: None,
         }
     }
 }

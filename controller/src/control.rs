@@ -14,7 +14,8 @@ use crate::ids::SandboxKey;
 use crate::placement::or_default;
 use crate::registry::PoolSummary;
 use crate::sandbox::{
-    Core, CreateRequest, EndpointTarget, Observed, Precondition, UpdateOp, UpdateSpec, page_size,
+    Core, CreateRequest, DiagnosticsBounds, EndpointTarget, Observed, Precondition,
+    SandboxDiagnostics, UpdateOp, UpdateSpec, page_size,
 };
 use crate::store::{
     Consistency, FailurePolicy, HostVolume, Phase, PvcVolume, Resources, SandboxRecord, SandboxSpec,
@@ -519,6 +520,51 @@ impl SandboxService for ControlService {
         let (key, expect) = reference(q.sandbox.as_ref())?;
         let r = self.core.detach_volume(&key, &expect, &q.volume).await?;
         Ok(Response::new(sandbox(&self.core, &r)))
+    }
+
+    #[tracing::instrument(name = "control.GetSandboxDiagnostics", skip_all, fields(namespace, sandbox, log_tail_lines = req.get_ref().log_tail_lines))]
+    async fn get_sandbox_diagnostics(
+        &self,
+        req: Request<pb::GetSandboxDiagnosticsRequest>,
+    ) -> Result<Response<pb::SandboxDiagnostics>, Status> {
+        let q = req.get_ref();
+        let (key, expect) = reference(q.sandbox.as_ref())?;
+        let span = tracing::Span::current();
+        span.record("namespace", key.namespace.as_str());
+        span.record("sandbox", key.name.as_str());
+        let bounds = DiagnosticsBounds {
+            log_tail_lines: q.log_tail_lines,
+            log_max_bytes: q.log_max_bytes,
+            event_limit: q.event_limit,
+        };
+        let d = self.core.sandbox_diagnostics(&key, &expect, bounds).await?;
+        Ok(Response::new(diagnostics_out(&self.core, d)))
+    }
+}
+
+fn diagnostics_out(core: &Core, d: SandboxDiagnostics) -> pb::SandboxDiagnostics {
+    let (log, log_truncated, log_error) = match d.log {
+        Ok(Some(tail)) => (tail.content, tail.truncated, String::new()),
+        Ok(None) => Default::default(),
+        Err(why) => (String::new(), false, why),
+    };
+    pb::SandboxDiagnostics {
+        sandbox: Some(sandbox(core, &d.record)),
+        events: d
+            .events
+            .into_iter()
+            .map(|e| pb::SandboxEvent {
+                at_unix_nanos: e.at_unix_nanos,
+                level: e.level,
+                source: e.source,
+                phase: e.phase,
+                message: e.message,
+            })
+            .collect(),
+        events_truncated: d.events_truncated,
+        log,
+        log_truncated,
+        log_error,
     }
 }
 

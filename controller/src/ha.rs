@@ -76,6 +76,9 @@ where
 {
     let mut shutdown = std::pin::pin!(shutdown);
     let mut state = elector.subscribe();
+    if let Some(metrics) = &config.metrics {
+        metrics.follow_leadership(elector.subscribe());
+    }
     let identity = elector.identity().to_string();
     tracing::info!(%identity, lease = %elector.config().name, "standing by for the controller lease");
     tokio::select! {

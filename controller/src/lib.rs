@@ -30,6 +30,7 @@ pub mod keyed_lock;
 pub mod leader;
 pub mod limits;
 pub mod listeners;
+pub mod metrics;
 pub mod placement;
 pub mod pool_status;
 pub mod registry;
@@ -58,10 +59,12 @@ use sandbolt_proto::fastpath::v2::fast_path_service_server::FastPathServiceServe
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::server::Router;
+use tower::layer::util::{Identity, Stack};
 
 pub use config::{ControllerConfig, FAILPOINT_ENV, Failpoint, FailpointSpec};
 pub use error::{Error, Result};
 pub use ids::{AgentId, SandboxId, SandboxKey};
+pub use metrics::{ControllerMetrics, register_metrics};
 pub use sandbox::Core;
 pub use store::{Consistency, Store};
 
@@ -100,6 +103,7 @@ impl Controller {
         // Records and known agents first: the port opens on a registry that
         // already holds every slot the store knows about.
         core.rebuild()?;
+        core.metrics.attach(&core);
         // Captures a previous leader did not see finish, listed before any
         // request can add new ones (those have their own capture task).
         let pending_snapshots = core.pending_snapshots()?;
@@ -200,9 +204,13 @@ fn nodelay(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIn
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
+/// A gRPC server of the controller: every call counted, timed and run
+/// inside its request id (`sandbolt_telemetry::grpc_layer`).
+type Layered = Router<Stack<sandbolt_telemetry::GrpcLayer, Identity>>;
+
 /// Serves `router` on `incoming` until the stop signal.
 fn serve<IO, IE>(
-    router: Router,
+    router: Layered,
     incoming: impl futures::Stream<Item = std::result::Result<IO, IE>> + Send + 'static,
     mut stop: watch::Receiver<bool>,
     port: &'static str,
@@ -232,10 +240,11 @@ where
 /// Everything, on the main port: FastPath and the native API behind the
 /// FastPath token (or a client certificate), RegistryService behind the
 /// agent token, health open.
-async fn main_router(core: &Arc<Core>, config: &ControllerConfig) -> Router {
+async fn main_router(core: &Arc<Core>, config: &ControllerConfig) -> Layered {
     let fp_auth = listeners::FastPathAuth::new(config);
     let agent_auth = RequireBearer::new(Some(&config.agent_token), "registry");
     tonic::transport::Server::builder()
+        .layer(core.metrics.grpc_layer())
         .add_service(serving_health().await)
         .add_service(V2Server::with_interceptor(
             fastpath::v2::FastPathV2::new(core.clone()),
@@ -277,7 +286,7 @@ async fn main_router(core: &Arc<Core>, config: &ControllerConfig) -> Router {
 /// [`ControllerConfig::open_fastpath_listen`]): no native API (its
 /// snapshots, volumes and warm pools are not the OpenSandbox server's
 /// business) and no RegistryService (nothing here may pose as an agent).
-async fn open_fastpath_router(core: &Arc<Core>) -> Router {
+async fn open_fastpath_router(core: &Arc<Core>) -> Layered {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<V2Server<fastpath::v2::FastPathV2>>()
@@ -286,6 +295,7 @@ async fn open_fastpath_router(core: &Arc<Core>) -> Router {
         .set_serving::<V1Server<fastpath::v1::FastPathV1>>()
         .await;
     tonic::transport::Server::builder()
+        .layer(core.metrics.grpc_layer())
         .add_service(health)
         .add_service(V2Server::new(fastpath::v2::FastPathV2::new(core.clone())))
         .add_service(V1Server::new(fastpath::v1::FastPathV1::new(core.clone())))
@@ -333,6 +343,7 @@ impl ControllerHandle {
     /// that ignores GOAWAY (or went silent) must not hold the process, so
     /// after [`SHUTDOWN_GRACE`] the remaining tasks are aborted.
     pub async fn shutdown(self) {
+        self.core.metrics.detach(&self.core);
         let _ = self.stop.send(true);
         for mut t in self.tasks {
             if tokio::time::timeout(SHUTDOWN_GRACE, &mut t).await.is_err() {

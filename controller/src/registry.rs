@@ -124,6 +124,22 @@ pub struct Registry {
     namespaced_pools: bool,
 }
 
+/// Every state [`Registry::gauges`] counts agents in: `ready` (heard since
+/// this controller started), `unheard` (known from the store, not heard
+/// yet), `lost` (silent), `gone` (silent, and judged gone).
+pub const AGENT_STATES: [&str; 4] = ["ready", "unheard", "lost", "gone"];
+
+/// See [`Registry::gauges`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistryGauges {
+    /// Agents by state, every one of [`AGENT_STATES`] present.
+    pub agents: BTreeMap<&'static str, i64>,
+    /// Sandbox slots of every known agent (what they can hold).
+    pub capacity: i64,
+    /// Slots reserved on them (what their sandboxes hold).
+    pub allocated: i64,
+}
+
 /// What changed with a heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatOutcome {
@@ -458,6 +474,32 @@ impl Registry {
 
     pub fn agents(&self) -> Vec<AgentInfo> {
         self.inner.lock().agents.values().cloned().collect()
+    }
+
+    /// The counts the controller's gauges show (`crate::metrics`), under
+    /// one lock and without cloning any agent's inventory.
+    pub fn gauges(&self) -> RegistryGauges {
+        let g = self.inner.lock();
+        let mut agents: BTreeMap<&'static str, i64> =
+            AGENT_STATES.iter().map(|s| (*s, 0)).collect();
+        let (mut capacity, mut allocated) = (0, 0);
+        for a in g.agents.values() {
+            let gone = g.watch.get(&a.agent_id).is_some_and(|w| w.gone);
+            let state = match (a.lost, gone, a.heartbeated) {
+                (true, true, _) => "gone",
+                (true, false, _) => "lost",
+                (false, _, false) => "unheard",
+                (false, _, true) => "ready",
+            };
+            *agents.entry(state).or_default() += 1;
+            capacity += i64::from(a.capacity);
+            allocated += i64::from(g.index.allocated(&a.agent_id).unwrap_or(0));
+        }
+        RegistryGauges {
+            agents,
+            capacity,
+            allocated,
+        }
     }
 
     /// Every known agent as a home for named volumes, by agent id.

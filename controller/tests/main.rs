@@ -13,6 +13,7 @@ mod kube_store;
 mod kube_templates;
 mod kube_warm_pools;
 mod leader_election;
+mod metrics;
 mod snapshot_restore;
 mod snapshots;
 mod standin_logic;

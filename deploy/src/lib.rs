@@ -16,11 +16,15 @@
 //!   its defaults that creates name, in the shape the OpenSandbox server
 //!   writes.
 //!
+//! [`dashboard`] is the Grafana dashboard the chart ships, and what makes it
+//! one.
+//!
 //! The CRD YAML in `deploy/crds/` and `deploy/helm/sandbolt/crds/` is
 //! generated from these types by [`crd`] (`cargo run -p sandbolt-deploy --bin
 //! crdgen`); a test fails when the checked-in files drift from the types.
 
 pub mod crd;
+pub mod dashboard;
 pub mod pool;
 pub mod sandbox;
 pub mod snapshot;

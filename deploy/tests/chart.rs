@@ -118,8 +118,9 @@ fn mounts(c: &Value) -> Vec<String> {
 /// Every `--flag=` the chart passes exists on that `sandbolt` subcommand
 /// (clap derives `--some-flag` from a `some_flag` field, or `long = "..."`).
 /// A subcommand's flags are in `cli/src/<sub>_cmd.rs`, in the argument
-/// groups it flattens from `cli/src/containerd.rs`, or, for a component with
-/// its own entry point, in `<sub>/src/cli.rs`.
+/// groups it flattens from `cli/src/containerd.rs` or from another command
+/// (`#[command(flatten)] x: crate::<module>::<Group>`: that struct only),
+/// or, for a component with its own entry point, in `<sub>/src/cli.rs`.
 fn assert_real_flags(c: &Value) {
     let a = args(c);
     let sub = &a[1];
@@ -128,10 +129,11 @@ fn assert_real_flags(c: &Value) {
         "cli/src/containerd.rs".to_string(),
         format!("{sub}/src/cli.rs"),
     ];
-    let src: String = sources
+    let mut src: String = sources
         .iter()
         .filter_map(|p| std::fs::read_to_string(repo().join(p)).ok())
         .collect();
+    src += &flattened_groups(&src);
     assert!(!src.is_empty(), "no source for `sandbolt {sub}`");
     for flag in &a[2..] {
         let name = flag.trim_start_matches("--").split('=').next().unwrap();
@@ -142,6 +144,35 @@ fn assert_real_flags(c: &Value) {
             "`sandbolt {sub}` has no flag --{name} (looked in {sources:?})"
         );
     }
+}
+
+/// The source of the argument structs `src` flattens by path
+/// (`crate::<module>::<Group>`), each struct alone.
+fn flattened_groups(src: &str) -> String {
+    let mut out = String::new();
+    let mut lines = src.lines();
+    while let Some(line) = lines.next() {
+        if !line.contains("#[command(flatten)]") {
+            continue;
+        }
+        let Some(path) = lines
+            .next()
+            .and_then(|field| field.split("crate::").nth(1))
+            .map(|p| p.trim_end_matches(',').trim())
+        else {
+            continue;
+        };
+        let Some((module, group)) = path.split_once("::") else {
+            continue;
+        };
+        let file = std::fs::read_to_string(repo().join(format!("cli/src/{module}.rs")))
+            .unwrap_or_default();
+        if let Some(start) = file.find(&format!("struct {group} {{")) {
+            let body = &file[start..];
+            out += &body[..body.find("\n}").map_or(body.len(), |end| end + 2)];
+        }
+    }
+    out
 }
 
 /// Nothing secret is written into a pod spec: token-like variables come
@@ -303,7 +334,7 @@ fn default_values_lint_render_and_validate() {
         .iter()
         .map(|p| p["containerPort"].as_i64().unwrap())
         .collect();
-    assert_eq!(ports, [9091, 9092]);
+    assert_eq!(ports, [9091, 9092, 9095]);
     let vols = pod["volumes"].as_array().unwrap();
     let sock = vols
         .iter()
@@ -1007,5 +1038,253 @@ fn unsafe_fastpath_and_gateway_values_are_refused() {
     ] {
         let err = check(Some(values.clone()), &[]).expect_err(&format!("{values} was accepted"));
         assert!(err.contains(why), "{values}: expected {why:?} in:\n{err}");
+    }
+}
+
+/// The container port named `name` of `c`.
+fn container_port(c: &Value, name: &str) -> i64 {
+    c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no port {name} in {}", c["name"]))["containerPort"]
+        .as_i64()
+        .unwrap()
+}
+
+fn pod_annotations(workload: &Value) -> &Value {
+    &workload["spec"]["template"]["metadata"]["annotations"]
+}
+
+/// `c` serves its ops endpoint on all interfaces at its port named
+/// `port_name`, and that port is `port`.
+fn assert_ops_listener(c: &Value, port_name: &str, port: i64) {
+    assert_real_flags(c);
+    assert_eq!(container_port(c, port_name), port, "{}", c["name"]);
+    let flag = format!("--metrics-listen=0.0.0.0:{port}");
+    assert!(args(c).contains(&flag), "{flag} in {:?}", args(c));
+}
+
+fn assert_http_probe(probe: &Value, path: &str, port: &str) {
+    assert_eq!(probe["httpGet"]["path"], path, "{probe}");
+    assert_eq!(probe["httpGet"]["port"], port, "{probe}");
+}
+
+/// The scrape config a Prometheus finds by default: every component serves
+/// /metrics on a named port, its pods carry the prometheus.io annotations
+/// naming that port, the lifecycle's and the janitor's probes ask
+/// /healthz and /readyz, and the NetworkPolicy admits the controller pod's
+/// ops ports. No ServiceMonitor or dashboard unless asked for.
+#[test]
+fn every_component_serves_metrics_and_pods_say_where() {
+    let (objs, _) = check(None, &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    let agent = find(&objs, "DaemonSet", "sb-sandbolt-agent-default");
+    let jan = find(&objs, "DaemonSet", "sb-sandbolt-janitor-default");
+    let c = container(ctl, "controller");
+    let l = container(ctl, "lifecycle");
+    let a = container(agent, "agent");
+    let j = container(jan, "janitor");
+    assert_ops_listener(c, "metrics", 9094);
+    assert_ops_listener(l, "rest-metrics", 9097);
+    assert_ops_listener(a, "metrics", 9095);
+    assert_ops_listener(j, "metrics", 9096);
+    for (workload, c) in [(ctl, c), (agent, a), (jan, j)] {
+        let ann = pod_annotations(workload);
+        assert_eq!(ann["prometheus.io/scrape"], "true", "{ann}");
+        assert_eq!(ann["prometheus.io/path"], "/metrics", "{ann}");
+        assert_eq!(
+            ann["prometheus.io/port"],
+            container_port(c, "metrics").to_string(),
+            "{ann}"
+        );
+    }
+    // The lifecycle answers them on its API port without a key.
+    assert_http_probe(&l["livenessProbe"], "/healthz", "lifecycle");
+    assert_http_probe(&l["readinessProbe"], "/readyz", "lifecycle");
+    assert_http_probe(&j["livenessProbe"], "/healthz", "metrics");
+    assert_http_probe(&j["readinessProbe"], "/readyz", "metrics");
+    // The controller keeps its gRPC health probe (only the leader serves).
+    assert_eq!(c["readinessProbe"]["grpc"]["port"], 9090);
+
+    let policy = find(&objs, "NetworkPolicy", "sb-sandbolt-controller");
+    let ops = rules_for_port(policy, 9094);
+    assert_eq!(ops.len(), 1, "{policy}");
+    assert_eq!(
+        ops[0]["ports"],
+        json!([{"port": 9094, "protocol": "TCP"}, {"port": 9097, "protocol": "TCP"}])
+    );
+    assert!(ops[0].get("from").is_none(), "any pod may scrape: {policy}");
+    assert!(
+        !objs
+            .iter()
+            .any(|o| o["kind"] == "ServiceMonitor" || o["kind"] == "ConfigMap"),
+        "{:?}",
+        names(&objs)
+    );
+}
+
+/// With `metrics.serviceMonitor.enabled`, a prometheus-operator
+/// ServiceMonitor (validated against the operator's ServiceMonitor schema)
+/// reaches every ops port: its selector picks the headless metrics
+/// Services, each Service port it names targets a named container port of
+/// the pods the Service selects. With `metrics.dashboard.enabled`, the
+/// dashboard ships as a ConfigMap Grafana's sidecar loads.
+#[test]
+fn service_monitor_reaches_every_ops_port_and_the_dashboard_ships() {
+    let values = json!({"metrics": {
+        "serviceMonitor": {"enabled": true, "interval": "15s", "labels": {"release": "kps"}},
+        "dashboard": {"enabled": true},
+        "scrapeFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+    }});
+    let (objs, _) = check(Some(values), &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let monitor = find(&objs, "ServiceMonitor", "sb-sandbolt");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "kps");
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    let services: Vec<&Value> = objs
+        .iter()
+        .filter(|o| {
+            o["kind"] == "Service"
+                && selector
+                    .iter()
+                    .all(|(k, v)| &o["metadata"]["labels"][k] == v)
+        })
+        .collect();
+    let endpoints = monitor["spec"]["endpoints"].as_array().unwrap();
+    for e in endpoints {
+        assert_eq!(e["path"], "/metrics", "{e}");
+        assert_eq!(e["interval"], "15s", "{e}");
+    }
+    // Every ops container port, found through the monitor.
+    let mut reached = Vec::new();
+    for svc in &services {
+        assert_eq!(svc["spec"]["clusterIP"], "None", "{svc}");
+        for port in svc["spec"]["ports"].as_array().unwrap() {
+            assert!(
+                endpoints.iter().any(|e| e["port"] == port["name"]),
+                "no endpoint scrapes {port}"
+            );
+            for o in objs.iter().filter(|o| selects(svc, o)) {
+                for c in o["spec"]["template"]["spec"]["containers"]
+                    .as_array()
+                    .unwrap()
+                {
+                    if let Some(p) = c["ports"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|p| p["name"] == port["targetPort"])
+                    {
+                        assert_eq!(p["containerPort"], port["port"], "{svc}");
+                        reached.push(c["name"].as_str().unwrap().to_string());
+                    }
+                }
+            }
+        }
+    }
+    reached.sort();
+    assert_eq!(reached, ["agent", "controller", "janitor", "lifecycle"]);
+
+    let policy = find(&objs, "NetworkPolicy", "sb-sandbolt-controller");
+    assert_eq!(
+        rules_for_port(policy, 9097)[0]["from"],
+        json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}])
+    );
+
+    let dashboard = find(&objs, "ConfigMap", "sb-sandbolt-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: Value =
+        serde_json::from_str(dashboard["data"]["sandbolt.json"].as_str().unwrap()).unwrap();
+    assert_eq!(shipped, sandbolt_deploy::dashboard::load().unwrap());
+
+    // The monitor's schema check is live: a misspelt endpoint field fails.
+    let bad = "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: m}\nspec:\n  selector: {}\n  endpoints: [{prot: metrics, interval: often}]\n";
+    let err = check(None, &[bad]).expect_err("a bad ServiceMonitor passed");
+    assert!(
+        err.contains("ServiceMonitor/m does not match its CRD")
+            && err.contains("'prot' was unexpected"),
+        "{err}"
+    );
+}
+
+/// Whether Service `svc` selects the pods of workload `o`.
+fn selects(svc: &Value, o: &Value) -> bool {
+    let labels = &o["spec"]["template"]["metadata"]["labels"];
+    labels.is_object()
+        && svc["spec"]["selector"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| &labels[k] == v)
+}
+
+/// Without the lifecycle the controller pod has one ops port, and
+/// `metrics.annotations: false` leaves the pods unannotated.
+#[test]
+fn ops_ports_follow_the_components_that_run() {
+    let values = json!({
+        "lifecycle": {"enabled": false},
+        "metrics": {"annotations": false, "serviceMonitor": {"enabled": true}}
+    });
+    let (objs, _) = check(Some(values), &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    assert!(
+        pod_annotations(ctl).get("prometheus.io/scrape").is_none(),
+        "{}",
+        pod_annotations(ctl)
+    );
+    let agent = find(&objs, "DaemonSet", "sb-sandbolt-agent-default");
+    assert!(
+        pod_annotations(agent).is_null(),
+        "{}",
+        pod_annotations(agent)
+    );
+    let svc = find(&objs, "Service", "sb-sandbolt-controller-metrics");
+    assert_eq!(
+        svc["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["metrics"]
+    );
+    let policy = find(&objs, "NetworkPolicy", "sb-sandbolt-controller");
+    assert_eq!(
+        rules_for_port(policy, 9094)[0]["ports"],
+        json!([{"port": 9094, "protocol": "TCP"}])
+    );
+}
+
+/// The dashboard Grafana loads: a uid, a title, a Prometheus data source
+/// variable, panels on the grid, each with queries that read sandbolt's
+/// metrics; and panels for what operators watch (create stages, RPCs,
+/// agents, capacity, sandboxes by phase, warm pools, janitor reaps, store
+/// writes, the leader).
+#[test]
+fn the_grafana_dashboard_is_a_valid_dashboard() {
+    let d = sandbolt_deploy::dashboard::load().unwrap();
+    let problems = sandbolt_deploy::dashboard::problems(&d);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let read = sandbolt_deploy::dashboard::metric_names(&d);
+    for name in [
+        "sandbolt_controller_create_stage_duration_seconds_bucket",
+        "sandbolt_agent_create_stage_duration_seconds_bucket",
+        "sandbolt_grpc_server_requests_total",
+        "sandbolt_grpc_server_request_duration_seconds_bucket",
+        "sandbolt_http_requests_total",
+        "sandbolt_controller_agents",
+        "sandbolt_controller_capacity",
+        "sandbolt_controller_allocated",
+        "sandbolt_controller_sandboxes",
+        "sandbolt_controller_warm_pool_sandboxes",
+        "sandbolt_janitor_reaped_total",
+        "sandbolt_controller_store_write_duration_seconds_bucket",
+        "sandbolt_controller_leader",
+    ] {
+        assert!(read.contains(name), "no panel reads {name}: {read:?}");
     }
 }

@@ -12,7 +12,9 @@ over Helm's own Go SDK (v4), shipped inside the wheel; no helm binary.
    document with kubernetes-validate (strict: unknown fields are errors)
    for every version in KUBE_VERSIONS; an object of one of the project's
    own kinds is validated against its CRD's schema instead (also rejecting
-   unknown fields). A kind no schema is known for is an error.
+   unknown fields), and a prometheus-operator ServiceMonitor against that
+   CRD's schema (cloudcoil's models of prometheus-operator's CRDs, as JSON
+   schema, closed the same way). A kind no schema is known for is an error.
 
 On success prints {"objects": [...], "notes": "..."} as JSON and exits 0;
 otherwise prints every problem to stderr and exits 1.
@@ -83,8 +85,26 @@ def crd_schemas(crds):
     return out
 
 
+SERVICE_MONITOR = ("monitoring.coreos.com/v1", "ServiceMonitor")
+
+
+def service_monitor_schema():
+    """prometheus-operator's ServiceMonitor schema. Imported only when a
+    ServiceMonitor is to be checked: the models take seconds to load."""
+    from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+
+    schema = ServiceMonitor.model_json_schema(by_alias=True)
+    # A rendered object names its kind and version; the models default them.
+    schema["properties"]["apiVersion"] = {"type": "string", "enum": [SERVICE_MONITOR[0]]}
+    schema["properties"]["kind"] = {"type": "string", "enum": [SERVICE_MONITOR[1]]}
+    schema["required"] = sorted(set(schema.get("required", [])) | {"apiVersion", "kind", "metadata", "spec"})
+    return closed(schema)
+
+
 def validate(obj, where, schemas, problems):
     key = (obj.get("apiVersion"), obj.get("kind"))
+    if key == SERVICE_MONITOR and key not in schemas:
+        schemas[key] = service_monitor_schema()
     name = f"{where}: {obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
     if key in schemas:
         errors = sorted(

@@ -36,6 +36,7 @@ pub mod journal;
 pub mod metrics;
 pub mod node;
 pub mod ownership;
+mod readiness;
 pub mod rules;
 mod run;
 mod scan;

@@ -1,4 +1,6 @@
-//! Prometheus counters. The CLI serves [`Metrics::encode`] where it wants.
+//! Prometheus counters. They count from the janitor's start;
+//! [`Metrics::register`] puts them into the registry of whoever serves
+//! `/metrics` (`sandbolt janitor --metrics-listen`, `sandbolt up`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -12,8 +14,9 @@ struct ReasonLabel {
     reason: String,
 }
 
+/// The janitor's counters (cheap clones share the same counts).
+#[derive(Debug, Clone, Default)]
 pub struct Metrics {
-    registry: Registry,
     reaped: Family<ReasonLabel, Counter>,
     /// Snapshots that are no sandbox's writable layer (sandbox snapshots,
     /// scratch snapshots), removed by reason.
@@ -26,56 +29,44 @@ pub struct Metrics {
     agent_pods_unavailable: Counter,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let reaped = Family::<ReasonLabel, Counter>::default();
-        let snapshots_reaped = Family::<ReasonLabel, Counter>::default();
-        let scans = Counter::default();
-        let fail_safe = Counter::default();
-        let cleanup_errors = Counter::default();
-        let agent_pods_unavailable = Counter::default();
+        Self::default()
+    }
+
+    /// Registers every counter into `registry` (they keep counting whether
+    /// or not any registry holds them).
+    pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "sandbolt_janitor_reaped",
             "Sandboxes removed by the janitor, by reason",
-            reaped.clone(),
+            self.reaped.clone(),
         );
         registry.register(
             "sandbolt_janitor_snapshots_reaped",
             "Snapshots that were no sandbox's writable layer removed by the janitor (sandbox snapshots no record names, scratch snapshots of gone agent processes), by reason",
-            snapshots_reaped.clone(),
+            self.snapshots_reaped.clone(),
         );
-        registry.register("sandbolt_janitor_scans", "Janitor scans run", scans.clone());
+        registry.register(
+            "sandbolt_janitor_scans",
+            "Janitor scans run",
+            self.scans.clone(),
+        );
         registry.register(
             "sandbolt_janitor_fail_safe_scans",
             "Scans that reaped nothing because the controller could not be asked",
-            fail_safe.clone(),
+            self.fail_safe.clone(),
         );
         registry.register(
             "sandbolt_janitor_cleanup_errors",
             "Cleanups that failed and are retried by the next scan",
-            cleanup_errors.clone(),
+            self.cleanup_errors.clone(),
         );
         registry.register(
             "sandbolt_janitor_agent_pods_unavailable",
             "Agent pod lists that failed: no sandbox was reaped because its agent pod is gone",
-            agent_pods_unavailable.clone(),
+            self.agent_pods_unavailable.clone(),
         );
-        Self {
-            registry,
-            reaped,
-            snapshots_reaped,
-            scans,
-            fail_safe,
-            cleanup_errors,
-            agent_pods_unavailable,
-        }
     }
 
     pub(crate) fn reaped(&self, reason: ReapReason) {
@@ -130,16 +121,14 @@ impl Metrics {
             .get()
     }
 
-    /// The OpenMetrics text exposition.
+    /// The OpenMetrics text exposition of these counters alone.
     pub fn encode(&self) -> String {
+        let mut registry = Registry::default();
+        self.register(&mut registry);
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+        prometheus_client::encoding::text::encode(&mut out, &registry)
             .expect("writing to a String cannot fail");
         out
-    }
-
-    pub fn registry(&self) -> &Registry {
-        &self.registry
     }
 }
 

@@ -54,6 +54,11 @@ impl JanitorHandle {
         self.janitor.metrics().clone()
     }
 
+    /// Ready unless the last scan could not reach containerd.
+    pub fn readiness(&self) -> sandbolt_telemetry::Readiness {
+        self.janitor.readiness()
+    }
+
     /// Asks the loop for a scan now.
     pub fn scan_now(&self) {
         self.kick.notify_one();

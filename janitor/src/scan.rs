@@ -8,6 +8,7 @@ use containerd_client::services::v1::Container;
 use containerd_client::services::v1::snapshots::{Info as SnapshotInfo, Kind};
 use parking_lot::Mutex;
 use sandbolt_node::labels;
+use sandbolt_telemetry::Readiness;
 
 use crate::agent_pods::AgentPods;
 use crate::config::JanitorConfig;
@@ -16,6 +17,7 @@ use crate::journal::{self, Journal};
 use crate::metrics::Metrics;
 use crate::node::{self, Node, SnapshotRemoval};
 use crate::ownership::{ControllerOwnership, OwnershipSource, ReapNotice};
+use crate::readiness::ContainerdReach;
 use crate::rules::{
     self, AgentPodList, ContainerFacts, KeepReason, OwnershipReport, PodEvidence, ReapReason,
     SandboxSnapshotFacts, ScratchFacts, ScratchKind, SnapshotKeepReason, SnapshotReapReason,
@@ -346,6 +348,8 @@ pub struct Janitor {
     agent_pods: Option<AgentPods>,
     journal: Journal,
     metrics: Arc<Metrics>,
+    /// Whether the last scan reached containerd (readiness).
+    containerd_reach: ContainerdReach,
     /// Scans never overlap (periodic, triggered and `scan_once` callers).
     scan_lock: tokio::sync::Mutex<()>,
     /// Agents whose containers the last scan saw (trigger filter).
@@ -405,6 +409,7 @@ impl Janitor {
             agent_pods: None,
             journal,
             metrics: Arc::new(Metrics::new()),
+            containerd_reach: ContainerdReach::default(),
             scan_lock: tokio::sync::Mutex::new(()),
             seen_agents: Mutex::new(HashSet::new()),
             warned_grace: AtomicBool::new(false),
@@ -430,6 +435,11 @@ impl Janitor {
         &self.metrics
     }
 
+    /// Ready unless the last scan could not reach containerd.
+    pub fn readiness(&self) -> Readiness {
+        self.containerd_reach.readiness()
+    }
+
     /// One full scan. `Err` only when nothing could be decided (containerd
     /// or the ownership source unavailable): then nothing was reaped.
     #[tracing::instrument(skip_all, fields(node = %self.cfg.node_name))]
@@ -437,7 +447,9 @@ impl Janitor {
         let _g = self.scan_lock.lock().await;
         self.metrics.scan();
         let mut report = ScanReport::default();
-        let listing = self.list_node(&mut report).await?;
+        let listing = self.list_node(&mut report).await;
+        self.containerd_reach.record(&listing);
+        let listing = listing?;
         if self
             .decide_sandboxes_and_scratch(&listing, &mut report)
             .await?

@@ -34,6 +34,7 @@ pub struct App<B> {
     pub policy: Policy,
     /// `None` only when the operator explicitly chose to run open.
     pub api_key: Option<String>,
+    pub metrics: crate::metrics::LifecycleMetrics,
 }
 
 type AppState<B> = AxState<Arc<App<B>>>;
@@ -73,22 +74,50 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
             "/sandboxes/{id}/proxy/{port}/{*path}",
             any(crate::proxy::proxy_path::<B>),
         )
-        .route("/metrics/events", post(metrics_event))
+        .route(
+            "/metrics/events",
+            post(crate::metrics::report_event).with_state(app.metrics.sdk.clone()),
+        )
         .route("/health", get(health))
         .route("/version", get(version))
         .route("/openapi.json", get(openapi))
         .merge(crate::volume_routes::routes())
         .merge(crate::pool_routes::routes())
         .merge(crate::snapshots::routes())
+        .merge(crate::diagnostics::routes())
         .merge(not_implemented_routes())
         .with_state(app.clone());
+    let http = sandbolt_telemetry::http_layer(app.metrics.http.clone());
     Router::new()
         .merge(api.clone())
         .nest("/v1", api)
+        .merge(probe_routes(&app))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app, auth::<B>))
-        .layer(middleware::from_fn(request_id))
+        .layer(http)
+}
+
+/// Paths answered without a key: liveness and readiness probes carry no
+/// secret and learn nothing from the answer.
+const PROBE_PATHS: [&str; 4] = ["/health", "/v1/health", "/healthz", "/readyz"];
+
+/// `/healthz` and `/readyz` of the ops port (`sandbolt_telemetry::ops_router`),
+/// also on the API's port, where probes already reach; its `/metrics` stays
+/// on the ops port.
+fn probe_routes<B: Backend>(app: &Arc<App<B>>) -> Router {
+    let probes = sandbolt_telemetry::ops_router(Arc::default(), readiness(app.clone()));
+    Router::new()
+        .route("/healthz", axum::routing::get_service(probes.clone()))
+        .route("/readyz", axum::routing::get_service(probes))
+}
+
+/// Ready while the backend's engine answers.
+pub fn readiness<B: Backend>(app: Arc<App<B>>) -> sandbolt_telemetry::Readiness {
+    sandbolt_telemetry::Readiness::from_fn(move || {
+        let app = app.clone();
+        async move { app.backend.readiness().await }
+    })
 }
 
 /// Routes of the OpenSandbox 1.1.1 document that sandbolt does not serve:
@@ -98,7 +127,6 @@ fn not_implemented_routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     for (path, what) in [
         ("/templates", "Templates"),
         ("/templates/{id}", "Templates"),
-        ("/sandboxes/{id}/diagnostics/{kind}", "Diagnostics"),
     ] {
         r = r.route(
             path,
@@ -120,32 +148,12 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// Echoes a sane client `X-Request-ID` or makes one, on every response.
-async fn request_id(req: Request, next: Next) -> Response {
-    let id = req
-        .headers()
-        .get(REQUEST_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_owned)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-    tracing::debug!(request_id = %id, method = %req.method(), path = %req.uri().path(), "request");
-    let mut resp = next.run(req).await;
-    resp.headers_mut().insert(
-        REQUEST_ID_HEADER,
-        HeaderValue::from_str(&id).expect("checked ASCII"),
-    );
-    resp
-}
-
 async fn auth<B: Backend>(AxState(app): AppState<B>, req: Request, next: Next) -> Response {
     let Some(key) = app.api_key.as_deref() else {
         return next.run(req).await;
     };
-    // Liveness probes carry no secret and learn nothing from the answer.
     let path = req.uri().path();
-    if path == "/health" || path == "/v1/health" {
+    if PROBE_PATHS.contains(&path) {
         return next.run(req).await;
     }
     // The egress endpoint's token opens that one sandbox's policy route and
@@ -551,13 +559,6 @@ pub fn page_records(mut all: Vec<SandboxRecord>, q: &ListQuery) -> ListSandboxes
 async fn list<B: Backend>(AxState(app): AppState<B>, q: ListQuery) -> ApiResult<Response> {
     let all = app.backend.list().await?;
     Ok(json(StatusCode::OK, &page_records(all, &q)))
-}
-
-#[tracing::instrument(skip_all)]
-async fn metrics_event(_body: Bytes) -> StatusCode {
-    // The SDK reports create latency here fire-and-forget; sandbolt measures
-    // itself server-side, so the event is accepted and dropped.
-    StatusCode::NO_CONTENT
 }
 
 #[tracing::instrument(skip_all)]

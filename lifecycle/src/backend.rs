@@ -35,6 +35,10 @@ impl Route {
     }
 }
 
+/// How long [`Backend::readiness`] waits for the engine: a probe that hangs
+/// is a failed probe (the kubelet's own timeout is short too).
+pub const READINESS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What [`Backend::proxy_route`] answers for a paused sandbox: a frozen
 /// process accepts connections and never answers, so the proxy refuses
 /// instead of letting the request hang.
@@ -86,6 +90,13 @@ pub trait Backend: Send + Sync + 'static {
     /// many lifecycle replicas run).
     fn expires_sandboxes_itself(&self) -> bool {
         false
+    }
+
+    /// Whether the engine answers now (the lifecycle's `/readyz`); `Err`
+    /// says what does not. The default suits an engine inside this process,
+    /// which cannot be out of reach; remote engines ping theirs.
+    fn readiness(&self) -> impl Future<Output = Result<(), String>> + Send {
+        std::future::ready(Ok(()))
     }
 
     /// Creates and starts a sandbox; it is `Running` when this returns.
@@ -286,5 +297,16 @@ pub trait Backend: Send + Sync + 'static {
     /// that cannot answer, so the proxy never waits on a frozen process.
     fn proxy_route(&self, id: &str, port: u16) -> impl Future<Output = ApiResult<Route>> + Send {
         self.route(id, port)
+    }
+
+    /// What the diagnostics routes show of sandbox `id`: facts about its
+    /// container, its newest events and the end of its log, within
+    /// `query`'s bounds (see [`crate::diagnostics`]). 404 unknown id.
+    fn diagnostics(
+        &self,
+        _id: &str,
+        _query: crate::diagnostics::DiagnosticsQuery,
+    ) -> impl Future<Output = ApiResult<crate::diagnostics::Diagnostics>> + Send {
+        std::future::ready(Err(ApiError::not_implemented("Diagnostics")))
     }
 }

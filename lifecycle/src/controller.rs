@@ -18,6 +18,8 @@ use sandbolt_proto::control::v1 as pb;
 use sandbolt_proto::egress::NetworkPolicy;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use crate::backend::{Backend, Route, paused_sandbox};
 use crate::egress::{ENFORCEMENT_DNS_NFT, PolicyChange, PolicyStatus};
@@ -69,6 +71,9 @@ pub struct ControllerBackend {
     pools: crate::controller_pools::WarmPoolClient,
     /// `SnapshotService` on the same channel and token.
     snapshots: crate::controller_snapshots::SnapshotClient,
+    /// `grpc.health.v1` on the same channel, for readiness (no token: the
+    /// controller serves health to anyone, as to the kubelet).
+    health: HealthClient<Channel>,
     namespace: String,
 }
 
@@ -458,8 +463,10 @@ impl ControllerBackend {
                 token.clone(),
             ),
             snapshots: pb::snapshot_service_client::SnapshotServiceClient::with_interceptor(
-                channel, token,
+                channel.clone(),
+                token,
             ),
+            health: HealthClient::new(channel),
             namespace: config.namespace,
         };
         match backend.client().list_pools(pb::ListPoolsRequest {}).await {
@@ -568,6 +575,32 @@ impl Backend for ControllerBackend {
 
     fn expires_sandboxes_itself(&self) -> bool {
         true
+    }
+
+    /// The controller's health answer for the service the lifecycle calls:
+    /// a standby replica, or one whose store is not open, is not serving.
+    async fn readiness(&self) -> Result<(), String> {
+        let service = pb::sandbox_service_server::SERVICE_NAME;
+        let mut health = self.health.clone();
+        let check = health.check(HealthCheckRequest {
+            service: service.to_string(),
+        });
+        match tokio::time::timeout(crate::backend::READINESS_TIMEOUT, check).await {
+            Ok(Ok(r)) if r.get_ref().status == ServingStatus::Serving as i32 => Ok(()),
+            Ok(Ok(r)) => Err(format!(
+                "controller reports {service} as {:?}",
+                r.get_ref().status()
+            )),
+            Ok(Err(s)) => Err(format!(
+                "controller health check failed: {:?} {}",
+                s.code(),
+                s.message()
+            )),
+            Err(_) => Err(format!(
+                "controller did not answer its health check within {:?}",
+                crate::backend::READINESS_TIMEOUT
+            )),
+        }
     }
 
     #[tracing::instrument(name = "controller", skip_all, fields(call = "create", sandbox_id = %plan.id, namespace = %self.namespace))]
@@ -830,6 +863,14 @@ impl Backend for ControllerBackend {
 
     async fn route(&self, id: &str, port: u16) -> ApiResult<Route> {
         self.resolve_in(&self.namespace, id, port).await
+    }
+
+    async fn diagnostics(
+        &self,
+        id: &str,
+        query: crate::diagnostics::DiagnosticsQuery,
+    ) -> ApiResult<crate::diagnostics::Diagnostics> {
+        crate::diagnostics::of_controller(self, id, query).await
     }
 }
 

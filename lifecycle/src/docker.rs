@@ -880,6 +880,18 @@ impl Backend for DockerBackend {
         refuse_restricting_policy(policy)
     }
 
+    async fn readiness(&self) -> Result<(), String> {
+        let ping = tokio::time::timeout(crate::backend::READINESS_TIMEOUT, self.docker.ping());
+        match ping.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("docker engine does not answer /_ping: {e}")),
+            Err(_) => Err(format!(
+                "docker engine did not answer /_ping within {:?}",
+                crate::backend::READINESS_TIMEOUT
+            )),
+        }
+    }
+
     #[tracing::instrument(name = "docker", skip_all, fields(call = "network_policy", sandbox_id = %id))]
     async fn network_policy(&self, id: &str) -> ApiResult<PolicyStatus> {
         self.inspect(id).await?;
@@ -1105,6 +1117,14 @@ impl Backend for DockerBackend {
         // behind this server's back (`docker rm`) go here too.
         self.settle_snapshot_deletes().await;
         result
+    }
+
+    async fn diagnostics(
+        &self,
+        id: &str,
+        query: crate::diagnostics::DiagnosticsQuery,
+    ) -> ApiResult<crate::diagnostics::Diagnostics> {
+        crate::diagnostics::of_docker(self, id, query).await
     }
 
     async fn proxy_route(&self, id: &str, port: u16) -> ApiResult<Route> {

@@ -19,6 +19,8 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use sandbolt_telemetry::HttpMetrics;
 use tokio::net::TcpListener;
 
 use crate::controller::ControllerBackend;
@@ -53,6 +55,7 @@ pub(crate) struct BoundGateway {
 pub(crate) async fn bind(
     config: &GatewayConfig,
     backend: ControllerBackend,
+    metrics: HttpMetrics,
 ) -> Result<BoundGateway, StartError> {
     let bind_error = |source| StartError::Bind {
         addr: config.listen,
@@ -68,7 +71,13 @@ pub(crate) async fn bind(
     Ok(BoundGateway {
         listener,
         addr,
-        router: Router::new().fallback(route_scoped).with_state(gateway),
+        // Routes, not a fallback, so requests are counted under a route of
+        // their own ("/{*path}") rather than as unmatched.
+        router: Router::new()
+            .route("/", any(route_scoped))
+            .route("/{*path}", any(route_scoped))
+            .with_state(gateway)
+            .layer(sandbolt_telemetry::http_layer(metrics)),
     })
 }
 

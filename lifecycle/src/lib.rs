@@ -9,6 +9,7 @@ pub mod controller;
 mod controller_pools;
 mod controller_snapshots;
 mod controller_volumes;
+pub mod diagnostics;
 pub mod docker;
 pub mod docker_network;
 mod docker_snapshots;
@@ -18,6 +19,7 @@ pub mod error;
 pub mod expiry;
 pub mod gateway;
 pub mod gateway_scope;
+pub mod metrics;
 pub mod model;
 pub mod named_volumes;
 pub mod openapi;
@@ -34,6 +36,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sandbolt_telemetry::prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -43,6 +46,8 @@ pub use docker::{DockerBackend, DockerConfig};
 pub use error::{ApiError, StartError};
 pub use gateway::GatewayConfig;
 pub use gateway_scope::KeyRing;
+pub use metrics::LifecycleMetrics;
+pub use sandbolt_telemetry::Readiness;
 
 /// Which engine runs the sandboxes.
 #[derive(Debug, Clone)]
@@ -79,6 +84,9 @@ pub struct LifecycleConfig {
     /// The fsb gateway for the OpenSandbox server's signed endpoints
     /// (controller backend only).
     pub gateway: Option<GatewayConfig>,
+    /// Where the lifecycle's metrics go (see [`LifecycleMetrics::register`]);
+    /// `None` counts into a registry nobody serves.
+    pub metrics: Option<LifecycleMetrics>,
 }
 
 impl LifecycleConfig {
@@ -94,6 +102,7 @@ impl LifecycleConfig {
             max_timeout_secs: validate::DEFAULT_MAX_TIMEOUT_SECS,
             sweep_interval: Duration::from_secs(5),
             gateway: None,
+            metrics: None,
         }
     }
 }
@@ -107,6 +116,7 @@ pub struct LifecycleHandle {
     sweeper: Option<JoinHandle<()>>,
     /// The fsb gateway's address and server, when one runs.
     gateway: Option<(SocketAddr, JoinHandle<std::io::Result<()>>)>,
+    readiness: Readiness,
 }
 
 impl LifecycleHandle {
@@ -118,6 +128,12 @@ impl LifecycleHandle {
     /// The fsb gateway's bound address, when one runs.
     pub fn gateway_addr(&self) -> Option<SocketAddr> {
         self.gateway.as_ref().map(|(addr, _)| *addr)
+    }
+
+    /// The lifecycle's readiness (its backend's engine answers), for an ops
+    /// port's `/readyz`; the API's own port answers it too.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
     }
 
     /// Stops accepting, finishes in-flight requests, stops the sweeper.
@@ -180,11 +196,18 @@ fn serve(
     })
 }
 
+/// Metrics for a lifecycle started without a registry: counted (the
+/// layers that count also carry request ids) into one nobody scrapes.
+fn unserved_metrics() -> LifecycleMetrics {
+    LifecycleMetrics::register(&mut Registry::default())
+}
+
 pub struct Lifecycle;
 
 impl Lifecycle {
     /// Connects the configured backend and serves the API.
     pub async fn start(mut config: LifecycleConfig) -> Result<LifecycleHandle, StartError> {
+        let metrics = config.metrics.get_or_insert_with(unserved_metrics).clone();
         match config.backend.clone() {
             BackendConfig::Docker(_) if config.gateway.is_some() => Err(StartError::Config(
                 "the fsb gateway needs the controller backend: it routes to sandboxes by namespace and id, which only the controller resolves".into(),
@@ -197,7 +220,7 @@ impl Lifecycle {
             BackendConfig::Controller(c) => {
                 let backend = ControllerBackend::connect(c).await?;
                 let gateway = match config.gateway.take() {
-                    Some(g) => Some(gateway::bind(&g, backend.clone()).await?),
+                    Some(g) => Some(gateway::bind(&g, backend.clone(), metrics.http).await?),
                     None => None,
                 };
                 let mut handle = Self::start_with(config, backend).await?;
@@ -262,6 +285,7 @@ impl Lifecycle {
                 host_paths,
             },
             api_key,
+            metrics: config.metrics.unwrap_or_else(unserved_metrics),
         });
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -283,6 +307,7 @@ impl Lifecycle {
                 tx.subscribe(),
             ))
         });
+        let readiness = api::readiness(app.clone());
         let server = serve(listener, api::router(app), rx);
         tracing::info!(%addr, "lifecycle API serving");
         Ok(LifecycleHandle {
@@ -291,6 +316,7 @@ impl Lifecycle {
             server,
             sweeper,
             gateway: None,
+            readiness,
         })
     }
 }

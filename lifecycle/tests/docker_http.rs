@@ -96,11 +96,20 @@ async fn http_contract_on_docker() {
     let (s, v) = call(M::GET, format!("{base}/no/such/route"), None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert_error_shape(&v);
-    for path in ["/pools", "/templates/x", "/v1/sandboxes/x/diagnostics/logs"] {
+    for path in ["/pools", "/templates/x"] {
         let (s, v) = call(M::GET, format!("{base}{path}"), None).await;
         assert_eq!(s, StatusCode::NOT_IMPLEMENTED, "{path}");
         assert_error_shape(&v);
     }
+    // Diagnostics are served: an unknown sandbox's are a 404 like its record.
+    let (s, v) = call(
+        M::GET,
+        format!("{base}/v1/sandboxes/x/diagnostics/logs?scope=container"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_error_shape(&v);
     let r = client()
         .post(format!("{base}/v1/sandboxes"))
         .header("OPEN-SANDBOX-API-KEY", common::API_KEY)

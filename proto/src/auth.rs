@@ -65,9 +65,13 @@ impl BearerToken {
     }
 }
 
+/// Every sandbolt gRPC client goes through this interceptor, so it is also
+/// where a call picks up the request id (and W3C `traceparent`) of the task
+/// making it: lifecycle -> controller -> agent calls carry one id.
 impl tonic::service::Interceptor for BearerToken {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         self.apply(&mut req);
+        sandbolt_telemetry::request_id::inject(req.metadata_mut());
         Ok(req)
     }
 }

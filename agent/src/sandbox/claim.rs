@@ -69,6 +69,7 @@ impl Sandboxes {
         clock: &CreateClock,
     ) -> Result<Option<Created>> {
         let id = &spec.sandbox_id;
+        let started = Instant::now();
         let plan = self.claim_plan(spec).await?;
         let taken = match self.take_warm(spec) {
             Ok(Some(taken)) => taken,
@@ -107,6 +108,8 @@ impl Sandboxes {
             claimed_us: clock.elapsed_us(),
             ..Default::default()
         };
+        self.metrics
+            .observe_stage(CreateStage::WarmClaim, started.elapsed());
         tracing::info!(sandbox = %id, pid = taken.pid, claimed_us = timings.claimed_us, "warm sandbox claimed");
         Ok(Some(Created {
             status: self.get(id)?,

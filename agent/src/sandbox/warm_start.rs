@@ -138,12 +138,10 @@ impl Sandboxes {
         });
         self.table.write().insert(id.clone(), entry);
         let clock = CreateClock::start();
-        let mut timings = CreateTimings::default();
-        let mut created = false;
+        // Its stages are not a user's wait: they go unreported.
+        let mut progress = CreateProgress::default();
         let started = async {
-            let pid = self
-                .create_and_start(&spec, &clock, &mut timings, &mut created)
-                .await?;
+            let pid = self.create_and_start(&spec, &clock, &mut progress).await?;
             self.mark_running(&id, pid);
             self.wait_for_execd(&id, pid, &token).await
         }
@@ -163,7 +161,7 @@ impl Sandboxes {
             }
             Err(e) => {
                 tracing::warn!(sandbox = %id, error = %e, "warm sandbox did not start");
-                self.undo_create(&id, created).await;
+                self.undo_create(&id, progress.created).await;
                 self.release_lock(&id, &lock);
                 Err(e)
             }

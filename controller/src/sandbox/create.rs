@@ -13,7 +13,7 @@
 //!
 //! Both are idempotent by request id.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 
@@ -22,6 +22,7 @@ use crate::config::{ControllerConfig, Failpoint, failpoint};
 use crate::error::{Error, Result};
 use crate::ids::{AgentId, SandboxId, SandboxKey};
 use crate::limits;
+use crate::metrics::CreateStage;
 use crate::placement::PlacementRequest;
 use crate::sandbox::Core;
 use crate::sandbox::shared::agent_spec;
@@ -179,7 +180,7 @@ impl Core {
         let (mut r, req) = new_record(req, Consistency::Strong);
         let cold_id = r.sandbox_id.clone();
         let _inflight = self.inflight(&cold_id);
-        self.place_for_create(&mut r).await?;
+        self.timed_place_for_create(&mut r).await?;
         // A claim gave the create the warm sandbox's id.
         let claimed = r.sandbox_id != cold_id;
         let _claimed = claimed.then(|| self.inflight(&r.sandbox_id));
@@ -228,7 +229,7 @@ impl Core {
         let (mut r, req) = new_record(req, Consistency::Fast);
         let cold_id = r.sandbox_id.clone();
         let _inflight = self.inflight(&cold_id);
-        self.place_for_create(&mut r).await?;
+        self.timed_place_for_create(&mut r).await?;
         let claimed = r.sandbox_id != cold_id;
         let _claimed = claimed.then(|| self.inflight(&r.sandbox_id));
         tracing::Span::current().record("sandbox_id", r.sandbox_id.as_str());
@@ -282,6 +283,15 @@ impl Core {
                 self.config.record_commit_attempts.max(1)
             ))),
         }
+    }
+
+    /// [`Core::place_for_create`], timed as the create's `place` stage.
+    async fn timed_place_for_create(&self, r: &mut SandboxRecord) -> Result<()> {
+        let started = Instant::now();
+        self.place_for_create(r).await?;
+        self.metrics
+            .observe_stage(CreateStage::Place, started.elapsed());
+        Ok(())
     }
 
     /// Reserves a slot for `r` and fills in its agent; `exclude` is an agent
@@ -395,6 +405,7 @@ impl Core {
             .registry
             .agent(&r.agent_id)
             .ok_or_else(|| Error::Unavailable(format!("agent {} vanished", r.agent_id)))?;
+        let started = Instant::now();
         let resp = self
             .agents
             .create(
@@ -404,6 +415,12 @@ impl Core {
                 self.config.create_deadline,
             )
             .await?;
+        let stage = if resp.claimed_warm {
+            CreateStage::WarmClaim
+        } else {
+            CreateStage::AgentCreate
+        };
+        self.metrics.observe_stage(stage, started.elapsed());
         let t = resp.timings.unwrap_or_default();
         let event = if resp.claimed_warm {
             format!(
@@ -430,7 +447,11 @@ impl Core {
     /// Writes a new record and indexes its expiry.
     #[tracing::instrument(skip_all, fields(sandbox = %r.name, sandbox_id = %r.sandbox_id, agent = %r.agent_id, phase = ?r.phase))]
     fn commit_record(&self, r: &SandboxRecord) -> Result<SandboxRecord, StoreError> {
-        let r = self.store.create(r)?;
+        let started = Instant::now();
+        let written = self.store.create(r);
+        self.metrics
+            .observe_stage(CreateStage::Record, started.elapsed());
+        let r = written?;
         self.track_expiry(&r, None);
         Ok(r)
     }
@@ -442,7 +463,8 @@ impl Core {
         created: AgentCreated,
     ) -> Result<SandboxRecord> {
         let sid = r.sandbox_id.clone();
-        match self.modify(&r.key(), |x| {
+        let started = Instant::now();
+        let marked = self.modify(&r.key(), |x| {
             if x.sandbox_id != sid {
                 return Err(Error::Aborted(format!(
                     "sandbox {} was reassigned meanwhile",
@@ -454,7 +476,10 @@ impl Core {
             x.claimed_warm |= created.claimed_warm;
             x.push_event("info", "agent", created.event.clone());
             Ok(())
-        }) {
+        });
+        self.metrics
+            .observe_stage(CreateStage::Record, started.elapsed());
+        match marked {
             Ok(r) => Ok(r),
             Err(e @ (Error::NotFound(..) | Error::Aborted(_))) => {
                 // Deleted (or replaced) while we were creating: ours is an orphan.

@@ -5,6 +5,8 @@
 //! - `create.rs`: validate, place, agent create, record (strong and fast
 //!   flows), idempotent retries and re-driving a create left Pending;
 //! - `get.rs`: get (with uid/generation preconditions), diagnostics;
+//! - `diagnostics.rs`: the record's events and the container log's end
+//!   (read from the agent), for the diagnostics routes;
 //! - `list.rs`: pages by namespace and metadata;
 //! - `update.rs`: metadata, expiry, failure policy, reset-revision restart,
 //!   egress policy;
@@ -27,6 +29,7 @@
 
 mod create;
 mod delete;
+mod diagnostics;
 mod expire;
 mod get;
 mod list;
@@ -41,6 +44,7 @@ mod update;
 mod volumes;
 
 pub use create::CreateRequest;
+pub use diagnostics::{DiagnosticsBounds, LogTail, SandboxDiagnostics};
 pub use get::{Diagnostics, Observed};
 pub use list::page_size;
 pub(crate) use resolve::proxy_host;

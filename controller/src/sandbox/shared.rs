@@ -15,8 +15,10 @@ use crate::config::ControllerConfig;
 use crate::error::{Error, Result};
 use crate::ids::{SandboxId, SandboxKey};
 use crate::keyed_lock::KeyedLocks;
+use crate::metrics::ControllerMetrics;
 use crate::registry::{AgentInfo, Registry};
 use crate::sandbox::Observed;
+use crate::store::timed::TimedStore;
 use crate::store::{ContainerExit, ExitObserver, SandboxRecord, Store, StoreError};
 use crate::volume_index::VolumeIndex;
 
@@ -52,6 +54,8 @@ pub struct Core {
     /// retry racing the first call finds its record instead of making a
     /// second snapshot.
     pub(crate) snapshot_requests: KeyedLocks<(String, String)>,
+    /// This process's metrics (see `crate::metrics`).
+    pub(crate) metrics: ControllerMetrics,
 }
 
 /// What the caller believes about the record it names; a mismatch refuses
@@ -124,6 +128,11 @@ impl Core {
         let volume_hold = (config.heartbeat_interval * 3).max(std::time::Duration::from_secs(5));
         let registry = Arc::new(Registry::with_namespaced_pools(config.namespaced_pools));
         store.publish_observed_exits(exit_observer(registry.clone()));
+        let metrics = config
+            .metrics
+            .clone()
+            .unwrap_or_else(ControllerMetrics::unregistered);
+        let store: Arc<dyn Store> = Arc::new(TimedStore::new(store, metrics.clone()));
         Ok(Self {
             agents: AgentClients::new(&config.agent_token)?,
             registry,
@@ -140,6 +149,7 @@ impl Core {
             volume_mounts: KeyedLocks::default(),
             warm_pools: crate::warm::WarmPools::default(),
             snapshot_requests: KeyedLocks::default(),
+            metrics,
         })
     }
 

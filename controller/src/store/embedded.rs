@@ -75,6 +75,10 @@ impl RedbStore {
 }
 
 impl Store for RedbStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
     fn create(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
         let tx = self.db.begin_write().map_err(backend)?;
         let mut out = record.clone();

@@ -578,6 +578,20 @@ impl KubeStore {
         obj
     }
 
+    /// After a conflict: the server holds a newer object than the cache,
+    /// whose watch may take a while to deliver it (an external writer, a
+    /// loaded machine). Reading it now lets the caller's retry apply its
+    /// change to the newest object instead of conflicting again on the stale
+    /// one until its retries run out. Best effort: on failure the watch
+    /// still catches up.
+    fn catch_up(&self, key: &SandboxKey) {
+        let api = self.sandboxes_in(&key.namespace);
+        let name = key.name.clone();
+        if let Ok(Ok(Some(fresh))) = self.call("get", async move { api.get_opt(&name).await }) {
+            self.remember(fresh);
+        }
+    }
+
     /// Shadows the cache with an own delete until the watch delivers it.
     fn forget(&self, obj: &Sandbox) {
         let key = key_of(obj);
@@ -1460,6 +1474,10 @@ fn agent_lease_name(agent_id: &str) -> String {
 }
 
 impl Store for KubeStore {
+    fn backend(&self) -> &'static str {
+        "kubernetes"
+    }
+
     fn template_catalog(&self) -> Option<&crate::template::TemplateCatalog> {
         Some(&self.templates)
     }
@@ -1560,7 +1578,15 @@ impl Store for KubeStore {
             .call("replace", async move {
                 api.replace(&name, &PostParams::default(), &obj).await
             })?
-            .map_err(|e| api_error(e, &key))?;
+            .map_err(|e| api_error(e, &key));
+        let written = match written {
+            Ok(w) => w,
+            Err(StoreError::Conflict(key)) => {
+                self.catch_up(&key);
+                return Err(StoreError::Conflict(key));
+            }
+            Err(e) => return Err(e),
+        };
         let newest = self.sync_status(record, written);
         let obj = self.remember(newest);
         from_object(&obj)?.ok_or_else(|| StoreError::Corrupt("written without state".into()))

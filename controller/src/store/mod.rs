@@ -15,6 +15,7 @@
 
 pub mod embedded;
 pub mod kube;
+pub(crate) mod timed;
 
 use std::collections::BTreeMap;
 
@@ -650,6 +651,11 @@ pub trait Store: Send + Sync + 'static {
     /// until the controller removed the container and calls `delete`).
     fn deletions_requested(&self) -> Vec<SandboxKey> {
         Vec::new()
+    }
+
+    /// The `store` label of the controller's store write metrics.
+    fn backend(&self) -> &'static str {
+        "other"
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod agent_proc;
 pub mod execd;
+pub mod observed;
 pub mod rig;
 pub mod snapshots;
 pub mod volumes;

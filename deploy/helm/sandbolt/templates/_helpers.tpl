@@ -91,3 +91,13 @@ default
       name: {{ include "sandbolt.secretName" . }}
       key: {{ .Values.auth.agentTokenKey }}
 {{- end -}}
+
+{{/* The pod annotations a Prometheus discovering pods by annotation
+     scrapes; call with (dict "ctx" $ "port" <ops port>). */}}
+{{- define "sandbolt.scrapeAnnotations" -}}
+{{- if .ctx.Values.metrics.annotations -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .port | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+{{- end -}}
