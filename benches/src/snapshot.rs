@@ -374,43 +374,23 @@ impl Setup {
 /// Create from snapshot ÷ cold create (p50, p90, and the median of the
 /// per-round ratios) for each snapshot size measured.
 pub fn ratios(samples: &[Sample]) -> Vec<(String, f64)> {
-    let summary = |system: &str| {
-        crate::stats::summarize(
-            samples
-                .iter()
-                .filter(|s| s.scenario == RESTORE && s.system == system)
-                .map(|s| s.total_us),
-        )
-    };
-    let Some(cold) = summary(COLD) else {
-        return Vec::new();
-    };
     let restore_systems: std::collections::BTreeSet<&str> = samples
         .iter()
         .filter(|s| s.scenario == RESTORE && s.system != COLD)
         .map(|s| s.system.as_str())
         .collect();
-    let mut out = Vec::new();
-    for system in restore_systems {
-        let Some(r) = summary(system) else {
-            continue;
-        };
-        out.push((
-            format!("{RESTORE}: {system} ÷ {COLD}"),
-            r.p50_us as f64 / cold.p50_us.max(1) as f64,
-        ));
-        out.push((
-            format!("{RESTORE}: {system} ÷ {COLD} (p90)"),
-            r.p90_us as f64 / cold.p90_us.max(1) as f64,
-        ));
-        if let Some((median, _)) = crate::stats::paired_ratio(samples, RESTORE, system, COLD) {
-            out.push((
-                format!("{RESTORE}: {system} ÷ {COLD} (median of per-round ratios)"),
-                median,
-            ));
-        }
-    }
-    out
+    restore_systems
+        .into_iter()
+        .flat_map(|system| {
+            crate::stats::ratio_rows(
+                samples,
+                RESTORE,
+                system,
+                COLD,
+                &format!("{RESTORE}: {system} ÷ {COLD}"),
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

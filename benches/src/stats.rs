@@ -68,6 +68,40 @@ pub fn paired_ratio(samples: &[Sample], scenario: &str, a: &str, b: &str) -> Opt
     Some((median, n))
 }
 
+/// `system` ÷ `baseline` in `scenario`, as the reports give it: p50, p90 and
+/// the median of the per-round ratios, each labelled after `label`. Empty
+/// when either side has no samples.
+pub fn ratio_rows(
+    samples: &[Sample],
+    scenario: &str,
+    system: &str,
+    baseline: &str,
+    label: &str,
+) -> Vec<(String, f64)> {
+    let summary = |system: &str| {
+        summarize(
+            samples
+                .iter()
+                .filter(|s| s.scenario == scenario && s.system == system)
+                .map(|s| s.total_us),
+        )
+    };
+    let (Some(a), Some(b)) = (summary(system), summary(baseline)) else {
+        return Vec::new();
+    };
+    let mut out = vec![
+        (label.to_string(), a.p50_us as f64 / b.p50_us.max(1) as f64),
+        (
+            format!("{label} (p90)"),
+            a.p90_us as f64 / b.p90_us.max(1) as f64,
+        ),
+    ];
+    if let Some((median, _)) = paired_ratio(samples, scenario, system, baseline) {
+        out.push((format!("{label} (median of per-round ratios)"), median));
+    }
+    out
+}
+
 pub fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }

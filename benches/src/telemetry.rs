@@ -202,35 +202,12 @@ fn skipped(reason: String) -> Skipped {
 /// On ÷ off for the create and the delete: p50, p90 and the median of the
 /// per-round ratios.
 pub fn ratios(samples: &[Sample]) -> Vec<(String, f64)> {
-    let mut out = Vec::new();
-    for scenario in [CREATE, DELETE] {
-        let summary = |system: &str| {
-            crate::stats::summarize(
-                samples
-                    .iter()
-                    .filter(|s| s.scenario == scenario && s.system == system)
-                    .map(|s| s.total_us),
-            )
-        };
-        let (Some(on), Some(off)) = (summary(ON), summary(OFF)) else {
-            continue;
-        };
-        out.push((
-            format!("{scenario}: on ÷ off"),
-            on.p50_us as f64 / off.p50_us.max(1) as f64,
-        ));
-        out.push((
-            format!("{scenario}: on ÷ off (p90)"),
-            on.p90_us as f64 / off.p90_us.max(1) as f64,
-        ));
-        if let Some((median, _)) = crate::stats::paired_ratio(samples, scenario, ON, OFF) {
-            out.push((
-                format!("{scenario}: on ÷ off (median of per-round ratios)"),
-                median,
-            ));
-        }
-    }
-    out
+    [CREATE, DELETE]
+        .into_iter()
+        .flat_map(|scenario| {
+            crate::stats::ratio_rows(samples, scenario, ON, OFF, &format!("{scenario}: on ÷ off"))
+        })
+        .collect()
 }
 
 /// An OTLP/gRPC trace collector that counts what it receives.
