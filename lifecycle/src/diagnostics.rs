@@ -182,6 +182,18 @@ struct LogsQuery {
     since: Option<Duration>,
 }
 
+impl LogsQuery {
+    /// What to read: `tail` and `since` bound both forms (the JSON
+    /// descriptor and the deprecated text) — accepted, so they take effect.
+    fn wanted(&self) -> DiagnosticsQuery {
+        DiagnosticsQuery {
+            log_tail: self.tail.unwrap_or(STABLE_LOG_LINES),
+            log_since: self.since,
+            event_limit: 0,
+        }
+    }
+}
+
 fn parse_logs_query(q: &str) -> ApiResult<LogsQuery> {
     let mut out = LogsQuery::default();
     for (k, v) in form_decode(q) {
@@ -313,21 +325,13 @@ async fn logs<B: Backend>(
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
     let q = parse_logs_query(q.as_deref().unwrap_or(""))?;
+    let want = q.wanted();
     if let Some(requested) = &q.scope {
         let scope = scope_of(Kind::Logs, requested)?;
         tracing::Span::current().record("scope", scope);
-        let want = DiagnosticsQuery {
-            log_tail: STABLE_LOG_LINES,
-            ..Default::default()
-        };
         let d = app.backend.diagnostics(&id, want).await?;
         return Ok(descriptor(&id, Kind::Logs, scope, &d));
     }
-    let want = DiagnosticsQuery {
-        log_tail: q.tail.unwrap_or(100),
-        log_since: q.since,
-        event_limit: 0,
-    };
     let d = app.backend.diagnostics(&id, want).await?;
     Ok(deprecated_text(section_text(
         &d.log,
@@ -344,20 +348,17 @@ async fn events<B: Backend>(
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
     let (scope, limit) = parse_events_query(q.as_deref().unwrap_or(""))?;
-    if let Some(requested) = &scope {
-        let scope = scope_of(Kind::Events, requested)?;
-        tracing::Span::current().record("scope", scope);
-        let want = DiagnosticsQuery {
-            event_limit: STABLE_EVENTS,
-            ..Default::default()
-        };
-        let d = app.backend.diagnostics(&id, want).await?;
-        return Ok(descriptor(&id, Kind::Events, scope, &d));
-    }
+    // `limit` bounds both forms: accepted, so it takes effect.
     let want = DiagnosticsQuery {
         event_limit: limit.unwrap_or(STABLE_EVENTS),
         ..Default::default()
     };
+    if let Some(requested) = &scope {
+        let scope = scope_of(Kind::Events, requested)?;
+        tracing::Span::current().record("scope", scope);
+        let d = app.backend.diagnostics(&id, want).await?;
+        return Ok(descriptor(&id, Kind::Events, scope, &d));
+    }
     let d = app.backend.diagnostics(&id, want).await?;
     Ok(deprecated_text(section_text(
         &lines_text(&d.events),
@@ -474,6 +475,18 @@ mod tests {
         assert!(parse_summary_query("event_limit=x").is_err());
         assert!(parse_logs_query("container=sidecar").is_err());
         assert!(parse_logs_query("container=sandbox").is_ok());
+    }
+
+    #[test]
+    fn tail_and_since_bound_the_scoped_form_too() {
+        let q = parse_logs_query("scope=container&tail=5&since=10m").unwrap();
+        let want = q.wanted();
+        assert_eq!(want.log_tail, 5);
+        assert_eq!(want.log_since, Some(Duration::from_secs(600)));
+        assert_eq!(
+            parse_logs_query("scope=all").unwrap().wanted().log_tail,
+            STABLE_LOG_LINES
+        );
     }
 
     #[test]
