@@ -8,6 +8,7 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use sandbolt_proto::agent::v1::agent_service_server::AgentServiceServer;
 use sandbolt_proto::auth::RequireBearer;
+use sandbolt_telemetry::{CappedListener, ListenerLimits};
 use sandbolt_telemetry::{GrpcMetrics, Readiness};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -43,6 +44,8 @@ pub struct AgentHandle {
     network: Option<crate::network::Network>,
     /// The controller's answer to the last heartbeat; None without one.
     registration: Option<Registration>,
+    /// This agent's own credential; None without a controller.
+    credentials: Option<crate::heartbeat::Credentials>,
 }
 
 /// How long [`AgentHandle::shutdown`] lets each background task finish
@@ -109,6 +112,12 @@ impl Agent {
                 shutdown_rx.clone(),
             )),
         ));
+        // With a controller, the AgentService takes only this agent's own
+        // credential (see `heartbeat::Credentials`), never the shared token.
+        let credentials = cfg
+            .controller_endpoint
+            .as_ref()
+            .map(|_| crate::heartbeat::Credentials::load(&cfg));
         let api = Arc::new(AgentApi {
             sandboxes: sandboxes.clone(),
             identity: identity(&cfg, &instance_id, &listeners),
@@ -118,18 +127,26 @@ impl Agent {
         tasks.push((
             "grpc",
             serve_grpc(
-                &cfg,
+                agent_auth(&cfg, credentials.as_ref()),
                 api.clone(),
                 grpc_metrics,
-                listeners.grpc,
+                CappedListener::new(listeners.grpc, "agent-grpc", &cfg.listener_limits),
+                cfg.listener_limits,
                 shutdown_rx.clone(),
             ),
         ));
         tasks.push((
             "proxy",
-            serve_proxy(sandboxes.clone(), listeners.proxy, shutdown_rx.clone()),
+            serve_proxy(
+                sandboxes.clone(),
+                listeners.proxy,
+                cfg.listener_limits,
+                shutdown_rx.clone(),
+            ),
         ));
-        let registration = match start_heartbeat(&cfg, api.clone(), shutdown_rx.clone()) {
+        let heartbeat =
+            start_heartbeat(&cfg, api.clone(), credentials.clone(), shutdown_rx.clone());
+        let registration = match heartbeat {
             Ok(Some((heartbeat, registration))) => {
                 tasks.push(("heartbeat", heartbeat));
                 Some(registration)
@@ -143,23 +160,8 @@ impl Agent {
                 return Err(e);
             }
         };
-        if network.is_some() || sandboxes.volumes().enabled() {
-            tasks.push((
-                "orphan-gc",
-                tokio::spawn(release_orphans(sandboxes.clone(), shutdown_rx.clone())),
-            ));
-        }
-        // Warm images are ensured in the background: a slow or unreachable
-        // registry must delay neither serving nor creates of other images.
-        for reference in &cfg.warm_images {
-            let keep = warm::keep_warm(
-                sandboxes.clone(),
-                cfg.warm_recheck_interval,
-                reference.clone(),
-                shutdown_rx.clone(),
-            );
-            tasks.push(("warm-image", tokio::spawn(keep)));
-        }
+        let networked = network.is_some();
+        tasks.extend(background_tasks(&cfg, &sandboxes, networked, &shutdown_rx));
         tracing::info!(%grpc_addr, %proxy_addr, warm_images = ?cfg.warm_images, "agent started");
         Ok(AgentHandle {
             grpc_addr,
@@ -171,8 +173,39 @@ impl Agent {
             tasks,
             network,
             registration,
+            credentials,
         })
     }
+}
+
+/// The agent's housekeeping: orphaned networks and volumes released, warm
+/// images kept present, logs and writable layers held to their limits.
+fn background_tasks(
+    cfg: &Arc<AgentConfig>,
+    sandboxes: &Arc<Sandboxes>,
+    networked: bool,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> Vec<(&'static str, JoinHandle<()>)> {
+    let mut tasks = Vec::new();
+    if networked || sandboxes.volumes().enabled() {
+        tasks.push((
+            "orphan-gc",
+            tokio::spawn(release_orphans(sandboxes.clone(), shutdown_rx.clone())),
+        ));
+    }
+    // Warm images are ensured in the background: a slow or unreachable
+    // registry must delay neither serving nor creates of other images.
+    for reference in &cfg.warm_images {
+        let keep = warm::keep_warm(
+            sandboxes.clone(),
+            cfg.warm_recheck_interval,
+            reference.clone(),
+            shutdown_rx.clone(),
+        );
+        tasks.push(("warm-image", tokio::spawn(keep)));
+    }
+    tasks.extend(crate::log_rotation::spawn(cfg, sandboxes, shutdown_rx));
+    tasks
 }
 
 /// Starts sandbox networking (when configured) once the sandboxes are
@@ -205,6 +238,11 @@ fn validate(config: &AgentConfig) -> Result<()> {
         )));
     }
     warm::validate(config)?;
+    if config.user_namespace.enabled() {
+        crate::userns::validate_base(config.userns_base).map_err(AgentError::InvalidArgument)?;
+    }
+    crate::config::check_cgroup_parent(&config.cgroup_parent)
+        .map_err(AgentError::InvalidArgument)?;
     validate_volume_root(config)?;
     config
         .pool_default_limits
@@ -239,13 +277,15 @@ fn validate_volume_root(config: &AgentConfig) -> Result<()> {
 /// Connects to containerd, probes the OCI runtimes and rebuilds the sandbox
 /// table from containerd's labels.
 async fn recover_sandboxes(cfg: &Arc<AgentConfig>, instance_id: &str) -> Result<Arc<Sandboxes>> {
+    // Before containerd: a runtime with an unmitigated known escape stops
+    // the start whatever containerd's state (see `crate::runtime_check`).
+    let runtimes = runtime::probe_for(cfg)?;
     let ctrd = Containerd::connect(
         &cfg.containerd_socket,
         &cfg.containerd_namespace,
         CONTAINERD_START_TIMEOUT,
     )
     .await?;
-    let runtimes = runtime::probe();
     for r in &runtimes {
         tracing::info!(runtime = %r.name, available = r.available, reason = %r.reason, "OCI runtime");
     }
@@ -329,27 +369,24 @@ fn identity(cfg: &AgentConfig, instance_id: &str, listeners: &Listeners) -> Iden
 /// (open) until shutdown; every call is counted, timed and runs under its
 /// request id (the caller's `x-request-id`, else a new one).
 fn serve_grpc(
-    cfg: &AgentConfig,
+    auth: RequireBearer,
     api: Arc<AgentApi>,
     metrics: GrpcMetrics,
-    listener: TcpListener,
+    listener: CappedListener,
+    limits: ListenerLimits,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let svc = InterceptedService::new(
-        AgentServiceServer::from_arc(api),
-        RequireBearer::new(Some(&cfg.api_token), "agent"),
-    );
+    let svc = InterceptedService::new(AgentServiceServer::from_arc(api), auth);
     tokio::spawn(async move {
         // grpc.health.v1 without a token: probes (the kubelet's among them)
         // carry none, and the answer says only whether AgentService is served.
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<AgentServiceServer<AgentApi>>().await;
-        // TCP_NODELAY on every accepted connection: a response written in
-        // two segments would otherwise wait for the controller's delayed
-        // ACK (40 ms).
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let res = tonic::transport::Server::builder()
+        // Connections under the cap, silent ones dropped, TCP_NODELAY on
+        // each (a response written in two segments would otherwise wait for
+        // the controller's delayed ACK, 40 ms).
+        let incoming = sandbolt_telemetry::listener::capped_incoming(listener, &limits);
+        let res = sandbolt_telemetry::listener::tonic_server(&limits)
             .layer(sandbolt_telemetry::grpc_layer(metrics))
             .add_service(health_service)
             .add_service(svc)
@@ -367,6 +404,7 @@ fn serve_grpc(
 fn serve_proxy(
     sandboxes: Arc<Sandboxes>,
     listener: TcpListener,
+    limits: ListenerLimits,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let lookup: Arc<dyn proxy::SandboxLookup> = sandboxes;
@@ -374,7 +412,7 @@ fn serve_proxy(
         let stop = async move {
             let _ = shutdown.wait_for(|s| *s).await;
         };
-        if let Err(e) = proxy::serve(listener, lookup, stop).await {
+        if let Err(e) = proxy::serve_with_limits(listener, lookup, limits, stop).await {
             tracing::error!(error = %e, "data-plane proxy failed");
         }
     })
@@ -402,9 +440,10 @@ async fn release_orphans(sandboxes: Arc<Sandboxes>, mut shutdown: watch::Receive
 fn start_heartbeat(
     cfg: &AgentConfig,
     api: Arc<AgentApi>,
+    credentials: Option<crate::heartbeat::Credentials>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Option<(JoinHandle<()>, Registration)>> {
-    let Some(endpoint) = cfg.controller_endpoint.clone() else {
+    let (Some(endpoint), Some(credentials)) = (cfg.controller_endpoint.clone(), credentials) else {
         return Ok(None);
     };
     let registration = Registration::default();
@@ -413,9 +452,23 @@ fn start_heartbeat(
         token: cfg.controller_token.clone().unwrap_or_default(),
         interval: cfg.heartbeat_interval,
         registration: registration.clone(),
+        credentials,
+        controller_ca: cfg.controller_ca.clone(),
     };
     let task = tokio::spawn(heartbeat.into_task(api, shutdown)?);
     Ok(Some((task, registration)))
+}
+
+/// Who may call the AgentService: with a controller, only the holder of
+/// this agent's credential (the controller); without one, `api_token`.
+fn agent_auth(
+    cfg: &AgentConfig,
+    credentials: Option<&crate::heartbeat::Credentials>,
+) -> RequireBearer {
+    match credentials {
+        Some(c) => RequireBearer::cell(c.cell(), "agent"),
+        None => RequireBearer::new(Some(&cfg.api_token), "agent"),
+    }
 }
 
 /// How long a readiness check waits for containerd's `Version`.
@@ -432,6 +485,26 @@ impl AgentHandle {
 
     pub fn instance_id(&self) -> &str {
         &self.instance_id
+    }
+
+    /// The credential the AgentService accepts (and heartbeats carry)
+    /// once this agent has enrolled with its controller; `None` before, or
+    /// without a controller (then `api_token` is the AgentService's token).
+    pub fn credential(&self) -> Option<String> {
+        self.credentials.as_ref()?.current()
+    }
+
+    /// [`AgentHandle::credential`], waiting up to `timeout` for the
+    /// enrollment (tests that call the AgentService directly need it).
+    pub async fn credential_within(&self, timeout: Duration) -> Option<String> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let c = self.credential();
+            if c.is_some() || self.credentials.is_none() || std::time::Instant::now() > deadline {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Direct (in-process) access to the sandbox table, e.g. for `sandbolt up`.

@@ -38,10 +38,22 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// Keep a sandbox's log file after it is deleted.
     pub keep_logs: bool,
+    /// A sandbox's log file is rotated (copy-truncate, one `.1` kept) once
+    /// over this many bytes; 0: never (see [`crate::log_rotation`]).
+    pub log_max_bytes: u64,
+    /// How often log sizes (and writable layers with an ephemeral-storage
+    /// limit) are checked: the overshoot is what a sandbox writes in one.
+    pub log_check_interval: Duration,
+    /// Parent of every sandbox's cgroup (`<parent>/<id>`), e.g. a slice
+    /// the kubelet accounts (see README "Limits on growth").
+    pub cgroup_parent: String,
     /// AgentService listen address (port 0 picks one; see [`crate::AgentHandle`]).
     pub grpc_listen: SocketAddr,
     /// Data-plane proxy listen address.
     pub proxy_listen: SocketAddr,
+    /// Connection cap, header-read and idle timeouts of the gRPC and proxy
+    /// listeners (see `sandbolt_telemetry::listener`).
+    pub listener_limits: sandbolt_telemetry::ListenerLimits,
     /// Host name or address advertised to the controller for both listeners;
     /// defaults to the bound IP (or `127.0.0.1` when bound to a wildcard).
     pub advertise_host: Option<String>,
@@ -50,6 +62,9 @@ pub struct AgentConfig {
     /// Controller's RegistryService, e.g. `http://127.0.0.1:7400`; no heartbeats when unset.
     pub controller_endpoint: Option<String>,
     pub controller_token: Option<String>,
+    /// CA certificate (PEM) the controller's TLS certificate must chain to;
+    /// the endpoint is then `https://`. `None`: plaintext.
+    pub controller_ca: Option<PathBuf>,
     pub heartbeat_interval: Duration,
     /// Roots that host-path volume bindings must lie under.
     pub allowed_host_paths: Vec<PathBuf>,
@@ -99,6 +114,16 @@ pub struct AgentConfig {
     /// volume root, and every volume call (and a create that mounts a named
     /// volume) answers UNAVAILABLE. Opened at start, before recovery.
     pub volumes: Option<crate::volume_store::VolumeStoreConfig>,
+    /// Sandboxes' user namespaces (see [`crate::userns`]): `Off`, or `Node`
+    /// (container ids 0..65535 mapped to host ids from `userns_base`).
+    pub user_namespace: crate::userns::UserNamespaceMode,
+    /// First host uid/gid of the node's mapped range (`Node` only).
+    pub userns_base: u32,
+    /// What the runtime version check does with an unmitigated known
+    /// escape (see [`crate::runtime_check`]).
+    pub runtime_check: crate::runtime_check::RuntimeCheckMode,
+    /// OCI runtime binaries by name (`runc` → path) instead of a PATH lookup.
+    pub runtime_binaries: Vec<(String, PathBuf)>,
 }
 
 /// How the agent networks its sandboxes (see [`crate::network`]).
@@ -115,6 +140,39 @@ pub struct NetworkConfig {
     /// Ranges of the otherwise blocked private/link-local space that this
     /// pool's sandboxes may reach (e.g. an in-cluster registry).
     pub allow_cidrs: Vec<Ipv4Net>,
+}
+
+/// Default `--cgroup-parent`: sandboxes' cgroups are `/sandbolt/<id>`.
+pub const DEFAULT_CGROUP_PARENT: &str = "/sandbolt";
+
+/// The cgroup of sandbox `id` under `parent` (runc's cgroupfs form:
+/// absolute, relative to each controller's root).
+pub fn cgroup_path(parent: &str, id: &str) -> String {
+    format!("/{}/{id}", parent.trim_matches('/')).replace("//", "/")
+}
+
+/// Refuses a `--cgroup-parent` runc would misread or that could climb out
+/// of the hierarchy: absolute, no `..`, no empty or dot segments.
+pub fn check_cgroup_parent(parent: &str) -> Result<(), String> {
+    let bad = || {
+        format!(
+            "--cgroup-parent {parent:?} must be an absolute cgroup path such as /sandbolt or /kubepods/burstable (no '..', '.' or empty segments)"
+        )
+    };
+    let Some(rest) = parent.strip_prefix('/') else {
+        return Err(bad());
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() {
+        return Ok(());
+    }
+    if rest
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return Err(bad());
+    }
+    Ok(())
 }
 
 /// Debian's containernetworking-plugins install here.
@@ -193,12 +251,17 @@ impl AgentConfig {
             execd_binary: execd_binary.into(),
             state_dir: state_dir.into(),
             keep_logs: false,
+            log_max_bytes: crate::log_rotation::DEFAULT_MAX_BYTES,
+            log_check_interval: crate::log_rotation::DEFAULT_CHECK_INTERVAL,
+            cgroup_parent: DEFAULT_CGROUP_PARENT.into(),
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             proxy_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listener_limits: sandbolt_telemetry::ListenerLimits::default(),
             advertise_host: None,
             api_token: api_token.into(),
             controller_endpoint: None,
             controller_token: None,
+            controller_ca: None,
             heartbeat_interval: Duration::from_secs(5),
             allowed_host_paths: Vec::new(),
             max_sandboxes: 256,
@@ -217,6 +280,10 @@ impl AgentConfig {
             pool_max_limits: PoolLimits::default(),
             network: None,
             volumes: None,
+            user_namespace: crate::userns::UserNamespaceMode::Off,
+            userns_base: crate::userns::DEFAULT_BASE,
+            runtime_check: crate::runtime_check::RuntimeCheckMode::Enforce,
+            runtime_binaries: Vec::new(),
         }
     }
 

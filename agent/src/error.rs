@@ -41,6 +41,13 @@ pub enum AgentError {
     Volume(String),
     #[error("execd in sandbox {id} did not become ready: {reason}")]
     ExecdNotReady { id: String, reason: String },
+    /// The sandbox's process ended before execd answered: its entrypoint
+    /// finished or could not run. The request's to change, not an outage.
+    #[error(
+        "sandbox {id} exited with status {code} before it was ready (its entrypoint ended or \
+         could not run; 126: not executable, 127: not found)"
+    )]
+    ExitedAtStart { id: String, code: i32 },
     /// containerd, images and the host, as the node crate reports them.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -136,6 +143,7 @@ impl AgentError {
             AgentError::Capacity { .. } => Code::ResourceExhausted,
             AgentError::WrongPhase { .. } | AgentError::NotManaged(_) => Code::FailedPrecondition,
             AgentError::ExecdNotReady { .. } => Code::DeadlineExceeded,
+            AgentError::ExitedAtStart { .. } => Code::FailedPrecondition,
             AgentError::Node(e) => node_code(e),
             AgentError::NetworkUnavailable(_) => Code::FailedPrecondition,
             AgentError::Network(e) => network_code(e),
@@ -248,6 +256,10 @@ mod tests {
                     reason: s(),
                 },
                 Code::DeadlineExceeded,
+            ),
+            (
+                AgentError::ExitedAtStart { id: s(), code: 127 },
+                Code::FailedPrecondition,
             ),
             (
                 NodeError::InvalidArgument(s()).into(),

@@ -82,7 +82,9 @@ pub enum LiveMountError {
     /// The pid shares the agent's mount namespace: not a sandbox's task
     /// (a pid reused after the task ended, or a wrong pid). Mounting there
     /// would mount on the host.
-    #[error("pid {pid} is not in a sandbox's mount namespace (it shares the agent's)")]
+    #[error(
+        "pid {pid} is not the sandbox's task (not in its cgroup, or in the agent's mount namespace)"
+    )]
     NotASandbox { pid: u32 },
     #[error("{what} for {path:?}: {source}")]
     Sys {
@@ -131,16 +133,22 @@ type Result<T, E = LiveMountError> = std::result::Result<T, E>;
 
 /// Mounts the directory `source` at `mount_path` in the mount namespace of
 /// the sandbox whose task is `task_pid` (read-only: recursively).
-pub fn attach(task_pid: u32, source: &OwnedFd, mount_path: &str, read_only: bool) -> Result<()> {
+pub fn attach(
+    task_pid: u32,
+    sandbox_id: &str,
+    source: &OwnedFd,
+    mount_path: &str,
+    read_only: bool,
+) -> Result<()> {
     volumes::check_mount_path(mount_path)?;
     let tree = clone_tree(source, read_only, mount_path)?;
-    in_sandbox(task_pid, |ctx| ctx.move_onto(&tree, mount_path))
+    in_sandbox(task_pid, sandbox_id, |ctx| ctx.move_onto(&tree, mount_path))
 }
 
 /// [`attach`] for every held mount, in order, entering the sandbox once
 /// (at create, between `tasks.Create` and `tasks.Start`). If one fails, the
 /// ones before it stay mounted: the caller tears the sandbox down.
-pub fn attach_all(task_pid: u32, mounts: &[HeldMount]) -> Result<()> {
+pub fn attach_all(task_pid: u32, sandbox_id: &str, mounts: &[HeldMount]) -> Result<()> {
     if mounts.is_empty() {
         return Ok(());
     }
@@ -153,7 +161,7 @@ pub fn attach_all(task_pid: u32, mounts: &[HeldMount]) -> Result<()> {
             clone_tree(m.fd(), m.read_only, &m.destination)
         })
         .collect::<Result<Vec<_>>>()?;
-    in_sandbox(task_pid, |ctx| {
+    in_sandbox(task_pid, sandbox_id, |ctx| {
         for (tree, m) in trees.iter().zip(mounts) {
             ctx.move_onto(tree, &m.destination)?;
         }
@@ -163,11 +171,12 @@ pub fn attach_all(task_pid: u32, mounts: &[HeldMount]) -> Result<()> {
 
 /// [`attach_all`] off the async runtime; consumes (and so closes) the held
 /// descriptors once the mounts are in.
-pub async fn attach_held(task_pid: u32, mounts: Vec<HeldMount>) -> Result<()> {
+pub async fn attach_held(task_pid: u32, sandbox_id: &str, mounts: Vec<HeldMount>) -> Result<()> {
     if mounts.is_empty() {
         return Ok(());
     }
-    tokio::task::spawn_blocking(move || attach_all(task_pid, &mounts))
+    let sandbox_id = sandbox_id.to_string();
+    tokio::task::spawn_blocking(move || attach_all(task_pid, &sandbox_id, &mounts))
         .await
         .map_err(|_| LiveMountError::ThreadPanicked)?
 }
@@ -175,9 +184,9 @@ pub async fn attach_held(task_pid: u32, mounts: Vec<HeldMount>) -> Result<()> {
 /// Unmounts (lazily, `MNT_DETACH`) what is mounted at `mount_path` in the
 /// sandbox whose task is `task_pid`. Processes inside that still use files
 /// there keep them until they close them.
-pub fn detach(task_pid: u32, mount_path: &str) -> Result<()> {
+pub fn detach(task_pid: u32, sandbox_id: &str, mount_path: &str) -> Result<()> {
     volumes::check_mount_path(mount_path)?;
-    in_sandbox(task_pid, |ctx| ctx.unmount(mount_path))
+    in_sandbox(task_pid, sandbox_id, |ctx| ctx.unmount(mount_path))
 }
 
 /// A detached, recursive copy of the mount tree at `source`, nosuid, nodev
@@ -245,11 +254,15 @@ struct Inside {
 }
 
 /// Runs `f` on a fresh thread that has entered the mount namespace and
-/// root of task `pid`.
-fn in_sandbox<T: Send>(pid: u32, f: impl FnOnce(&Inside) -> Result<T> + Send) -> Result<T> {
+/// root of task `pid` of sandbox `sandbox_id`.
+fn in_sandbox<T: Send>(
+    pid: u32,
+    sandbox_id: &str,
+    f: impl FnOnce(&Inside) -> Result<T> + Send,
+) -> Result<T> {
     std::thread::scope(|s| {
         s.spawn(move || {
-            let inside = enter(pid)?;
+            let inside = enter(pid, sandbox_id)?;
             f(&inside)
         })
         .join()
@@ -259,7 +272,10 @@ fn in_sandbox<T: Send>(pid: u32, f: impl FnOnce(&Inside) -> Result<T> + Send) ->
 
 /// unshare(CLONE_FS), setns(mnt), chroot: this thread, and only it, now
 /// sees the sandbox's mounts and resolves `/` as the sandbox's root.
-fn enter(pid: u32) -> Result<Inside> {
+/// The task is found by pid but pinned by a pidfd and checked to be in the
+/// sandbox's cgroup ([`crate::netns::open_of_process`]), so a pid reused by
+/// another process is refused instead of receiving the sandbox's volume.
+fn enter(pid: u32, sandbox_id: &str) -> Result<Inside> {
     use nix::sched::{CloneFlags, setns, unshare};
     let gone = |e: io::Error| match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ESRCH) => LiveMountError::TaskGone { pid },
@@ -276,16 +292,27 @@ fn enter(pid: u32) -> Result<Inside> {
             source: e.into(),
         }
     };
-    let ns = open_path(&format!("/proc/{pid}/ns/mnt"), libc::O_RDONLY).map_err(gone)?;
+    let (ns, root) = crate::netns::open_of_process(
+        pid,
+        |pid| crate::netns::check_task_cgroup(pid, sandbox_id),
+        |pid| {
+            let ns = open_path(&format!("/proc/{pid}/ns/mnt"), libc::O_RDONLY)?;
+            let root = open_path(
+                &format!("/proc/{pid}/root"),
+                libc::O_PATH | libc::O_DIRECTORY,
+            )?;
+            Ok((ns, root))
+        },
+    )
+    .map_err(|e| match e.kind() {
+        io::ErrorKind::PermissionDenied => LiveMountError::NotASandbox { pid },
+        io::ErrorKind::NotFound => LiveMountError::TaskGone { pid },
+        _ => gone(e),
+    })?;
     let own = open_path("/proc/thread-self/ns/mnt", libc::O_RDONLY).map_err(gone)?;
     if same_file(&ns, &own).map_err(gone)? {
         return Err(LiveMountError::NotASandbox { pid });
     }
-    let root = open_path(
-        &format!("/proc/{pid}/root"),
-        libc::O_PATH | libc::O_DIRECTORY,
-    )
-    .map_err(gone)?;
     let host_proc = open_path("/proc", libc::O_PATH | libc::O_DIRECTORY).map_err(gone)?;
     unshare(CloneFlags::CLONE_FS).map_err(sys("unshare(CLONE_FS)"))?;
     setns(&ns, CloneFlags::CLONE_NEWNS).map_err(sys("setns(mnt)"))?;

@@ -1,6 +1,7 @@
 //! Bounded reads of a sandbox's container log: the file its task's stdout
-//! and stderr append to (see `Sandboxes::log_path`). Only the end of the
-//! file is read, so a sandbox that printed gigabytes costs one bounded read.
+//! and stderr append to (see `Sandboxes::log_path`) and its rotated
+//! predecessor (see [`crate::log_rotation`]). Only the end is read, so a
+//! sandbox that printed gigabytes costs one bounded read.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -64,27 +65,23 @@ async fn read_tail_blocking(
 }
 
 /// The last `tail_lines` lines of `path` within its last `max_bytes`
-/// bytes. A missing file is an empty log (the sandbox wrote nothing, or the
-/// agent keeps no logs). A line the byte bound cuts is dropped, unless it is
-/// the only one: then its end comes.
+/// bytes, reading on into its rotated file (`<path>.1`, see
+/// [`crate::log_rotation`]) when the current one holds fewer. A missing
+/// file is an empty log (the sandbox wrote nothing, or the agent keeps no
+/// logs). A line the byte bound cuts is dropped, unless it is the only one:
+/// then its end comes. `size_bytes` counts both files.
 pub fn read_tail(path: &Path, tail_lines: usize, max_bytes: u64) -> io::Result<LogTail> {
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Ok(LogTail {
-                content: String::new(),
-                truncated: false,
-                size_bytes: 0,
-            });
-        }
-        Err(e) => return Err(e),
-    };
-    let size_bytes = file.metadata()?.len();
+    // The current file's size first: a rotation after this read can only
+    // shorten it, so the rotated file read next is never older than it.
+    let current = open_sized(path)?;
+    let rotated = open_sized(&crate::log_rotation::rotated_path(path))?;
+    let rotated_len = rotated.1;
+    let size_bytes = current.1 + rotated_len;
     let start = size_bytes.saturating_sub(max_bytes);
-    file.seek(SeekFrom::Start(start))?;
     let mut buf = Vec::with_capacity((size_bytes - start) as usize);
-    // The task may still be writing: read what the size said, no more.
-    file.take(size_bytes - start).read_to_end(&mut buf)?;
+    // Oldest first: the rotated file's end, then the current file.
+    read_range(rotated, start, &mut buf)?;
+    read_range(current, start.saturating_sub(rotated_len), &mut buf)?;
     let mut window: &[u8] = &buf;
     if start > 0
         && let Some(nl) = window.iter().position(|&b| b == b'\n')
@@ -98,6 +95,32 @@ pub fn read_tail(path: &Path, tail_lines: usize, max_bytes: u64) -> io::Result<L
         truncated: start > 0 || dropped_lines,
         size_bytes,
     })
+}
+
+/// `path` opened with its size; a missing file is empty.
+fn open_sized(path: &Path) -> io::Result<(Option<File>, u64)> {
+    match File::open(path) {
+        Ok(f) => {
+            let len = f.metadata()?.len();
+            Ok((Some(f), len))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok((None, 0)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Appends bytes `from..size` of `file` to `buf`. The task may still be
+/// writing: what the size said is read, no more.
+fn read_range(file: (Option<File>, u64), from: u64, buf: &mut Vec<u8>) -> io::Result<()> {
+    let (Some(mut f), len) = file else {
+        return Ok(());
+    };
+    if from >= len {
+        return Ok(());
+    }
+    f.seek(SeekFrom::Start(from))?;
+    f.take(len - from).read_to_end(buf)?;
+    Ok(())
 }
 
 /// The suffix of `text` holding its last `n` lines (a final newline ends
@@ -174,6 +197,24 @@ mod tests {
         assert_eq!(t.content, "");
         assert!(!t.truncated);
         assert_eq!(t.size_bytes, 0);
+    }
+
+    #[test]
+    fn the_rotated_file_is_read_on_into() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sb.log");
+        std::fs::write(crate::log_rotation::rotated_path(&path), "one\ntwo\n").unwrap();
+        std::fs::write(&path, "three\n").unwrap();
+        let t = read_tail(&path, 2, MAX_BYTES).unwrap();
+        assert_eq!(t.content, "two\nthree\n");
+        assert_eq!(t.size_bytes, 14);
+        let all = read_tail(&path, 10, MAX_BYTES).unwrap();
+        assert_eq!(all.content, "one\ntwo\nthree\n");
+        assert!(!all.truncated);
+        // The byte bound reaches back into the rotated file too.
+        let cut = read_tail(&path, 10, 12).unwrap();
+        assert_eq!(cut.content, "two\nthree\n");
+        assert!(cut.truncated);
     }
 
     #[test]

@@ -312,12 +312,15 @@ impl Prepared {
     }
 }
 
-/// The chain id of `reference` when the image is here and unpacked; never
+/// The snapshot parent of `reference` (its chain id, or shifted snapshot)
+/// when the image is here and unpacked; never
 /// pulls (warm images are pulled by [`crate::warm`]).
 async fn resolved_parent(sandboxes: &Sandboxes, reference: &str) -> Option<String> {
     let image = sandboxes.images.resolve(reference).await.ok()?;
     sandboxes.images.ensure_unpacked(&image).await.ok()?;
-    Some(image.chain_id.clone())
+    // With user namespaces on, the shifted snapshot (shifting the image
+    // here, ahead of its creates).
+    sandboxes.rootfs_parent(&image.chain_id).await.ok()
 }
 
 /// The refill loop (see the module docs), until `shutdown`.

@@ -4,8 +4,10 @@
 //! Sandboxes have their own network namespaces with only loopback, so there
 //! is no address the agent could route to. Instead the upstream socket is
 //! created inside the sandbox's namespace: a short-lived dedicated OS thread
-//! enters `/proc/<pid>/ns/net` with `setns(2)`, creates and connects the
-//! socket there, and hands it back. A socket stays in the namespace it was
+//! enters the namespace with `setns(2)` on the sandbox's [`NetnsHandle`]
+//! (an fd opened once when the task started, never a PID looked up at
+//! dial time: see [`crate::netns`]), creates and connects the socket
+//! there, and hands it back. A socket stays in the namespace it was
 //! created in, so the async side can use it like any other. The thread then
 //! exits, taking its changed namespace with it — a tokio worker (or a pooled
 //! blocking thread) is never moved into a sandbox's namespace.
@@ -22,7 +24,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, TcpStream as StdTcpStream};
-use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,8 +36,10 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use sandbolt_proto::auth::digest_matches;
+use sandbolt_telemetry::listener::{CappedListener, Drain, ListenerLimits, Protocols};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+
+pub use crate::netns::NetnsHandle;
 
 /// The header carrying the per-sandbox access token (header names are
 /// case-insensitive; the wire constant is shared with the controller).
@@ -47,10 +50,10 @@ pub use sandbolt_proto::wire::PROXY_TOKEN_HEADER as TOKEN_HEADER;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a sandbox lives, as the proxy needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Route {
-    /// A process inside the sandbox's network namespace (the task's PID 1).
-    pub pid: u32,
+    /// The sandbox's network namespace, held open since its task started.
+    pub netns: Arc<NetnsHandle>,
     /// SHA-256 of the sandbox's access token.
     pub token_sha256: [u8; 32],
 }
@@ -68,89 +71,65 @@ pub enum ProxyError {
 
 type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
-/// Serves the proxy on `listener` until `shutdown` completes. Then it stops
-/// accepting, asks open HTTP connections to finish their current request
-/// and close, and returns without waiting for them (upgraded WebSocket
-/// streams may live arbitrarily long; they end with their peers or the
-/// runtime).
+/// Serves the proxy on `listener` until `shutdown` completes, with the
+/// default [`ListenerLimits`]; see [`serve_with_limits`].
 pub async fn serve(
     listener: TcpListener,
     lookup: Arc<dyn SandboxLookup>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ProxyError> {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::pin!(shutdown);
+    serve_with_limits(listener, lookup, ListenerLimits::default(), shutdown).await
+}
+
+/// Serves the proxy on `listener` until `shutdown` completes. Then it stops
+/// accepting, asks open HTTP connections to finish their current request
+/// and close, and returns without waiting for them (upgraded WebSocket
+/// streams may live arbitrarily long; they end with their peers or the
+/// runtime).
+///
+/// The port is reachable cluster-wide before any token is checked, so
+/// `limits` apply before anything else (see `sandbolt_telemetry::listener`):
+/// at most `max_connections` open, a new connection's request head within
+/// `header_read_timeout`, a connection with no request in progress closed
+/// after `idle_timeout`. Accept errors (out of descriptors and the like)
+/// are retried after a pause; the proxy keeps serving.
+pub async fn serve_with_limits(
+    listener: TcpListener,
+    lookup: Arc<dyn SandboxLookup>,
+    limits: ListenerLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ProxyError> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "data-plane proxy listening");
     }
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) if is_transient_accept_error(&e) => {
-                    // Out of fds or a connection reset before accept: keep
-                    // serving, but do not spin on a full fd table.
-                    tracing::warn!(error = %e, "proxy accept failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                Err(e) => return Err(ProxyError::Accept(e)),
-            },
-        };
-        let _ = stream.set_nodelay(true);
+    let listener = CappedListener::new(listener, "agent-proxy", &limits);
+    let make_service = move |peer: SocketAddr| {
         let lookup = lookup.clone();
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| handle(req, lookup.clone(), peer));
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .with_upgrades();
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                // Drop the watch guard inside (it is not Send).
-                () = async { let _ = stop.wait_for(|s| *s).await; } => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "proxy connection ended with an error");
-            }
-        });
-    }
-    let _ = stop_tx.send(true);
+        service_fn(move |req| handle(req, lookup.clone(), peer))
+    };
+    sandbolt_telemetry::listener::serve_http(
+        listener,
+        make_service,
+        limits,
+        Protocols::Http1,
+        Drain::NoWait,
+        shutdown,
+    )
+    .await;
     tracing::info!("data-plane proxy stopped");
     Ok(())
 }
 
-fn is_transient_accept_error(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::EMFILE
-                | libc::ENFILE
-                | libc::ENOBUFS
-                | libc::ENOMEM
-                | libc::ECONNABORTED
-                | libc::ECONNRESET
-                | libc::EPROTO
-                | libc::EINTR
-        )
-    )
-}
-
 /// Opens a TCP connection to `127.0.0.1:<port>` inside the network namespace
-/// of process `pid`. Refuses a process that shares the caller's namespace:
-/// that would turn the proxy into a way to reach the agent's own loopback
-/// services.
-pub async fn dial_in_sandbox(pid: u32, port: u16) -> io::Result<TcpStream> {
+/// `netns`. Refuses the caller's own namespace: that would turn the proxy
+/// into a way to reach the agent's own loopback services.
+pub async fn dial_in_sandbox(netns: &Arc<NetnsHandle>, port: u16) -> io::Result<TcpStream> {
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let netns = netns.clone();
     std::thread::Builder::new()
-        .name(format!("netns-dial-{pid}"))
+        .name(format!("netns-dial-{}", netns.inode()))
         .spawn(move || {
-            let _ = tx.send(dial_blocking(pid, port));
+            let _ = tx.send(dial_blocking(&netns, port));
         })?;
     let stream = rx
         .await
@@ -162,28 +141,8 @@ pub async fn dial_in_sandbox(pid: u32, port: u16) -> io::Result<TcpStream> {
 
 /// Runs on a dedicated thread that exits right after: its network namespace
 /// is changed for good.
-fn dial_blocking(pid: u32, port: u16) -> io::Result<StdTcpStream> {
-    let ns_path = format!("/proc/{pid}/ns/net");
-    let ns = std::fs::File::open(&ns_path).map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("sandbox process {pid} no longer exists"),
-            )
-        } else {
-            io::Error::new(e.kind(), format!("opening {ns_path}: {e}"))
-        }
-    })?;
-    let target = ns.metadata()?;
-    let ours = std::fs::metadata("/proc/thread-self/ns/net")?;
-    if (target.dev(), target.ino()) == (ours.dev(), ours.ino()) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("process {pid} shares the agent's network namespace; refusing to dial"),
-        ));
-    }
-    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+fn dial_blocking(netns: &NetnsHandle, port: u16) -> io::Result<StdTcpStream> {
+    netns.enter()?;
     StdTcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), DIAL_TIMEOUT)
 }
 
@@ -315,7 +274,7 @@ async fn forward(
     rewrite_for_upstream(&mut req, sandbox_id, port, rest, peer, upgrade)?;
     // Take the client side of a possible upgrade before the request moves on.
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let mut resp = send_upstream(req, route.pid, sandbox_id, port).await?;
+    let mut resp = send_upstream(req, &route.netns, sandbox_id, port).await?;
     let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     if switched {
         let Some(client_upgrade) = client_upgrade else {
@@ -416,13 +375,13 @@ fn rewrite_for_upstream(
 /// HTTP/1 connection (kept alive for an upgrade).
 async fn send_upstream(
     req: Request<Incoming>,
-    pid: u32,
+    netns: &Arc<NetnsHandle>,
     sandbox_id: &str,
     port: u16,
 ) -> Result<Response<Incoming>, Rejection> {
     let unavailable =
         |msg: String| Rejection::new(StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", msg);
-    let stream = dial_in_sandbox(pid, port).await.map_err(|e| {
+    let stream = dial_in_sandbox(netns, port).await.map_err(|e| {
         tracing::debug!(error = %e, "dial inside sandbox failed");
         unavailable(if e.kind() == io::ErrorKind::ConnectionRefused {
             format!("nothing is listening on port {port} in sandbox {sandbox_id:?}")
@@ -536,10 +495,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn refuses_to_dial_its_own_namespace() {
-        let err = dial_in_sandbox(std::process::id(), 1).await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
-        let err = dial_in_sandbox(u32::MAX - 1, 1).await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+    async fn dials_inside_the_handles_namespace() {
+        let ns = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            std::fs::File::open("/proc/thread-self/ns/net").unwrap()
+        })
+        .join()
+        .unwrap();
+        let ns = NetnsHandle::from_file(ns).unwrap();
+        // A port that listens in the agent's namespace is not reached:
+        // loopback is down in the fresh namespace.
+        let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = host.local_addr().unwrap().port();
+        let err = dial_in_sandbox(&Arc::new(ns), port).await.unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENETUNREACH), "{err}");
     }
 }

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 
+use crate::runtime_check::{self, Mitigation, RuntimeCheckMode};
+
 /// containerd's shim for runc-compatible runtimes (runc, crun).
 pub const RUNC_SHIM: &str = "io.containerd.runc.v2";
 /// gVisor's shim.
@@ -32,6 +34,11 @@ pub struct RuntimeInfo {
     pub available: bool,
     /// Why not, when not available.
     pub reason: String,
+    /// Known escapes that apply to its version (see
+    /// [`crate::runtime_check`]); empty for runsc and clean versions.
+    pub findings: Vec<runtime_check::Finding>,
+    /// Set when the version check (under `enforce`) made it unavailable.
+    pub check_refusal: Option<String>,
 }
 
 impl RuntimeInfo {
@@ -59,14 +66,36 @@ impl RuntimeInfo {
     }
 }
 
-/// Probes runc, crun and runsc on this host.
+/// How [`probe_with`] finds and checks the runtimes.
+#[derive(Debug, Clone, Default)]
+pub struct ProbeOptions {
+    /// Binaries by runtime name, instead of a PATH lookup.
+    pub binaries: Vec<(String, PathBuf)>,
+    pub check: RuntimeCheckMode,
+    /// Sandboxes run in user namespaces (a mitigation of some escapes).
+    pub user_namespaces: bool,
+}
+
+/// Probes runc, crun and runsc on this host (PATH lookup, version check
+/// enforced, no user namespaces).
 pub fn probe() -> Vec<RuntimeInfo> {
+    probe_with(&ProbeOptions::default())
+}
+
+/// Probes runc, crun and runsc: found, runnable on this host, and (runc,
+/// crun) free of unmitigated known escapes (see [`crate::runtime_check`]).
+pub fn probe_with(opts: &ProbeOptions) -> Vec<RuntimeInfo> {
     let hybrid = hybrid_cgroups(Path::new("/sys/fs/cgroup"));
     ["runc", "crun", "runsc"]
         .into_iter()
         .map(|name| {
             let shim = if name == "runsc" { RUNSC_SHIM } else { RUNC_SHIM };
-            let binary = find_in_path(name);
+            let binary = opts
+                .binaries
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, p)| p.clone())
+                .or_else(|| find_in_path(name));
             let (available, reason) = match (&binary, name) {
                 (None, _) => (false, format!("{name} is not installed (not found in PATH)")),
                 // crun (1.8) refuses a host where cgroup v1 controllers and a
@@ -83,15 +112,68 @@ pub fn probe() -> Vec<RuntimeInfo> {
                 ),
                 _ => (true, String::new()),
             };
-            RuntimeInfo {
+            let mut info = RuntimeInfo {
                 name: name.to_string(),
                 shim,
                 binary,
                 available,
                 reason,
+                findings: Vec::new(),
+                check_refusal: None,
+            };
+            if info.available && shim == RUNC_SHIM {
+                check_version(&mut info, opts);
             }
+            info
         })
         .collect()
+}
+
+/// Reads the runtime's version and applies the check's rule: a refusal
+/// makes it unavailable under `enforce`, a warning under `warn`.
+fn check_version(info: &mut RuntimeInfo, opts: &ProbeOptions) {
+    let Some(binary) = info.binary.clone() else {
+        return;
+    };
+    let (refusal, findings) = runtime_check::verdict(&info.name, &binary, opts.user_namespaces);
+    for f in &findings {
+        match f.mitigation {
+            Mitigation::Full => tracing::info!(runtime = %info.name, cve = f.cve, "{f}"),
+            _ => tracing::warn!(runtime = %info.name, cve = f.cve, "{f}"),
+        }
+    }
+    info.findings = findings;
+    if let Some(reason) = refusal {
+        match opts.check {
+            RuntimeCheckMode::Enforce => {
+                info.available = false;
+                info.reason = reason.clone();
+                info.check_refusal = Some(reason);
+            }
+            RuntimeCheckMode::Warn => tracing::warn!(
+                runtime = %info.name,
+                "--runtime-check warn: using it anyway: {reason}"
+            ),
+        }
+    }
+}
+
+/// [`probe_with`] for the agent's configuration; refuses the start when
+/// the default runtime has an unmitigated known escape (under `enforce`):
+/// every create without a runtime would use it.
+pub fn probe_for(cfg: &crate::AgentConfig) -> crate::Result<Vec<RuntimeInfo>> {
+    let runtimes = probe_with(&ProbeOptions {
+        binaries: cfg.runtime_binaries.clone(),
+        check: cfg.runtime_check,
+        user_namespaces: cfg.user_namespace.enabled(),
+    });
+    match runtimes.iter().find(|r| r.name == cfg.default_runtime) {
+        Some(r) if r.check_refusal.is_some() => Err(crate::AgentError::RuntimeUnavailable {
+            runtime: r.name.clone(),
+            reason: r.reason.clone(),
+        }),
+        _ => Ok(runtimes),
+    }
 }
 
 fn which_shim(name: &str) -> Option<PathBuf> {

@@ -72,9 +72,16 @@ pub struct Entry {
     pub message: String,
     pub exposed_ports: Vec<u32>,
     pub token_sha256: [u8; 32],
+    /// The sandbox's network namespace, held open from task creation (or
+    /// recovery) until it exits: the proxy and the execd probes dial
+    /// through it, never through `pid` (see [`crate::netns`]).
+    pub netns: Option<Arc<crate::netns::NetnsHandle>>,
     /// Named volumes mounted now (the create's, then attached ones); kept
     /// in the container's [`labels::VOLUME_MOUNTS`] label.
     pub volume_mounts: Vec<NamedVolumeMount>,
+    /// `resources.ephemeral_storage` in bytes, 0 for none; enforced by
+    /// [`crate::storage_limit`], kept in its label.
+    pub ephemeral_storage_limit: u64,
     /// Set while the sandbox is warm (no record, no user code yet); a claim
     /// clears it first of all, so nothing else can claim or trim it.
     pub warm: Option<WarmState>,
@@ -150,6 +157,8 @@ impl Entry {
     }
 
     fn exited(&mut self, exit_status: u32) {
+        // Its pid may name another process from now on; the namespace goes.
+        self.netns = None;
         self.exit_code = exit_status as i32;
         self.phase = if exit_status == 0 {
             SandboxPhase::Stopped
@@ -189,6 +198,8 @@ pub struct Sandboxes {
     prepared: Arc<Prepared>,
     /// Committed sandbox snapshots (captures, deletes, restores' parents).
     snapshots: Arc<Snapshots>,
+    /// Shifted image snapshots, with user namespaces on (`crate::userns`).
+    userns: Option<Arc<crate::userns::Shifter>>,
     /// Create stage timings and outcomes (see [`AgentMetrics::register`]).
     metrics: AgentMetrics,
 }
@@ -253,6 +264,7 @@ fn validate_request(spec: &SandboxSpec) -> Result<()> {
     if !spec.snapshot_id.is_empty() {
         snapshot::validate_id(&spec.snapshot_id)?;
     }
+    crate::storage_limit::limit_of(spec)?;
     volume_mounts::validate(&spec.volume_mounts, "volume_mounts")
 }
 
@@ -354,6 +366,14 @@ impl Sandboxes {
                 instance_id,
                 volumes.clone(),
             )),
+            userns: cfg.user_namespace.enabled().then(|| {
+                Arc::new(crate::userns::Shifter::new(
+                    ctrd.clone(),
+                    &cfg.snapshotter,
+                    cfg.userns_base,
+                    &cfg.state_dir,
+                ))
+            }),
             cfg,
             ctrd,
             runtimes,
@@ -382,6 +402,21 @@ impl Sandboxes {
     /// The writable snapshots prepared ahead of cold creates.
     pub fn prepared(&self) -> &Arc<Prepared> {
         &self.prepared
+    }
+
+    /// The shifted image snapshots (None with user namespaces off).
+    pub fn userns(&self) -> Option<&Arc<crate::userns::Shifter>> {
+        self.userns.as_ref()
+    }
+
+    /// The parent of a writable snapshot on image `chain_id`: the chain id
+    /// itself, or with user namespaces on its shifted snapshot (made on
+    /// the image's first use, see [`crate::userns`]).
+    pub async fn rootfs_parent(&self, chain_id: &str) -> Result<String> {
+        match &self.userns {
+            Some(shifter) => shifter.parent_for(chain_id).await,
+            None => Ok(chain_id.to_string()),
+        }
     }
 
     /// This agent's committed sandbox snapshots.
@@ -601,7 +636,7 @@ impl Sandboxes {
             Ok(pid) => {
                 progress.timings.task_started_us = clock.elapsed_us();
                 self.mark_running(&id, pid);
-                self.wait_until_ready(spec, pid, clock, &mut progress)
+                self.wait_until_ready(spec, clock, &mut progress)
                     .await
                     .map(|()| pid)
             }
@@ -675,10 +710,13 @@ impl Sandboxes {
             phase: SandboxPhase::Creating,
             exit_code: 0,
             pid: 0,
+            netns: None,
             message: String::new(),
             exposed_ports: spec.exposed_ports.clone(),
             token_sha256: sandbolt_proto::auth::token_digest(spec.access_token.as_bytes()),
             volume_mounts: spec.volume_mounts.clone(),
+            // Checked by `validate_request` before any entry exists.
+            ephemeral_storage_limit: crate::storage_limit::limit_of(spec).unwrap_or(0),
             warm: None,
         }
     }
@@ -720,7 +758,9 @@ impl Sandboxes {
             let started = Instant::now();
             let oci = self.runtime_spec(spec, &image, &limits, attachment.as_ref())?;
             let labels = self.container_labels(spec, runtime)?;
-            let (key, prepared) = self.snapshot_key_for(spec, &image);
+            // The image's shifted snapshot with user namespaces on.
+            let image_parent = self.rootfs_parent(&image.chain_id).await?;
+            let (key, prepared) = self.snapshot_key_for(spec, &image_parent);
             // The container first: it references the snapshot key, which keeps
             // containerd's GC off the snapshot from the moment it exists.
             self.create_container(spec, runtime, &image, &oci, labels, &key)
@@ -728,7 +768,7 @@ impl Sandboxes {
             progress.created = true;
             let parent = restore
                 .as_ref()
-                .map_or(image.chain_id.as_str(), |(p, _)| p.as_str());
+                .map_or(image_parent.as_str(), |(p, _)| p.as_str());
             let rootfs = self.rootfs(&key, prepared, parent).await?;
             // Container and rootfs ready (with a prepared snapshot: no
             // snapshots.Prepare on this path).
@@ -743,9 +783,12 @@ impl Sandboxes {
         let (task, rules) = tokio::join!(container, self.apply_network(spec, &attachment));
         rules?;
         let (pid, task_create_took) = task?;
+        // Before tasks.Start: nothing of the sandbox's has run, so `pid` is
+        // still its init process.
+        self.hold_netns(&spec.sandbox_id, pid, attachment.as_ref())?;
         let (started, task_start_took) = timed(async {
             // Before tasks.Start: none of the sandbox's code has run yet.
-            crate::live_mount::attach_held(pid, held).await?;
+            crate::live_mount::attach_held(pid, &spec.sandbox_id, held).await?;
             self.start_task(&spec.sandbox_id).await
         })
         .await;
@@ -988,13 +1031,16 @@ impl Sandboxes {
             env: &entrypoint.env,
             cwd: &entrypoint.cwd,
             execd_host_path: &self.cfg.execd_binary,
-            cgroups_path: &format!("/sandbolt/{id}"),
+            cgroups_path: &crate::config::cgroup_path(&self.cfg.cgroup_parent, id),
             network: network.map(|a| spec::NetworkInput {
                 netns_path: &a.netns_path,
                 resolv_conf: &a.resolv_conf,
             }),
         });
         hardening::apply(&mut oci, limits);
+        if self.cfg.user_namespace.enabled() {
+            crate::userns::apply(&mut oci, self.cfg.userns_base, network.is_some());
+        }
         Ok(oci)
     }
 
@@ -1045,6 +1091,12 @@ impl Sandboxes {
                 volume_mounts::to_label(&spec.volume_mounts)?,
             );
         }
+        if entry.ephemeral_storage_limit > 0 {
+            container_labels.insert(
+                crate::storage_limit::LIMIT_LABEL.into(),
+                entry.ephemeral_storage_limit.to_string(),
+            );
+        }
         Ok(container_labels)
     }
 
@@ -1084,11 +1136,11 @@ impl Sandboxes {
     /// The writable snapshot key of a create: a prepared snapshot of the
     /// image when one is ready (user creates only: warm starts refill on
     /// their own schedule), else the sandbox id. True when prepared.
-    fn snapshot_key_for(&self, spec: &SandboxSpec, image: &ResolvedImage) -> (String, bool) {
+    fn snapshot_key_for(&self, spec: &SandboxSpec, image_parent: &str) -> (String, bool) {
         // A restore's layer sits on its snapshot, never on the image.
         if spec.snapshot_id.is_empty()
             && !self.is_warm(&spec.sandbox_id)
-            && let Some(key) = self.prepared.take(&spec.sandbox_id, &image.chain_id)
+            && let Some(key) = self.prepared.take(&spec.sandbox_id, image_parent)
         {
             return (key, true);
         }
@@ -1183,6 +1235,24 @@ impl Sandboxes {
         Ok(())
     }
 
+    /// Opens the network namespace of sandbox `id`, whose task was just
+    /// created with init process `pid`, and keeps it in its entry.
+    fn hold_netns(&self, id: &str, pid: u32, attachment: Option<&Attachment>) -> Result<()> {
+        let path = attachment.map(|a| a.netns_path.as_path());
+        let netns = crate::netns::NetnsHandle::for_sandbox(id, pid, path).map_err(
+            AgentError::io(format!("opening the network namespace of sandbox {id}")),
+        )?;
+        if let Some(e) = self.table.write().get_mut(id) {
+            e.netns = Some(Arc::new(netns));
+        }
+        Ok(())
+    }
+
+    /// The network namespace a sandbox dials through, while it has one.
+    fn netns_of(&self, id: &str) -> Option<Arc<crate::netns::NetnsHandle>> {
+        self.table.read().get(id).and_then(|e| e.netns.clone())
+    }
+
     /// Records the started task's pid and turns the entry Running.
     fn mark_running(&self, id: &str, pid: u32) {
         if let Some(e) = self.table.write().get_mut(id) {
@@ -1198,13 +1268,12 @@ impl Sandboxes {
     async fn wait_until_ready(
         &self,
         spec: &SandboxSpec,
-        pid: u32,
         clock: &CreateClock,
         progress: &mut CreateProgress,
     ) -> Result<()> {
         if spec.wait_for_execd {
             let (ready, took) =
-                timed(self.wait_for_execd(&spec.sandbox_id, pid, &spec.access_token)).await;
+                timed(self.wait_for_execd(&spec.sandbox_id, &spec.access_token)).await;
             ready?;
             progress.timings.execd_ready_us = clock.elapsed_us();
             progress.stages.push((CreateStage::ExecdReady, took));
@@ -1215,10 +1284,10 @@ impl Sandboxes {
     /// Polls execd's `/ping` inside the sandbox until it answers 200, the
     /// sandbox exits, or `execd_ready_timeout` passes.
     #[tracing::instrument(skip_all)]
-    async fn wait_for_execd(&self, id: &str, pid: u32, token: &str) -> Result<()> {
+    async fn wait_for_execd(&self, id: &str, token: &str) -> Result<()> {
         let timeout = self.cfg.execd_ready_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
-        let ping = || self.ping_execd(id, pid, token);
+        let ping = || self.ping_execd(id, token);
         ping.retry(retry::doubling(
             Duration::from_millis(2),
             Duration::from_millis(50),
@@ -1226,25 +1295,35 @@ impl Sandboxes {
         .when(|e| matches!(e, ExecdProbe::NoAnswer(_)))
         .adjust(retry::until(deadline))
         .await
-        .map_err(|e| AgentError::ExecdNotReady {
-            id: id.to_string(),
-            reason: match e {
-                ExecdProbe::Exited(code) => format!("the sandbox exited with status {code}"),
-                ExecdProbe::NoAnswer(last) => format!("no answer within {timeout:?}: {last}"),
+        .map_err(|e| match e {
+            ExecdProbe::Exited(code) => AgentError::ExitedAtStart {
+                id: id.to_string(),
+                code,
+            },
+            ExecdProbe::NoAnswer(last) => AgentError::ExecdNotReady {
+                id: id.to_string(),
+                reason: format!("no answer within {timeout:?}: {last}"),
             },
         })
     }
 
     /// One `/ping`; an exited sandbox is final, anything else is retried.
-    async fn ping_execd(&self, id: &str, pid: u32, token: &str) -> Result<(), ExecdProbe> {
-        let answer = crate::netns::http_get_status(
-            pid,
-            self.cfg.execd_port,
-            "/ping",
-            &[(EXECD_TOKEN_HEADER, token)],
-            Duration::from_secs(2),
-        )
-        .await;
+    async fn ping_execd(&self, id: &str, token: &str) -> Result<(), ExecdProbe> {
+        let answer = match self.netns_of(id) {
+            Some(netns) => {
+                crate::netns::http_get_status(
+                    &netns,
+                    self.cfg.execd_port,
+                    "/ping",
+                    &[(EXECD_TOKEN_HEADER, token)],
+                    Duration::from_secs(2),
+                )
+                .await
+            }
+            None => Err(std::io::Error::other(
+                "the sandbox's network namespace is gone",
+            )),
+        };
         let last = match answer {
             Ok(200) => return Ok(()),
             Ok(code) => format!("/ping answered {code}"),
@@ -1431,6 +1510,7 @@ impl Sandboxes {
                 tracing::warn!(sandbox = %c.id, error = %e, "could not thaw a sandbox a dead capture froze");
             }
             self.refresh_from_task(&mut entry).await;
+            entry.netns = recovered_netns(&entry);
             self.volumes.adopt(&entry.id, &entry.volume_mounts);
             tracing::info!(sandbox = %entry.id, phase = ?entry.phase, pid = entry.pid, volumes = entry.volume_mounts.len(), "recovered sandbox");
             self.table.write().insert(entry.id.clone(), entry);
@@ -1537,6 +1617,10 @@ impl Sandboxes {
             {
                 cur.phase = e.phase;
                 cur.pid = e.pid;
+                if e.netns.is_none() {
+                    // It exited while the event stream was down.
+                    cur.netns = None;
+                }
                 cur.exit_code = e.exit_code;
                 cur.message = e.message;
             }
@@ -1636,9 +1720,45 @@ impl Sandboxes {
     ) -> Result<Vec<volumes::HeldMount>> {
         for (i, m) in spec.volume_mounts.iter().enumerate() {
             let field = format!("volume_mounts[{i}]");
-            held.push(self.volumes.open_mount(m, &field).await?);
+            held.push(self.open_volume(&spec.sandbox_id, m, &field).await?);
         }
         volumes::check_distinct(&held).map_err(|e| AgentError::Volume(e.to_string()))?;
+        Ok(held)
+    }
+
+    /// A named volume's directory, held for mounting; with user namespaces
+    /// on, a writable one is moved into the sandboxes' id range (the whole
+    /// tree once, while no other sandbox mounts it; see
+    /// [`crate::userns::own_fd_for_range`]).
+    async fn open_volume(
+        &self,
+        sandbox_id: &str,
+        m: &NamedVolumeMount,
+        field: &str,
+    ) -> Result<volumes::HeldMount> {
+        let held = self.volumes.open_mount(m, field).await?;
+        if self.cfg.user_namespace.enabled() && !held.read_only {
+            let exclusive = self
+                .volumes
+                .holders(&m.volume)
+                .iter()
+                .all(|h| h.sandbox_id == sandbox_id);
+            let fd = held
+                .fd()
+                .try_clone()
+                .map_err(AgentError::io("holding a volume"))?;
+            let base = self.cfg.userns_base;
+            tokio::task::spawn_blocking(move || {
+                crate::userns::own_fd_for_range(&fd, base, exclusive)
+            })
+            .await
+            .map_err(|e| AgentError::Volume(format!("{field}: {e}")))?
+            .map_err(|e| {
+                AgentError::Volume(format!(
+                    "{field}: giving the volume to the sandboxes' user range: {e}"
+                ))
+            })?;
+        }
         Ok(held)
     }
 
@@ -1699,13 +1819,20 @@ impl Sandboxes {
         before: &[NamedVolumeMount],
         mount: &NamedVolumeMount,
     ) -> Result<()> {
-        let held = self.volumes.open_mount(mount, "mount").await?;
+        let held = self.open_volume(id, mount, "mount").await?;
         let mut after = before.to_vec();
         after.push(mount.clone());
         volume_mounts::to_label(&after)?;
         self.write_volume_label(id, &after).await?;
+        let sandbox_id = id.to_string();
         let attached = tokio::task::spawn_blocking(move || {
-            crate::live_mount::attach(pid, held.fd(), &held.destination, held.read_only)
+            crate::live_mount::attach(
+                pid,
+                &sandbox_id,
+                held.fd(),
+                &held.destination,
+                held.read_only,
+            )
         })
         .await
         .map_err(|e| AgentError::io("mounting a volume")(e.into()))?;
@@ -1744,7 +1871,8 @@ impl Sandboxes {
                 volume: volume.to_string(),
             })?;
         if entry.pid != 0 && matches!(entry.phase, SandboxPhase::Running | SandboxPhase::Paused) {
-            self.unmount_in_task(entry.pid, &mount.mount_path).await?;
+            self.unmount_in_task(entry.pid, id, &mount.mount_path)
+                .await?;
         }
         let after: Vec<NamedVolumeMount> = entry
             .volume_mounts
@@ -1766,12 +1894,14 @@ impl Sandboxes {
 
     /// Unmounts `mount_path` in the task's mount namespace; already
     /// unmounted, or the task gone, count as done.
-    async fn unmount_in_task(&self, pid: u32, mount_path: &str) -> Result<()> {
+    async fn unmount_in_task(&self, pid: u32, id: &str, mount_path: &str) -> Result<()> {
         use crate::live_mount::LiveMountError;
         let path = mount_path.to_string();
-        let res = tokio::task::spawn_blocking(move || crate::live_mount::detach(pid, &path))
-            .await
-            .map_err(|e| AgentError::io("unmounting a volume")(e.into()))?;
+        let sandbox_id = id.to_string();
+        let res =
+            tokio::task::spawn_blocking(move || crate::live_mount::detach(pid, &sandbox_id, &path))
+                .await
+                .map_err(|e| AgentError::io("unmounting a volume")(e.into()))?;
         match res {
             // NotASandbox: the pid now names a process of the agent's own
             // mount namespace, i.e. the task is gone and its pid reused.
@@ -1912,9 +2042,44 @@ impl Sandboxes {
         }
     }
 
+    /// Running user sandboxes with an ephemeral-storage limit, and it.
+    pub fn storage_limited(&self) -> Vec<(String, u64)> {
+        self.table
+            .read()
+            .values()
+            .filter(|e| e.warm.is_none() && e.phase == SandboxPhase::Running)
+            .filter(|e| e.ephemeral_storage_limit > 0)
+            .map(|e| (e.id.clone(), e.ephemeral_storage_limit))
+            .collect()
+    }
+
+    /// Says why the agent stopped sandbox `id` (its status message).
+    pub fn set_message(&self, id: &str, message: &str) {
+        if let Some(e) = self.table.write().get_mut(id) {
+            e.message = message.to_string();
+        }
+    }
+
     pub fn on_oom(&self, container_id: &str) {
         if let Some(e) = self.table.write().get_mut(container_id) {
             e.message = "out of memory: the memory limit was hit".into();
+        }
+    }
+}
+
+/// A recovered sandbox's namespace, opened from its task's init process
+/// (checked to be in the sandbox's cgroup) while the task is alive.
+fn recovered_netns(e: &Entry) -> Option<Arc<crate::netns::NetnsHandle>> {
+    if e.pid == 0 || !matches!(e.phase, SandboxPhase::Running | SandboxPhase::Paused) {
+        return None;
+    }
+    match crate::netns::NetnsHandle::of_task(e.pid, &e.id) {
+        Ok(netns) => Some(Arc::new(netns)),
+        Err(err) => {
+            // Exited meanwhile (the exit event follows), or not the sandbox's
+            // process: it is not routed.
+            tracing::warn!(sandbox = %e.id, pid = e.pid, error = %err, "cannot open the network namespace of a recovered sandbox");
+            None
         }
     }
 }
@@ -1924,12 +2089,13 @@ impl proxy::SandboxLookup for Sandboxes {
         let t = self.table.read();
         // Warm sandboxes have no owner to route for.
         let e = t.get(sandbox_id).filter(|e| e.warm.is_none())?;
-        // Only live sandboxes route; a stale pid could name another process.
-        if e.pid == 0 || !matches!(e.phase, SandboxPhase::Running) {
+        // Only live sandboxes route, through the namespace held since
+        // their task started (never a pid: it could name another process).
+        if !matches!(e.phase, SandboxPhase::Running) {
             return None;
         }
         Some(proxy::Route {
-            pid: e.pid,
+            netns: e.netns.clone()?,
             token_sha256: e.token_sha256,
         })
     }
@@ -1996,13 +2162,15 @@ fn entry_from_labels(c: &Container) -> Option<Entry> {
         phase: SandboxPhase::Unknown,
         exit_code: 0,
         pid: 0,
-        message: String::new(),
+        netns: None,
+        message: get(crate::storage_limit::STOP_REASON_LABEL),
         exposed_ports: get(labels::EXPOSED_PORTS)
             .split(',')
             .filter_map(|p| p.parse().ok())
             .collect(),
         token_sha256,
         volume_mounts: volume_mounts_from_labels(c),
+        ephemeral_storage_limit: get(crate::storage_limit::LIMIT_LABEL).parse().unwrap_or(0),
         warm: None,
     })
 }

@@ -35,9 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::Retryable;
-use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, Info, Kind, StatSnapshotRequest, UsageRequest,
-};
+use containerd_client::services::v1::snapshots::{CommitSnapshotRequest, Info, Kind, UsageRequest};
 use containerd_client::services::v1::{
     GetContainerRequest, GetRequest, PauseTaskRequest, ResumeTaskRequest,
 };
@@ -270,19 +268,10 @@ impl Snapshots {
 
     /// containerd's facts about snapshot `key`; None when it does not exist.
     async fn stat(&self, key: &str) -> Result<Option<Info>> {
-        let res = self
-            .ctrd
-            .snapshots()
-            .stat(self.ctrd.req(StatSnapshotRequest {
-                snapshotter: self.snapshotter.clone(),
-                key: key.to_string(),
-            }))
-            .await;
-        match res {
-            Ok(r) => Ok(r.into_inner().info),
-            Err(s) if s.code() == Code::NotFound => Ok(None),
-            Err(s) => Err(AgentError::containerd("snapshots.Stat")(s)),
-        }
+        self.ctrd
+            .stat_snapshot(&self.snapshotter, key)
+            .await
+            .map_err(AgentError::containerd("snapshots.Stat"))
     }
 
     /// Removes snapshot `key`; false when it did not exist.

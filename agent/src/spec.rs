@@ -204,6 +204,8 @@ fn linux(cgroups_path: &str, network: Option<NetworkInput<'_>>) -> oci_spec::run
         LinuxNamespaceType::Uts,
         LinuxNamespaceType::Mount,
         LinuxNamespaceType::Network,
+        // The sandbox sees its own cgroup as `/` (no host cgroup paths).
+        LinuxNamespaceType::Cgroup,
     ]
     .map(|typ| {
         let mut ns = LinuxNamespace::default();

@@ -20,7 +20,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use sandbolt_agent::proxy::{self, Route, SandboxLookup};
+use sandbolt_agent::proxy::{self, NetnsHandle, Route, SandboxLookup};
 use sandbolt_test_support::{eventually_async, eventually_blocking, free_port};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;
@@ -136,9 +136,10 @@ impl SandboxLookup for Table {
     }
 }
 
+/// A route into the namespace `pid` is in now.
 fn route(pid: u32, token: &str) -> Route {
     Route {
-        pid,
+        netns: Arc::new(NetnsHandle::of_process(pid).expect("open the namespace")),
         token_sha256: Sha256::digest(token.as_bytes()).into(),
     }
 }
@@ -223,8 +224,10 @@ async fn assert_unreachable_from_host(port: u16) {
 /// Waits until something listens on `port` inside the namespace.
 async fn wait_listening(pid: u32, port: u16) {
     let what = format!("something listening on port {port} in the namespace of {pid}");
-    eventually_async(&what, Duration::from_secs(10), || async move {
-        proxy::dial_in_sandbox(pid, port).await.ok().map(drop)
+    let netns = Arc::new(NetnsHandle::of_process(pid).expect("open the namespace"));
+    eventually_async(&what, Duration::from_secs(10), || {
+        let netns = netns.clone();
+        async move { proxy::dial_in_sandbox(&netns, port).await.ok().map(drop) }
     })
     .await;
 }
@@ -243,16 +246,13 @@ async fn edge_proxy_http_auth_and_errors() {
     wait_listening(ns.pid(), port).await;
     assert_unreachable_from_host(port).await;
 
-    // A sandbox whose process is gone (a reaped child's pid).
-    let mut dead = Command::new("true").spawn().unwrap();
-    let dead_pid = dead.id();
-    dead.wait().unwrap();
+    // A sandbox whose processes are gone: its route holds the namespace,
+    // in which nothing listens any more.
+    let gone = NetNs::new();
+    let gone_route = route(gone.pid(), "t");
+    drop(gone);
 
-    let proxy = Proxy::start(vec![
-        ("sb1", route(ns.pid(), TOKEN)),
-        ("gone", route(dead_pid, "t")),
-    ])
-    .await;
+    let proxy = Proxy::start(vec![("sb1", route(ns.pid(), TOKEN)), ("gone", gone_route)]).await;
 
     // The right token reaches the server in the namespace; the query is kept.
     let (status, body) = proxy
@@ -294,10 +294,11 @@ async fn edge_proxy_http_auth_and_errors() {
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert!(body.contains("nothing is listening"), "{body}");
 
-    // The sandbox's process is gone: 502, not a hang or a host dial.
+    // The sandbox's processes are gone: 502, not a hang, a host dial, or
+    // the namespace of whatever process has their pid now.
     let (status, body) = proxy.get(&format!("/gone/{port}/"), Some("t")).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
-    assert!(body.contains("no longer exists"), "{body}");
+    assert!(body.contains("nothing is listening"), "{body}");
 
     // Malformed routes: 400.
     for bad in ["/", "/sb1", "/sb1/notaport/x", "/sb1/0/x"] {

@@ -85,7 +85,7 @@ async fn live_attach_and_detach_in_a_running_sandbox() {
     let pid = status.pid;
 
     // Read-write: the sandbox reads the host's data and writes through.
-    live_mount::attach(pid, &dir_fd(&rw), "/mnt/rw", false).expect("attach rw");
+    live_mount::attach(pid, "sb-live", &dir_fd(&rw), "/mnt/rw", false).expect("attach rw");
     let (ok, out) = exec(
         &env,
         "sb-live",
@@ -113,7 +113,7 @@ async fn live_attach_and_detach_in_a_running_sandbox() {
     );
 
     // Read-only, recursively: the submount below it is read-only too.
-    live_mount::attach(pid, &dir_fd(&ro), "/data/ro", true).expect("attach ro");
+    live_mount::attach(pid, "sb-live", &dir_fd(&ro), "/data/ro", true).expect("attach ro");
     let (_, out) = exec(
         &env,
         "sb-live",
@@ -128,7 +128,7 @@ async fn live_attach_and_detach_in_a_running_sandbox() {
     assert!(!ro.join("f").exists() && !ro.join("sub/f").exists());
 
     // Detach: the path no longer shows the data; the host keeps it.
-    live_mount::detach(pid, "/mnt/rw").expect("detach");
+    live_mount::detach(pid, "sb-live", "/mnt/rw").expect("detach");
     let (ok, out) = exec(&env, "sb-live", "ls -A /mnt/rw; echo LISTED");
     assert!(
         ok && out.trim() == "LISTED",
@@ -141,36 +141,57 @@ async fn live_attach_and_detach_in_a_running_sandbox() {
         ("/mnt/rw", "nothing is mounted"),
         ("/mnt", "nothing is mounted"),
     ] {
-        let e = live_mount::detach(pid, path).unwrap_err();
+        let e = live_mount::detach(pid, "sb-live", path).unwrap_err();
         assert!(
             matches!(e, LiveMountError::NotMounted { .. }),
             "{path}: {e}"
         );
         assert!(e.to_string().contains(want), "{e}");
     }
-    let e = live_mount::detach(pid, "/proc").unwrap_err();
+    let e = live_mount::detach(pid, "sb-live", "/proc").unwrap_err();
     assert!(e.is_invalid_argument(), "{e}");
 
     symlinks_planted_inside_stay_inside(&env, pid, &rw);
 
     // Requests that break the mount-path rules, and a task that is gone.
     for bad in ["/", "/proc/x", "/opt/sandbolt", "relative", "/a/../b"] {
-        let e = live_mount::attach(pid, &dir_fd(&rw), bad, false).unwrap_err();
+        let e = live_mount::attach(pid, "sb-live", &dir_fd(&rw), bad, false).unwrap_err();
         assert!(matches!(e, LiveMountError::MountPath(_)), "{bad}: {e}");
     }
     let gone = std::process::Command::new("true").spawn().unwrap();
     let gone_pid = gone.id();
     let _ = { gone }.wait();
-    let e = live_mount::attach(gone_pid, &dir_fd(&rw), "/x", false).unwrap_err();
+    let e = live_mount::attach(gone_pid, "sb-live", &dir_fd(&rw), "/x", false).unwrap_err();
     assert!(matches!(e, LiveMountError::TaskGone { .. }), "{e}");
     // A pid in the agent's own mount namespace (say, reused by a host
     // process after the task ended) is refused: that would mount on the host.
     let own = std::process::id();
-    let e = live_mount::attach(own, &dir_fd(&rw), "/mnt/host-x", false).unwrap_err();
+    let e = live_mount::attach(own, "sb-live", &dir_fd(&rw), "/mnt/host-x", false).unwrap_err();
     assert!(matches!(e, LiveMountError::NotASandbox { .. }), "{e}");
     assert!(!Path::new("/mnt/host-x").exists());
-    let e = live_mount::detach(own, "/tmp").unwrap_err();
+    let e = live_mount::detach(own, "sb-live", "/tmp").unwrap_err();
     assert!(matches!(e, LiveMountError::NotASandbox { .. }), "{e}");
+    // A pid that names a process in a mount namespace of its own but not
+    // in this sandbox's cgroup (what a pid reused by another container's
+    // process looks like) is refused too: the volume must not land there.
+    let mut other = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sleep", "100000"])
+        .spawn()
+        .expect("spawn unshare");
+    let other_pid = other.id();
+    let in_own_ns = || {
+        let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+        ns(other_pid) != ns(std::process::id())
+    };
+    while !in_own_ns() {
+        std::thread::yield_now();
+    }
+    let e =
+        live_mount::attach(other_pid, "sb-live", &dir_fd(&rw), "/mnt/other", false).unwrap_err();
+    assert!(matches!(e, LiveMountError::NotASandbox { .. }), "{e}");
+    assert!(mount_line(other_pid, "/mnt/other").is_none());
+    let _ = other.kill();
+    let _ = other.wait();
 
     env.delete_leaving_nothing("sb-live", 0).await;
     assert!(rw.join("seed.txt").exists() && ro.join("seed.txt").exists());
@@ -191,25 +212,26 @@ fn symlinks_planted_inside_stay_inside(env: &Env, pid: u32, rw: &Path) {
     let seed_before = std::fs::read_to_string(rw.join("seed.txt")).unwrap();
 
     // A symlink to / would make the mount cover the sandbox's root.
-    let e = live_mount::attach(pid, &dir_fd(rw), "/mnt/evil", false).unwrap_err();
+    let e = live_mount::attach(pid, "sb-live", &dir_fd(rw), "/mnt/evil", false).unwrap_err();
     match &e {
         LiveMountError::Redirected { resolved, .. } => assert_eq!(resolved, "/"),
         other => panic!("expected Redirected, got {other}"),
     }
     // Through /proc: refused before anything is made there.
-    let e = live_mount::attach(pid, &dir_fd(rw), "/mnt/evilproc/x", false).unwrap_err();
+    let e = live_mount::attach(pid, "sb-live", &dir_fd(rw), "/mnt/evilproc/x", false).unwrap_err();
     match &e {
         LiveMountError::Redirected { resolved, .. } => assert_eq!(resolved, "/proc/x"),
         other => panic!("expected Redirected, got {other}"),
     }
     // A dangling symlink where a directory is to be made.
-    let e = live_mount::attach(pid, &dir_fd(rw), "/mnt/dangling", false).unwrap_err();
+    let e = live_mount::attach(pid, "sb-live", &dir_fd(rw), "/mnt/dangling", false).unwrap_err();
     assert!(matches!(e, LiveMountError::SymlinkInTheWay { .. }), "{e}");
     assert!(e.is_invalid_argument());
     // `..` climbs no higher than the sandbox's root: the mount lands at the
     // sandbox's /vol-live, not the host's.
     assert!(!Path::new("/vol-live").exists());
-    live_mount::attach(pid, &dir_fd(rw), "/mnt/up/vol-live", false).expect("attach via ..");
+    live_mount::attach(pid, "sb-live", &dir_fd(rw), "/mnt/up/vol-live", false)
+        .expect("attach via ..");
     let (ok, out) = exec(env, "sb-live", "cat /vol-live/seed.txt");
     assert!(ok && out.contains("rw-seed"), "{out}");
     assert!(mount_line(pid, "/vol-live").is_some());
@@ -231,6 +253,6 @@ fn symlinks_planted_inside_stay_inside(env: &Env, pid: u32, rw: &Path) {
         std::fs::read_to_string(rw.join("seed.txt")).unwrap(),
         seed_before
     );
-    live_mount::detach(pid, "/mnt/up/vol-live").expect("detach via the same symlink");
+    live_mount::detach(pid, "sb-live", "/mnt/up/vol-live").expect("detach via the same symlink");
     assert!(mount_line(pid, "/vol-live").is_none());
 }

@@ -12,8 +12,9 @@ use common::*;
 use parking_lot::Mutex;
 use sandbolt_proto::agent::v1::registry_service_server::{RegistryService, RegistryServiceServer};
 use sandbolt_proto::agent::v1::{
-    DeleteSandboxRequest, GetOwnershipRequest, GetOwnershipResponse, HeartbeatRequest,
-    HeartbeatResponse, Inventory, ReportReapedRequest, ReportReapedResponse, SandboxPhase,
+    DeleteSandboxRequest, EnrollRequest, EnrollResponse, GetOwnershipRequest, GetOwnershipResponse,
+    HeartbeatRequest, HeartbeatResponse, Inventory, ReportReapedRequest, ReportReapedResponse,
+    SandboxPhase,
 };
 use tonic::{Request, Response, Status};
 
@@ -158,10 +159,24 @@ impl RegistryService for Registry {
     ) -> Result<Response<GetOwnershipResponse>, Status> {
         Err(Status::unimplemented("not part of this test"))
     }
+
+    /// Grants a credential only for the bootstrap token.
+    async fn enroll(
+        &self,
+        request: Request<EnrollRequest>,
+    ) -> Result<Response<EnrollResponse>, Status> {
+        let auth = request.metadata().get("authorization").cloned();
+        if auth.as_ref().and_then(|v| v.to_str().ok()) != Some("Bearer ctrl-token") {
+            return Err(Status::unauthenticated("enroll takes the bootstrap token"));
+        }
+        Ok(Response::new(EnrollResponse {
+            credential: format!("cred-{}", request.into_inner().agent_id),
+        }))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn heartbeats_push_the_inventory_with_the_controller_token() {
+async fn heartbeats_push_the_inventory_with_the_enrolled_credential() {
     let registry = Registry::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -194,7 +209,8 @@ async fn heartbeats_push_the_inventory_with_the_controller_token() {
             .cloned()
     })
     .await;
-    assert_eq!(auth.as_deref(), Some("Bearer ctrl-token"));
+    // Heartbeats carry the enrolled credential, never the bootstrap token.
+    assert_eq!(auth.as_deref(), Some("Bearer cred-agent-test"));
     assert_eq!(inv.agent_id, "agent-test");
     assert_eq!(inv.pool, "pool-a");
     assert_eq!(inv.api_endpoint, env.agent().grpc_addr().to_string());

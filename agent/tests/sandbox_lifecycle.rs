@@ -142,6 +142,7 @@ async fn limits_are_visible_from_inside() {
         pids_limit: 77,
         cpu_request: "250m".into(),
         memory_request: "32Mi".into(),
+        ..Default::default()
     });
     env.client
         .create_sandbox(create_req(s))

@@ -20,9 +20,9 @@ use sandbolt_janitor::{
 };
 use sandbolt_proto::agent::v1::registry_service_server::{RegistryService, RegistryServiceServer};
 use sandbolt_proto::agent::v1::{
-    GetInventoryRequest, GetOwnershipRequest, GetOwnershipResponse, HeartbeatRequest,
-    HeartbeatResponse, Inventory, ReportReapedRequest, ReportReapedResponse, Resources,
-    SandboxPhase, SandboxSpec, WarmClass, WarmTarget,
+    EnrollRequest, EnrollResponse, GetInventoryRequest, GetOwnershipRequest, GetOwnershipResponse,
+    HeartbeatRequest, HeartbeatResponse, Inventory, ReportReapedRequest, ReportReapedResponse,
+    Resources, SandboxPhase, SandboxSpec, WarmClass, WarmTarget,
 };
 use tonic::Code;
 
@@ -233,8 +233,9 @@ async fn claim_two(env: &mut Env, warm: &BTreeSet<String>) -> ((String, u32), (S
         }
         // execd answers the request's token (/ping checks none).
         for (token, want) in [(format!("token-{id}"), 200), ("warm-or-wrong".into(), 401)] {
+            let netns = sandbolt_agent::netns::NetnsHandle::of_process(st.pid).unwrap();
             let code = sandbolt_agent::netns::http_get_status(
-                st.pid,
+                &Arc::new(netns),
                 sandbolt_proto::wire::EXECD_PORT,
                 "/files/info?path=/",
                 &[(sandbolt_proto::wire::EXECD_TOKEN_HEADER, &token)],
@@ -515,6 +516,15 @@ impl RegistryService for Registry {
         _request: tonic::Request<GetOwnershipRequest>,
     ) -> Result<tonic::Response<GetOwnershipResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("not part of this test"))
+    }
+
+    async fn enroll(
+        &self,
+        request: tonic::Request<EnrollRequest>,
+    ) -> Result<tonic::Response<EnrollResponse>, tonic::Status> {
+        Ok(tonic::Response::new(EnrollResponse {
+            credential: format!("cred-{}", request.into_inner().agent_id),
+        }))
     }
 }
 

@@ -60,12 +60,19 @@ pub(crate) struct AgentArgs {
     /// Host name advertised to the controller for both listeners.
     #[arg(long, env = "SANDBOLT_ADVERTISE_HOST")]
     advertise_host: Option<String>,
-    /// Token the controller presents to this agent, and this agent to the controller.
+    /// Bootstrap token: with --controller, traded once for this agent's own
+    /// credential (kept in the state dir), which its heartbeats carry and
+    /// which alone its AgentService accepts; without --controller, the token
+    /// the AgentService accepts.
     #[arg(long, env = "SANDBOLT_AGENT_TOKEN", hide_env_values = true)]
     token: String,
     /// Controller RegistryService endpoint for heartbeats, e.g. http://10.0.0.1:9090.
     #[arg(long, env = "SANDBOLT_CONTROLLER")]
     controller: Option<String>,
+    /// CA certificate (PEM) of a controller serving TLS (--tls-cert);
+    /// --controller is then https://...
+    #[arg(long, env = "SANDBOLT_CONTROLLER_CA", requires = "controller")]
+    controller_ca: Option<PathBuf>,
     #[arg(long, env = "SANDBOLT_MAX_SANDBOXES", default_value_t = 256)]
     max_sandboxes: u32,
     /// Writable snapshots kept prepared per expected image (warm images,
@@ -112,7 +119,13 @@ pub(crate) struct AgentArgs {
     #[command(flatten)]
     volumes: VolumeArgs,
     #[command(flatten)]
+    growth: crate::growth_args::GrowthArgs,
+    #[command(flatten)]
+    security: crate::security_args::SecurityArgs,
+    #[command(flatten)]
     metrics: MetricsListenArgs,
+    #[command(flatten)]
+    listener: sandbolt_telemetry::listener::ListenerArgs,
     /// Remove everything sandbox networking made on this host for the agent
     /// of --state-dir (namespaces, veths, addresses, its nftables table,
     /// its subnet claim), then exit; for uninstall, or after the agent was
@@ -464,9 +477,11 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.containerd_namespace = args.containerd.namespace;
     config.grpc_listen = args.listen;
     config.proxy_listen = args.proxy_listen;
+    config.listener_limits = args.listener.limits()?;
     config.advertise_host = args.advertise_host;
     config.controller_endpoint = args.controller;
     config.controller_token = Some(args.token);
+    config.controller_ca = args.controller_ca;
     config.max_sandboxes = args.max_sandboxes;
     config.prepared_snapshots = args.prepared_snapshots;
     config.default_runtime = args.runtime;
@@ -474,6 +489,8 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.warm_images = non_empty(args.warm_image);
     config.plain_http_registries = non_empty(args.plain_http_registry);
     args.pool_limits.apply(&mut config);
+    args.growth.apply(&mut config);
+    args.security.apply(&mut config);
     config.network = args.network.config()?;
     let context = agent_start_context(volumes.as_ref());
     config.volumes = volumes;

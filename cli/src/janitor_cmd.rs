@@ -22,6 +22,10 @@ pub(crate) struct JanitorArgs {
     /// Controller endpoint, e.g. http://10.0.0.1:9090.
     #[arg(long, env = "SANDBOLT_CONTROLLER")]
     controller: String,
+    /// CA certificate (PEM) of a controller serving TLS (--tls-cert);
+    /// --controller is then https://...
+    #[arg(long, env = "SANDBOLT_CONTROLLER_CA")]
+    controller_ca: Option<PathBuf>,
     /// The agent token (janitors authenticate to the controller with it).
     #[arg(long, env = "SANDBOLT_AGENT_TOKEN", hide_env_values = true)]
     token: String,
@@ -86,6 +90,7 @@ pub(crate) fn config(args: &JanitorArgs) -> JanitorConfig {
     cfg.grace_period = args.grace_period;
     cfg.agent_poll_interval = args.agent_poll_interval;
     cfg.agent_state_dir = Some(args.agent_state_dir.clone());
+    cfg.controller_ca = args.controller_ca.clone();
     cfg.keep_logs = args.keep_logs;
     cfg
 }

@@ -6,12 +6,14 @@
 mod agent_cmd;
 mod containerd;
 mod controller_cmd;
+mod growth_args;
 mod image_cmd;
 mod janitor_cmd;
 mod lifecycle_cmd;
 mod logging;
 mod people;
 mod secrets;
+mod security_args;
 mod static_elf;
 mod up;
 

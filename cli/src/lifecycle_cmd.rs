@@ -29,6 +29,10 @@ pub(crate) struct LifecycleArgs {
     /// Namespace the lifecycle creates and lists sandboxes in.
     #[arg(long, env = "SANDBOLT_CONTROLLER_NAMESPACE", default_value = "default")]
     controller_namespace: String,
+    /// CA certificate (PEM) of a controller serving TLS (`sandbolt
+    /// controller --tls-cert`); --controller is then https://...
+    #[arg(long, env = "SANDBOLT_CONTROLLER_CA", requires = "controller")]
+    controller_ca: Option<PathBuf>,
     /// Bearer token of the controller's port (`sandbolt controller
     /// --fastpath-token`). `--fastpath-token` is the older name; the env
     /// variable keeps it for deployments that set it.
@@ -77,6 +81,8 @@ pub(crate) struct LifecycleArgs {
     gateway: GatewayArgs,
     #[command(flatten)]
     metrics: crate::agent_cmd::MetricsListenArgs,
+    #[command(flatten)]
+    listener: sandbolt_telemetry::listener::ListenerArgs,
 }
 
 /// The fsb gateway: where the OpenSandbox server's endpoints for its
@@ -151,6 +157,10 @@ pub(crate) struct DockerNetworkArgs {
     /// created (default: Docker picks one).
     #[arg(long, env = "SANDBOLT_DOCKER_NETWORK_SUBNET")]
     docker_network_subnet: Option<String>,
+    /// Docker backend: resolver (ip:port) the egress DNS proxy forwards
+    /// allowed names to; repeatable (default: the host's /etc/resolv.conf).
+    #[arg(long, env = "SANDBOLT_DOCKER_DNS_UPSTREAM", value_delimiter = ',')]
+    docker_dns_upstream: Vec<SocketAddr>,
 }
 
 impl DockerNetworkArgs {
@@ -158,6 +168,7 @@ impl DockerNetworkArgs {
     pub(crate) fn apply(&self, config: &mut DockerConfig) {
         config.isolation = self.docker_isolation == Switch::On;
         config.network_subnet = self.docker_network_subnet.clone();
+        config.dns_upstreams = self.docker_dns_upstream.clone();
     }
 }
 
@@ -211,6 +222,7 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
             let mut f = ControllerConfig::new(c);
             f.token = args.controller_token;
             f.namespace = args.controller_namespace;
+            f.ca = args.controller_ca;
             BackendConfig::Controller(f)
         }
         None => {
@@ -234,6 +246,7 @@ pub(crate) async fn run(args: LifecycleArgs) -> anyhow::Result<()> {
         args.allow_host_path,
     );
     config.gateway = gateway;
+    config.listener = args.listener.limits()?;
     let mut registry = Registry::default();
     config.metrics = Some(LifecycleMetrics::register(&mut registry));
     let handle = Lifecycle::start(config)

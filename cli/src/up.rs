@@ -107,10 +107,20 @@ pub(crate) struct UpArgs {
     /// <data-dir>/volumes, unless that is on btrfs already).
     #[command(flatten)]
     volumes: crate::agent_cmd::VolumeArgs,
+    /// Sandbox log cap, storage checks and cgroup parent (containerd).
+    #[command(flatten)]
+    growth: crate::growth_args::GrowthArgs,
+    /// User namespaces and the runtime version check (containerd).
+    #[command(flatten)]
+    security: crate::security_args::SecurityArgs,
     /// One ops endpoint for all four components: their metrics in one
     /// scrape, and /readyz ready when every one is.
     #[command(flatten)]
     metrics: crate::agent_cmd::MetricsListenArgs,
+    /// Connection limits of the controller's, agent's and lifecycle's
+    /// listeners.
+    #[command(flatten)]
+    listener: sandbolt_telemetry::listener::ListenerArgs,
 }
 
 enum Engine {
@@ -269,6 +279,7 @@ async fn start_on_containerd(
     );
     controller_config.fastpath_token = Some(fastpath_token.value.clone());
     controller_config.default_consistency = args.consistency.into();
+    controller_config.listener_limits = args.listener.limits()?;
     let controller_metrics = sandbolt_controller::register_metrics(&mut registry);
     let controller_ready = controller_metrics.readiness();
     // One set of gRPC families for the whole process: the agent counts into
@@ -300,6 +311,7 @@ async fn start_on_containerd(
         args.allow_host_path.clone(),
     );
     lifecycle_config.metrics = Some(LifecycleMetrics::register(&mut registry));
+    lifecycle_config.listener = args.listener.limits()?;
     let lifecycle = Lifecycle::start(lifecycle_config)
         .await
         .context("starting the lifecycle API")?;
@@ -410,10 +422,14 @@ fn agent_config(
     agent_config.containerd_namespace = args.containerd.namespace.clone();
     agent_config.grpc_listen = args.agent_listen;
     agent_config.proxy_listen = args.proxy_listen;
+    // Checked before the controller started (it refuses the same values).
+    agent_config.listener_limits = args.listener.limits().unwrap_or_default();
     agent_config.controller_endpoint = Some(format!("http://{fastpath}"));
     agent_config.controller_token = Some(agent_token.to_string());
     agent_config.max_sandboxes = args.max_sandboxes;
     agent_config.allowed_host_paths = args.allow_host_path.clone();
+    args.growth.apply(&mut agent_config);
+    args.security.apply(&mut agent_config);
     agent_config.network = network;
     agent_config.volumes = args
         .volumes
@@ -433,6 +449,7 @@ async fn run_on_docker(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> {
     );
     let mut registry = Registry::default();
     config.metrics = Some(LifecycleMetrics::register(&mut registry));
+    config.listener = args.listener.limits()?;
     let lifecycle = Lifecycle::start(config)
         .await
         .context("starting the lifecycle API on Docker")?;

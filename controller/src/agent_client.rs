@@ -1,8 +1,11 @@
 //! Calls into agents (`sandbolt.agent.v1.AgentService`), one lazily connected
-//! HTTP/2 channel per agent endpoint, authenticated with the agent token.
+//! HTTP/2 channel per agent endpoint, authenticated with that agent's own
+//! credential (see [`crate::identity`]): the only token an enrolled agent
+//! accepts, so a holder of the bootstrap token cannot call agents.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -14,31 +17,39 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Response, Status};
 
 use crate::error::{Error, Result};
+use crate::identity::AgentIdentity;
 use crate::ids::{AgentId, SandboxId};
 
 pub type Client = AgentServiceClient<InterceptedService<Channel, BearerToken>>;
 
 pub struct AgentClients {
-    bearer: BearerToken,
-    clients: Mutex<HashMap<String, Client>>,
+    identity: Arc<AgentIdentity>,
+    /// By (agent id, endpoint): the credential is the agent's, the channel
+    /// the endpoint's.
+    clients: Mutex<HashMap<(String, String), Client>>,
 }
 
 impl AgentClients {
-    pub fn new(token: &str) -> Result<Self> {
-        let bearer = BearerToken::new(token)
-            .map_err(|e| Error::InvalidArgument(format!("agent token: {e}")))?;
-        Ok(Self {
-            bearer,
+    pub fn new(identity: Arc<AgentIdentity>) -> Self {
+        Self {
+            identity,
             clients: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
-    pub fn client(&self, endpoint: &str) -> Result<Client> {
+    /// Mints and checks agents' credentials.
+    pub fn identity(&self) -> &Arc<AgentIdentity> {
+        &self.identity
+    }
+
+    /// A client for `agent` at `endpoint`, presenting `agent`'s credential.
+    pub fn client(&self, agent: &AgentId, endpoint: &str) -> Result<Client> {
         if endpoint.is_empty() {
             return Err(Error::Unavailable("agent has no API endpoint".into()));
         }
+        let key = (agent.to_string(), endpoint.to_string());
         let mut g = self.clients.lock();
-        if let Some(c) = g.get(endpoint) {
+        if let Some(c) = g.get(&key) {
             return Ok(c.clone());
         }
         let uri = if endpoint.contains("://") {
@@ -51,8 +62,10 @@ impl AgentClients {
             .connect_timeout(Duration::from_secs(3))
             .tcp_nodelay(true)
             .connect_lazy();
-        let c = AgentServiceClient::with_interceptor(ch, self.bearer.clone());
-        g.insert(endpoint.to_string(), c.clone());
+        let bearer = BearerToken::new(&self.identity.credential(&key.0))
+            .map_err(|e| Error::Internal(format!("credential of agent {agent}: {e}")))?;
+        let c = AgentServiceClient::with_interceptor(ch, bearer);
+        g.insert(key, c.clone());
         Ok(c)
     }
 
@@ -70,7 +83,7 @@ impl AgentClients {
     where
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let client = self.client(endpoint)?;
+        let client = self.client(agent, endpoint)?;
         let mut req = tonic::Request::new(body);
         req.set_timeout(deadline);
         match tokio::time::timeout(deadline, send(client, req)).await {

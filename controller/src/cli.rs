@@ -96,9 +96,35 @@ pub struct ControllerArgs {
         default_value = "/var/lib/sandbolt/controller"
     )]
     pub data_dir: PathBuf,
-    /// Token agents and janitors present (and the controller presents to agents).
+    /// Bootstrap token: agents and janitors trade it for a per-agent
+    /// credential (RegistryService.Enroll); heartbeats, reap reports and the
+    /// controller's calls to agents use that credential.
     #[arg(long, env = "SANDBOLT_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: String,
+    /// Key the per-agent credentials are minted with (at least 32 bytes;
+    /// mount a Secret here so HA controllers share it). Default:
+    /// `<data-dir>/identity.key`, created (0600) when absent.
+    #[arg(long, env = "SANDBOLT_IDENTITY_KEY_FILE")]
+    pub identity_key_file: Option<PathBuf>,
+    /// Serve the main --listen port over TLS only, with this PEM certificate
+    /// chain (and --tls-key); agents and janitors then connect to
+    /// https://... with --controller-ca. Not with --fastpath-tls-cert.
+    #[arg(
+        long,
+        env = "SANDBOLT_TLS_CERT",
+        requires = "tls_key",
+        conflicts_with = "fastpath_tls_cert"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The --tls-cert certificate's private key (PEM).
+    #[arg(long, env = "SANDBOLT_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Key sandboxes' access tokens are derived from and secret env values
+    /// sealed with (at least 32 bytes; mount a Secret here so HA
+    /// controllers share it). Default: `<data-dir>/token.key`, created
+    /// (0600) when absent. Changing it changes every sandbox's token.
+    #[arg(long, env = "SANDBOLT_TOKEN_KEY_FILE")]
+    pub token_key_file: Option<PathBuf>,
     /// Require `authorization: Bearer <token>` on FastPath calls. Without it
     /// the FastPath port is open: bind it to a private address.
     #[arg(long, env = "SANDBOLT_FASTPATH_TOKEN", hide_env_values = true)]
@@ -229,6 +255,8 @@ pub struct ControllerArgs {
     /// `fast-after-create[:name]`) so a test can `kill -9` there.
     #[arg(long, env = FAILPOINT_ENV, hide = true)]
     pub failpoint: Option<FailpointSpec>,
+    #[command(flatten)]
+    pub listener: sandbolt_telemetry::listener::ListenerArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -260,6 +288,13 @@ impl ControllerArgs {
     /// [`run`] adds it).
     pub fn config(&self) -> Result<ControllerConfig, RunError> {
         let mut c = ControllerConfig::new(self.listen, &self.data_dir, self.agent_token.clone());
+        c.identity_key_file = self.identity_key_file.clone();
+        c.tls = self
+            .tls_cert
+            .clone()
+            .zip(self.tls_key.clone())
+            .map(|(cert, key)| crate::config::ServerTlsFiles { cert, key });
+        c.token_key_file = self.token_key_file.clone();
         c.fastpath_token = self.fastpath_token.clone().filter(|t| !t.is_empty());
         c.open_fastpath_listen = self.open_fastpath_listen;
         c.fastpath_tls = self.fastpath_tls();
@@ -271,6 +306,10 @@ impl ControllerArgs {
         c.expiry_sweep_interval = self.expiry_sweep_interval;
         c.expired_sandbox_retention = self.expired_sandbox_retention;
         c.failpoint = self.failpoint.clone();
+        c.listener_limits = self
+            .listener
+            .limits()
+            .map_err(|e| RunError::Config(e.to_string()))?;
         check_timeouts(&c)?;
         Ok(c)
     }
@@ -380,6 +419,14 @@ pub async fn run(args: ControllerArgs, shutdown: impl Future<Output = ()>) -> Re
     add_presence(&mut config, &args).await?;
     let ops = serve_metrics(&mut config, args.metrics_listen).await?;
     let ran = if args.store == StoreArg::Kubernetes {
+        if config.token_key_file.is_none() {
+            // Replicas (and a restarted pod) each with their own key derive
+            // tokens the running sandboxes do not hold.
+            tracing::warn!(
+                "no --token-key-file with the kubernetes store: sandbox tokens are derived from \
+                 a key in this pod's data dir; give every replica one Secret"
+            );
+        }
         run_kubernetes(config, args, shutdown).await
     } else {
         run_embedded(config, args.listen, shutdown).await

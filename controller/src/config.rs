@@ -22,8 +22,9 @@ pub struct ControllerConfig {
     /// Used when a request does not ask for a mode (v2 never does; v1's
     /// enum cannot say "unset" apart from FAST, see `fastpath::v1`).
     pub default_consistency: Consistency,
-    /// Agents must present `authorization: Bearer <agent_token>` on
-    /// RegistryService; the controller presents it to agents too. Required.
+    /// The bootstrap secret: it authorizes `RegistryService.Enroll`, which
+    /// hands an agent its own credential (see [`crate::identity`]); every
+    /// other agent call needs that credential. Required.
     pub agent_token: String,
     /// When set, FastPath calls must carry `authorization: Bearer <token>`.
     /// `None` runs the port open (bind it to a private address): the
@@ -42,6 +43,9 @@ pub struct ControllerConfig {
     /// `client_ca` authenticates FastPath and native API calls in place of
     /// the bearer token; RegistryService still needs the agent token.
     pub fastpath_tls: Option<TlsFiles>,
+    /// Connection cap, first-bytes (header-read) timeout and HTTP/2
+    /// keepalive of the gRPC listeners (see `sandbolt_telemetry::listener`).
+    pub listener_limits: sandbolt_telemetry::ListenerLimits,
     /// What agents are told to use between heartbeats.
     pub heartbeat_interval: Duration,
     /// An agent silent this long is lost: it leaves placement and its
@@ -81,6 +85,25 @@ pub struct ControllerConfig {
     /// see [`crate::register_metrics`]); `None`: into a registry nobody
     /// scrapes.
     pub metrics: Option<crate::metrics::ControllerMetrics>,
+    /// The key sandbox access tokens are derived from and secret env
+    /// values sealed with (see [`crate::secrets`]); `None`:
+    /// `<data_dir>/token.key`, created when absent.
+    pub token_key_file: Option<PathBuf>,
+    /// The key agents' credentials are minted with (see
+    /// [`crate::identity`]); `None`: `<data_dir>/identity.key`, created
+    /// when absent. HA controllers must share it.
+    pub identity_key_file: Option<PathBuf>,
+    /// TLS only on the main port (plaintext refused): agents and janitors
+    /// connect with `https://` and `--controller-ca`. Exclusive with
+    /// `fastpath_tls` (which keeps plaintext beside mutual TLS).
+    pub tls: Option<ServerTlsFiles>,
+}
+
+/// PEM files of the main port's server TLS ([`ControllerConfig::tls`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl ControllerConfig {
@@ -97,6 +120,7 @@ impl ControllerConfig {
             fastpath_token: None,
             open_fastpath_listen: None,
             fastpath_tls: None,
+            listener_limits: sandbolt_telemetry::ListenerLimits::default(),
             heartbeat_interval: Duration::from_secs(2),
             lost_agent_timeout: Duration::from_secs(10),
             agent_gone_timeout: DEFAULT_AGENT_GONE_TIMEOUT,
@@ -110,6 +134,9 @@ impl ControllerConfig {
             namespaced_pools: false,
             failpoint: None,
             metrics: None,
+            token_key_file: None,
+            identity_key_file: None,
+            tls: None,
         }
     }
 }

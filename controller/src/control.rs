@@ -49,14 +49,23 @@ fn resources_in(r: Option<&pb::Resources>) -> Result<Resources, Status> {
     let limits = r.limits.clone().unwrap_or_default();
     let requests = r.requests.clone().unwrap_or_default();
     // Never accept and ignore: what the agent cannot enforce is refused.
-    if !limits.ephemeral_storage.is_empty() {
-        return Err(invalid(
-            "resources.limits.ephemeral_storage is not enforced by sandbolt yet; leave it unset",
-        ));
+    let ephemeral = limits.ephemeral_storage.trim();
+    if !ephemeral.is_empty() {
+        // The agent measures the writable layer against it (see
+        // agent/src/storage_limit.rs); a typo is refused here, by name.
+        match sandbolt_proto::quantity::bytes(ephemeral) {
+            Ok(b) if b > 0 => {}
+            Ok(_) => {
+                return Err(invalid(
+                    "resources.limits.ephemeral_storage must be more than 0 (leave it unset for no limit)",
+                ));
+            }
+            Err(e) => return Err(invalid(format!("resources.limits.ephemeral_storage: {e}"))),
+        }
     }
     if !requests.ephemeral_storage.is_empty() {
         return Err(invalid(
-            "resources.requests.ephemeral_storage is not enforced by sandbolt yet; leave it unset",
+            "resources.requests.ephemeral_storage has no effect (sandbolt does not schedule by disk; set resources.limits.ephemeral_storage); leave it unset",
         ));
     }
     if requests.pids != 0 {
@@ -70,6 +79,7 @@ fn resources_in(r: Option<&pb::Resources>) -> Result<Resources, Status> {
         pids_limit: limits.pids,
         cpu_request: requests.cpu,
         memory_request: requests.memory,
+        ephemeral_storage_limit: ephemeral.to_string(),
     })
 }
 
@@ -170,7 +180,9 @@ fn create_request(q: pb::CreateSandboxRequest) -> Result<CreateRequest, Status> 
                 .to_json(),
             warm_pool: spec.warm_pool,
             snapshot_id: spec.snapshot_id,
+            sealed_envs: Default::default(),
         },
+        secret_env_names: spec.secret_env_names,
     })
 }
 
@@ -212,9 +224,17 @@ fn phase_out(observed: Observed, r: &SandboxRecord) -> (pb::Phase, String) {
 
 fn spec_out(s: &SandboxSpec) -> pb::SandboxSpec {
     let res = &s.resources;
-    let resources = (!res.is_empty()).then(|| pb::Resources {
-        limits: resource_list(&res.cpu_limit, &res.memory_limit, res.pids_limit),
-        requests: resource_list(&res.cpu_request, &res.memory_request, 0),
+    let resources = (!res.is_empty()).then(|| {
+        let mut limits = resource_list(&res.cpu_limit, &res.memory_limit, res.pids_limit);
+        if !res.ephemeral_storage_limit.is_empty() {
+            limits
+                .get_or_insert_with(Default::default)
+                .ephemeral_storage = res.ephemeral_storage_limit.clone();
+        }
+        pb::Resources {
+            limits,
+            requests: resource_list(&res.cpu_request, &res.memory_request, 0),
+        }
     });
     pb::SandboxSpec {
         image: s.image.clone(),
@@ -242,6 +262,7 @@ fn spec_out(s: &SandboxSpec) -> pb::SandboxSpec {
         network_policy_json: s.network_policy_json.clone(),
         snapshot_id: s.snapshot_id.clone(),
         warm_pool: s.warm_pool.clone(),
+        secret_env_names: s.sealed_envs.keys().cloned().collect(),
     }
 }
 
@@ -647,15 +668,15 @@ mod tests {
             (
                 pb::SandboxSpec {
                     resources: Some(pb::Resources {
-                        limits: Some(pb::ResourceList {
+                        limits: None,
+                        requests: Some(pb::ResourceList {
                             ephemeral_storage: "1Gi".into(),
                             ..Default::default()
                         }),
-                        requests: None,
                     }),
                     ..base()
                 },
-                "ephemeral_storage",
+                "requests.ephemeral_storage",
             ),
             (
                 pvc_spec(pb::PvcSource::default()),
@@ -699,6 +720,33 @@ mod tests {
             assert!(
                 e.message().contains(field),
                 "{} should name {field}",
+                e.message()
+            );
+        }
+    }
+
+    #[test]
+    fn an_ephemeral_storage_limit_reaches_the_spec_and_comes_back_out() {
+        let limited = |q: &str| pb::SandboxSpec {
+            resources: Some(pb::Resources {
+                limits: Some(pb::ResourceList {
+                    ephemeral_storage: q.into(),
+                    ..Default::default()
+                }),
+                requests: None,
+            }),
+            ..base()
+        };
+        let s = create_request(request(limited("20Mi"))).unwrap();
+        assert_eq!(s.spec.resources.ephemeral_storage_limit, "20Mi");
+        let out = spec_out(&s.spec).resources.unwrap().limits.unwrap();
+        assert_eq!(out.ephemeral_storage, "20Mi");
+        for bad in ["lots", "0"] {
+            let e = create_request(request(limited(bad))).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(
+                e.message().contains("resources.limits.ephemeral_storage"),
+                "{}",
                 e.message()
             );
         }

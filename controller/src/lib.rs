@@ -25,7 +25,9 @@ pub mod control;
 pub mod error;
 pub mod fastpath;
 pub mod ha;
+pub mod identity;
 pub mod ids;
+pub mod key_file;
 pub mod keyed_lock;
 pub mod leader;
 pub mod limits;
@@ -36,6 +38,7 @@ pub mod pool_status;
 pub mod registry;
 pub mod registry_server;
 pub mod sandbox;
+pub mod secrets;
 pub mod snapshot;
 pub mod store;
 pub mod template;
@@ -49,7 +52,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandbolt_proto::agent::v1::registry_service_server::RegistryServiceServer;
-use sandbolt_proto::auth::RequireBearer;
 use sandbolt_proto::control::v1::sandbox_service_server::SandboxServiceServer;
 use sandbolt_proto::control::v1::snapshot_service_server::SnapshotServiceServer;
 use sandbolt_proto::control::v1::volume_service_server::VolumeServiceServer;
@@ -94,6 +96,10 @@ impl Controller {
         config: ControllerConfig,
         store: Arc<dyn Store>,
     ) -> Result<ControllerHandle> {
+        config
+            .listener_limits
+            .validate()
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         if config.agent_token.is_empty() {
             return Err(Error::InvalidArgument(
                 "agent_token must be set: agents authenticate with it".into(),
@@ -119,22 +125,34 @@ impl Controller {
             None => None,
         };
         let (stop, stop_rx) = watch::channel(false);
-        let router = main_router(&core, &config).await;
+        let router = main_router(&core, &config, server_tls(&config)?).await?;
         let mut tasks = vec![match tls {
             Some(tls) => serve(
                 router,
-                listeners::plaintext_or_tls(listener, tls),
+                listeners::plaintext_or_tls(
+                    sandbolt_telemetry::CappedListener::new(
+                        listener,
+                        "controller-main",
+                        &config.listener_limits,
+                    ),
+                    tls,
+                ),
                 stop_rx.clone(),
                 "main",
             ),
-            None => serve(router, nodelay(listener), stop_rx.clone(), "main"),
+            None => serve(
+                router,
+                capped(listener, "controller-main", &config),
+                stop_rx.clone(),
+                "main",
+            ),
         }];
         let mut open_addr = None;
         if let Some((listener, addr)) = open {
-            let router = open_fastpath_router(&core).await;
+            let router = open_fastpath_router(&core, &config).await;
             tasks.push(serve(
                 router,
-                nodelay(listener),
+                capped(listener, "controller-open-fastpath", &config),
                 stop_rx.clone(),
                 "open FastPath",
             ));
@@ -197,11 +215,23 @@ async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr)>
     Ok((listener, local))
 }
 
-/// Accepted connections get TCP_NODELAY here: `Server::tcp_nodelay`
-/// applies only to listeners tonic binds itself. Without it, a response
-/// written in two segments waits for the client's delayed ACK (40 ms).
-fn nodelay(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+/// Accepted connections under the configured cap, silent ones dropped, and
+/// TCP_NODELAY on each (`Server::tcp_nodelay` applies only to listeners
+/// tonic binds itself; without it, a response written in two segments waits
+/// for the client's delayed ACK, 40 ms).
+fn capped(
+    listener: tokio::net::TcpListener,
+    name: &'static str,
+    config: &ControllerConfig,
+) -> impl futures::Stream<
+    Item = std::result::Result<
+        sandbolt_telemetry::listener::CappedStream,
+        std::convert::Infallible,
+    >,
+> + use<> {
+    let limits = &config.listener_limits;
+    let listener = sandbolt_telemetry::CappedListener::new(listener, name, limits);
+    sandbolt_telemetry::listener::capped_incoming(listener, limits)
 }
 
 /// A gRPC server of the controller: every call counted, timed and run
@@ -237,13 +267,40 @@ where
     })
 }
 
+/// The main port's server-only TLS (`ControllerConfig::tls`), its files
+/// read now so a bad one fails the start.
+fn server_tls(config: &ControllerConfig) -> Result<Option<tonic::transport::ServerTlsConfig>> {
+    let Some(files) = &config.tls else {
+        return Ok(None);
+    };
+    if config.fastpath_tls.is_some() {
+        return Err(Error::InvalidArgument(
+            "--tls-cert and --fastpath-tls-cert exclude each other: the first makes the main \
+             port TLS only, the second keeps plaintext beside mutual TLS"
+                .into(),
+        ));
+    }
+    sandbolt_proto::tls::server_config(&files.cert, &files.key)
+        .map(Some)
+        .map_err(|e| Error::InvalidArgument(e.to_string()))
+}
+
 /// Everything, on the main port: FastPath and the native API behind the
 /// FastPath token (or a client certificate), RegistryService behind the
-/// agent token, health open.
-async fn main_router(core: &Arc<Core>, config: &ControllerConfig) -> Layered {
+/// bootstrap token and per-agent credentials, health open.
+async fn main_router(
+    core: &Arc<Core>,
+    config: &ControllerConfig,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+) -> Result<Layered> {
     let fp_auth = listeners::FastPathAuth::new(config);
-    let agent_auth = RequireBearer::new(Some(&config.agent_token), "registry");
-    tonic::transport::Server::builder()
+    let mut server = sandbolt_telemetry::listener::tonic_server(&config.listener_limits);
+    if let Some(tls) = tls {
+        server = server
+            .tls_config(tls)
+            .map_err(|e| Error::InvalidArgument(format!("--tls-cert/--tls-key: {e}")))?;
+    }
+    Ok(server
         .layer(core.metrics.grpc_layer())
         .add_service(serving_health().await)
         .add_service(V2Server::with_interceptor(
@@ -276,17 +333,18 @@ async fn main_router(core: &Arc<Core>, config: &ControllerConfig) -> Layered {
             snapshot::service::SnapshotServer::new(core.clone()),
             fp_auth,
         ))
-        .add_service(RegistryServiceServer::with_interceptor(
+        // No interceptor: which token a registry call needs depends on the
+        // agent id in its body (see `registry_server`).
+        .add_service(RegistryServiceServer::new(
             registry_server::RegistryServer::new(core.clone()),
-            agent_auth,
-        ))
+        )))
 }
 
 /// FastPath v1 + v2 and health only, with no credentials (see
 /// [`ControllerConfig::open_fastpath_listen`]): no native API (its
 /// snapshots, volumes and warm pools are not the OpenSandbox server's
 /// business) and no RegistryService (nothing here may pose as an agent).
-async fn open_fastpath_router(core: &Arc<Core>) -> Layered {
+async fn open_fastpath_router(core: &Arc<Core>, config: &ControllerConfig) -> Layered {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<V2Server<fastpath::v2::FastPathV2>>()
@@ -294,7 +352,7 @@ async fn open_fastpath_router(core: &Arc<Core>) -> Layered {
     reporter
         .set_serving::<V1Server<fastpath::v1::FastPathV1>>()
         .await;
-    tonic::transport::Server::builder()
+    sandbolt_telemetry::listener::tonic_server(&config.listener_limits)
         .layer(core.metrics.grpc_layer())
         .add_service(health)
         .add_service(V2Server::new(fastpath::v2::FastPathV2::new(core.clone())))

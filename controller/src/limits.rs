@@ -139,6 +139,8 @@ fn normalized_absolute(p: &str) -> bool {
     let path = Path::new(p);
     path.is_absolute()
         && !p.contains("//")
+        // `components()` drops inner `.`s: "/." would pass as "/".
+        && !p.split('/').any(|c| c == ".")
         && (p == "/" || !p.ends_with('/'))
         && path
             .components()
@@ -211,7 +213,10 @@ fn check_mount<'a>(
     }
     if !sub_path.is_empty() {
         let sub = Path::new(sub_path);
-        if sub.is_absolute() || !sub.components().all(|c| matches!(c, Component::Normal(_))) {
+        if sub.is_absolute()
+            || sub_path.split('/').any(|c| c == "." || c.is_empty())
+            || !sub.components().all(|c| matches!(c, Component::Normal(_)))
+        {
             return Err(invalid(format!(
                 "{field}.subPath {sub_path:?} must be relative, without '.' or '..'"
             )));

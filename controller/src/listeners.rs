@@ -23,8 +23,9 @@ use std::time::Duration;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sandbolt_proto::auth::RequireBearer;
+use sandbolt_telemetry::CappedListener;
+use sandbolt_telemetry::listener::CappedStream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -94,8 +95,8 @@ pub(crate) struct MainPortPeer {
 
 /// One accepted connection of the main port with TLS on.
 pub(crate) enum MainPortConn {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Plain(CappedStream),
+    Tls(Box<TlsStream<CappedStream>>),
 }
 
 impl Connected for MainPortConn {
@@ -162,7 +163,7 @@ impl AsyncWrite for MainPortConn {
 /// TCP_NODELAY, then is handed over as plaintext or after a completed
 /// mutual-TLS handshake. Ends when the gRPC server drops the stream.
 pub(crate) fn plaintext_or_tls(
-    listener: TcpListener,
+    listener: CappedListener,
     tls: Arc<rustls::ServerConfig>,
 ) -> ReceiverStream<io::Result<MainPortConn>> {
     let (tx, rx) = mpsc::channel(ACCEPT_BACKLOG);
@@ -171,26 +172,19 @@ pub(crate) fn plaintext_or_tls(
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    listener: CappedListener,
     acceptor: TlsAcceptor,
     tx: mpsc::Sender<io::Result<MainPortConn>>,
 ) {
     loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
+        // Under the connection cap, with TCP_NODELAY (see `capped` in
+        // lib.rs); accept errors are retried by the listener.
+        let conn = tokio::select! {
+            c = listener.accept() => c,
             () = tx.closed() => return,
         };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "controller port: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        // Why TCP_NODELAY: see `nodelay` in lib.rs.
-        let _ = stream.set_nodelay(true);
+        let peer = conn.peer;
+        let stream = conn.into_stream();
         let (acceptor, tx) = (acceptor.clone(), tx.clone());
         // Per connection, so a slow handshake never holds up the others.
         tokio::spawn(async move {
@@ -215,11 +209,11 @@ async fn accept_loop(
 }
 
 async fn plaintext_or_handshake(
-    stream: TcpStream,
+    stream: CappedStream,
     acceptor: &TlsAcceptor,
 ) -> io::Result<MainPortConn> {
     let mut first = [0u8; 1];
-    let n = stream.peek(&mut first).await?;
+    let n = stream.get_ref().peek(&mut first).await?;
     if n == 1 && first[0] == TLS_HANDSHAKE_RECORD {
         Ok(MainPortConn::Tls(Box::new(acceptor.accept(stream).await?)))
     } else {

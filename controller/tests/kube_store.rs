@@ -46,6 +46,7 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
                 pids_limit: 128,
                 cpu_request: "250m".into(),
                 memory_request: String::new(),
+                ephemeral_storage_limit: "1Gi".into(),
             },
             volumes: vec![HostVolume {
                 name: "data".into(),
@@ -72,6 +73,8 @@ fn record(ns: &str, name: &str, request_id: &str) -> SandboxRecord {
             // Warm pool membership rides in the state annotation.
             warm_pool: "py".into(),
             snapshot_id: "snap-1".into(),
+            // Secret env rides sealed in the state annotation.
+            sealed_envs: BTreeMap::from([("S".to_string(), "v1:00ff".to_string())]),
         },
         reset_revision: String::new(),
         generation: 1,

@@ -89,7 +89,12 @@ async fn agent_client(
         .connect()
         .await
         .unwrap();
-    AgentServiceClient::with_interceptor(ch, BearerToken::new(TOKEN).unwrap())
+    // An enrolled agent takes only its own credential.
+    let credential = a
+        .credential_within(Duration::from_secs(10))
+        .await
+        .expect("the agent enrolled");
+    AgentServiceClient::with_interceptor(ch, BearerToken::new(&credential).unwrap())
 }
 
 /// A busybox sandbox that stays up (sleeps) mounting `volumes`.

@@ -569,7 +569,13 @@ async fn agent_client(
         .unwrap();
     sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient::with_interceptor(
         ch,
-        sandbolt_proto::auth::BearerToken::new(TOKEN).unwrap(),
+        // An enrolled agent takes only its own credential.
+        sandbolt_proto::auth::BearerToken::new(
+            &a.credential_within(Duration::from_secs(10))
+                .await
+                .expect("the agent enrolled"),
+        )
+        .unwrap(),
     )
 }
 

@@ -259,6 +259,9 @@ fn default_values_lint_render_and_validate() {
     assert_eq!(ctl["spec"]["strategy"]["type"], "RollingUpdate");
     assert_eq!(field_ref(c, "SANDBOLT_POD_NAME"), "metadata.name");
     assert_eq!(field_ref(c, "SANDBOLT_POD_NAMESPACE"), "metadata.namespace");
+    // Every replica derives sandbox tokens from the one key in the Secret.
+    assert!(args(c).contains(&"--token-key-file=/etc/sandbolt/token-key/token.key".into()));
+    assert!(mounts(c).contains(&"/etc/sandbolt/token-key".into()));
     assert!(c.get("livenessProbe").is_none());
     // Readiness asks grpc.health.v1 on the FastPath port (served without a
     // token), not merely whether the port is open.
@@ -394,7 +397,16 @@ fn default_values_lint_render_and_validate() {
     let secret = find(&objs, "Secret", "sb-sandbolt-tokens");
     let mut keys: Vec<&String> = secret["data"].as_object().unwrap().keys().collect();
     keys.sort();
-    assert_eq!(keys, ["agent-token", "api-key", "fastpath-token"]);
+    assert_eq!(
+        keys,
+        [
+            "agent-token",
+            "api-key",
+            "fastpath-token",
+            "identity-key",
+            "token-key"
+        ]
+    );
     assert_tokens_from_secret(&objs, "sb-sandbolt-tokens");
     assert_least_privilege(&objs);
     for sa in ["controller", "agent", "janitor"] {

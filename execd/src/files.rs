@@ -273,6 +273,10 @@ struct ReplaceResult {
 
 /// Replaces every occurrence of `old` by `new`; returns the new bytes and the count.
 pub fn replace_all(hay: &[u8], old: &[u8], new: &[u8]) -> (Vec<u8>, usize) {
+    if old.is_empty() {
+        // An empty pattern "matches" everywhere without advancing: no end.
+        return (hay.to_vec(), 0);
+    }
     let mut out = Vec::with_capacity(hay.len());
     let mut count = 0;
     let mut i = 0;
@@ -544,7 +548,12 @@ impl PendingFile {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let short: String = name.chars().take(100).collect();
+        // At most 100 bytes (not chars): the temporary name must fit NAME_MAX
+        // (255 bytes) whenever the target's name does.
+        let short: String = (name.char_indices())
+            .take_while(|(i, c)| i + c.len_utf8() <= 100)
+            .map(|(_, c)| c)
+            .collect();
         let temp = parent.join(format!(".{short}.execd-{}", crate::commands::new_id()));
         let file = fs::OpenOptions::new()
             .write(true)

@@ -69,7 +69,9 @@ async fn run_async(config: Config) -> Result<i32, ExecdError> {
         state.enable_warm(tx);
         rx
     });
-    let server = Server::bind_with_state(config.listen, state.clone()).await?;
+    let server = Server::bind_with_state(config.listen, state.clone())
+        .await?
+        .with_limits(config.limits);
     match server.local_addr() {
         Ok(a) => log(&format!("listening on {a}")),
         Err(e) => log(&format!("listening (address unknown: {e})")),

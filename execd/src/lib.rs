@@ -39,6 +39,8 @@ mod files;
 mod init;
 mod metrics;
 mod process;
+#[cfg(test)]
+mod prop_tests;
 mod proxy;
 mod server;
 mod session;
@@ -84,6 +86,39 @@ pub struct Config {
     pub env: Option<Vec<(OsString, OsString)>>,
     /// `EXECD_ENVS` file; `None` takes the `EXECD_ENVS` variable.
     pub env_file: Option<PathBuf>,
+    /// Connection cap and header-read timeout of the API's listener.
+    pub limits: ConnLimits,
+}
+
+/// What one client may hold of execd's listener. execd is reachable by
+/// everything inside its sandbox and, through the agent's proxy, from
+/// outside; without a cap and a head timeout, clients that open
+/// connections and never finish a request would pile up until execd runs
+/// out of descriptors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Connections open at once; more are accepted and closed at once.
+    pub max_connections: usize,
+    /// A request head (the first, and each next one on a kept-alive
+    /// connection) must be complete within this; it is also how long an idle
+    /// kept-alive connection stays open.
+    pub header_read_timeout: std::time::Duration,
+}
+
+impl ConnLimits {
+    /// Default cap on open connections.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+    /// Default header-read (and keep-alive idle) timeout.
+    pub const DEFAULT_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: Self::DEFAULT_HEADER_READ_TIMEOUT,
+        }
+    }
 }
 
 impl Default for Config {
@@ -97,6 +132,7 @@ impl Default for Config {
             warm: false,
             env: None,
             env_file: None,
+            limits: ConnLimits::default(),
         }
     }
 }
@@ -127,13 +163,16 @@ impl Config {
 pub struct Server {
     listener: tokio::net::TcpListener,
     state: AppState,
+    limits: ConnLimits,
 }
 
 impl Server {
     /// Binds `config.listen` with a fresh [`AppState`].
     pub async fn bind(config: &Config) -> Result<Server, ExecdError> {
         let state = AppState::new(config.state_config());
-        Self::bind_with_state(config.listen, state).await
+        Ok(Self::bind_with_state(config.listen, state)
+            .await?
+            .with_limits(config.limits))
     }
 
     pub async fn bind_with_state(addr: SocketAddr, state: AppState) -> Result<Server, ExecdError> {
@@ -143,7 +182,17 @@ impl Server {
                 addr: addr.to_string(),
                 source,
             })?;
-        Ok(Server { listener, state })
+        Ok(Server {
+            listener,
+            state,
+            limits: ConnLimits::default(),
+        })
+    }
+
+    /// Serves under `limits` instead of the defaults.
+    pub fn with_limits(mut self, limits: ConnLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -158,7 +207,7 @@ impl Server {
     /// its current answer (bound the wait if connections may stay busy).
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let router = router(self.state.clone());
-        server::serve(self.listener, router, shutdown).await
+        server::serve(self.listener, router, self.limits, shutdown).await
     }
 }
 

@@ -12,6 +12,9 @@ usage: execd [--init] [--listen ADDR] [--access-token TOKEN] [--exit-with-entryp
   --access-token TOKEN     require X-EXECD-ACCESS-TOKEN (env EXECD_ACCESS_TOKEN)
   --init                   act as PID 1: run ENTRYPOINT, forward signals, reap zombies
   --exit-with-entrypoint   exit with the entrypoint's status when it exits
+  --max-connections N      connections open at once; more are closed (default 10000)
+  --header-read-timeout S  seconds a request head may take; also the keep-alive idle
+                           time (default 30)
   --warm                   start without an entrypoint and wait for one
                            POST /sandbolt/claim, which brings it with a new token,
                            environment and working directory (no ENTRYPOINT then)
@@ -48,6 +51,21 @@ fn parse(args: Vec<OsString>) -> Result<Config, String> {
             "--exit-with-entrypoint" => cfg.exit_with_entrypoint = true,
             "--warm" => cfg.warm = true,
             "--listen" => listen = Some(value("--listen")?),
+            "--max-connections" => {
+                cfg.limits.max_connections = value("--max-connections")?
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or("--max-connections needs a whole number above 0")?
+            }
+            "--header-read-timeout" => {
+                cfg.limits.header_read_timeout = value("--header-read-timeout")?
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s > 0.0)
+                    .map(std::time::Duration::from_secs_f64)
+                    .ok_or("--header-read-timeout needs a number of seconds above 0")?
+            }
             "--access-token" => {
                 cfg.access_token = Some(value("--access-token")?).filter(|t| !t.is_empty())
             }

@@ -169,8 +169,18 @@ async fn json_errors(req: Request, next: Next) -> Response {
 /// connection finish the request it is answering (idle ones close at once) and returns
 /// when all are closed. Callers bound that wait; it is what lets an answer that decides
 /// execd's exit (a failed warm claim) still reach its client.
-pub async fn serve(listener: TcpListener, router: Router, shutdown: impl Future<Output = ()>) {
+///
+/// At most `limits.max_connections` connections are open at once: one over the cap is
+/// accepted and closed at once (rather than left in the kernel's backlog, where it would
+/// wait for nothing).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: crate::ConnLimits,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
     // Every connection task holds a sender; `recv` answers `None` once all are gone.
     let (open_tx, mut open) = tokio::sync::mpsc::channel::<()>(1);
@@ -186,15 +196,19 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: impl Future<
             },
             _ = &mut shutdown => break,
         };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
         let mut closing = closing.clone();
         let open = open_tx.clone();
         tokio::spawn(async move {
-            let _open = open;
+            let (_open, _permit) = (open, permit);
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
+                .header_read_timeout(limits.header_read_timeout)
                 .max_buf_size(MAX_HEAD)
                 .serve_connection(TokioIo::new(stream), svc)
                 .with_upgrades();

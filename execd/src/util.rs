@@ -32,7 +32,8 @@ pub fn resolve_path(raw: &str) -> Result<PathBuf, ApiError> {
         let home = std::env::var_os("HOME").unwrap_or_else(|| "/".into());
         let mut p = PathBuf::from(home);
         if raw.len() > 2 {
-            p.push(&raw[2..]);
+            // As in a shell, `~//x` is `$HOME/x`: pushing "/x" would replace the home.
+            p.push(raw[2..].trim_start_matches('/'));
         }
         p
     } else {

@@ -40,7 +40,11 @@ pub struct JanitorConfig {
     pub snapshotter: String,
     /// Controller RegistryService endpoint, e.g. `http://127.0.0.1:9090`.
     pub controller_endpoint: String,
-    /// The agent token: janitors authenticate to the controller with it.
+    /// CA (PEM) of a controller serving TLS; the endpoint is then https://.
+    pub controller_ca: Option<PathBuf>,
+    /// The agent (bootstrap) token: ownership queries carry it; reap
+    /// reports carry the reaped agent's credential, read from
+    /// `agent_state_dir` or enrolled for with this token.
     pub token: String,
     /// Time between periodic scans.
     pub interval: Duration,
@@ -79,6 +83,7 @@ impl JanitorConfig {
             containerd_namespace: "k8s.io".into(),
             snapshotter: "overlayfs".into(),
             controller_endpoint: controller_endpoint.into(),
+            controller_ca: None,
             token: token.into(),
             interval: Duration::from_secs(30),
             agent_poll_interval: Duration::from_secs(2),

@@ -2,13 +2,16 @@
 //! controller answers over gRPC ([`ControllerOwnership`]); on Kubernetes a
 //! source backed by pods and Sandbox resources will implement the same trait.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sandbolt_proto::agent::v1 as pb;
 use sandbolt_proto::agent::v1::registry_service_client::RegistryServiceClient;
-use sandbolt_proto::auth::BearerToken;
+use sandbolt_proto::auth::{BearerToken, StoredCredential};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::error::{JanitorError, Result};
 use crate::rules::{
@@ -55,27 +58,89 @@ pub struct ReapNotice<'a> {
 
 type Client = RegistryServiceClient<InterceptedService<Channel, BearerToken>>;
 
-/// The controller's `RegistryService`, authenticated with the agent token.
+/// The controller's `RegistryService`. Ownership queries carry the
+/// bootstrap (agent) token; a reap report speaks for the agent whose
+/// container went and carries that agent's credential: the one the node's
+/// agent stored in its state dir (`--agent-state-dir`), else one enrolled
+/// for with the bootstrap token, which the controller grants only for an
+/// agent that is not live (a dead agent's containers, the usual reap).
 #[derive(Clone)]
 pub struct ControllerOwnership {
     client: Client,
     timeout: Duration,
+    bootstrap: BearerToken,
+    agent_state_dir: Option<PathBuf>,
+    /// Credentials enrolled for, by agent id.
+    enrolled: Arc<parking_lot::Mutex<HashMap<String, String>>>,
 }
 
 impl ControllerOwnership {
     /// Builds a lazy channel: an unreachable controller shows up as an error
     /// of the call, never at start-up.
     pub fn new(endpoint: &str, token: &str, timeout: Duration) -> Result<Self> {
-        let ep = Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| JanitorError::Config(format!("controller endpoint {endpoint:?}: {e}")))?
+        Self::with_ca(endpoint, token, timeout, None)
+    }
+
+    /// [`ControllerOwnership::new`] to a controller serving TLS whose
+    /// certificate chains to `ca` (PEM); the endpoint is then `https://`.
+    pub fn with_ca(
+        endpoint: &str,
+        token: &str,
+        timeout: Duration,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        let ep = sandbolt_proto::tls::controller_endpoint(endpoint, ca)
+            .map_err(|e| JanitorError::Config(e.to_string()))?
             .connect_timeout(timeout)
             .timeout(timeout)
             .tcp_nodelay(true);
-        let auth = BearerToken::new(token).map_err(|e| JanitorError::Config(e.to_string()))?;
+        let bootstrap = BearerToken::new(token).map_err(|e| JanitorError::Config(e.to_string()))?;
         Ok(Self {
-            client: RegistryServiceClient::with_interceptor(ep.connect_lazy(), auth),
+            // Tokens are set per call: which one depends on the call.
+            client: RegistryServiceClient::with_interceptor(ep.connect_lazy(), BearerToken::none()),
             timeout,
+            bootstrap,
+            agent_state_dir: None,
+            enrolled: Arc::default(),
         })
+    }
+
+    /// Reads the node agent's stored credential from `dir` (its state dir).
+    pub fn with_agent_state_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.agent_state_dir = dir;
+        self
+    }
+
+    /// `req` with the bootstrap token.
+    fn bootstrap<T>(&self, body: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(body);
+        self.bootstrap.apply(&mut req);
+        req
+    }
+
+    /// `agent_id`'s credential: stored by the node's agent, enrolled for
+    /// before, or enrolled for now.
+    async fn credential_of(&self, agent_id: &str, node_name: &str) -> Result<String> {
+        if let Some(c) = self
+            .agent_state_dir
+            .as_deref()
+            .and_then(StoredCredential::read)
+            .filter(|c| c.agent_id == agent_id)
+        {
+            return Ok(c.credential);
+        }
+        if let Some(c) = self.enrolled.lock().get(agent_id) {
+            return Ok(c.clone());
+        }
+        let req = self.bootstrap(pb::EnrollRequest {
+            agent_id: agent_id.to_string(),
+            node_name: node_name.to_string(),
+        });
+        let credential = self.call(self.client.clone().enroll(req)).await?.credential;
+        self.enrolled
+            .lock()
+            .insert(agent_id.to_string(), credential.clone());
+        Ok(credential)
     }
 }
 
@@ -197,19 +262,38 @@ impl OwnershipSource for ControllerOwnership {
                 .collect(),
             snapshot_ids: Vec::new(),
         };
-        let resp = self.call(self.client.clone().get_ownership(req)).await?;
+        let resp = self
+            .call(self.client.clone().get_ownership(self.bootstrap(req)))
+            .await?;
         from_proto(resp, queries.len())
     }
 
     async fn report_reaped(&self, reaped: &ReapNotice<'_>) -> Result<()> {
-        let req = pb::ReportReapedRequest {
+        let body = pb::ReportReapedRequest {
             node_name: reaped.node_name.to_string(),
             sandbox_id: reaped.sandbox_id.to_string(),
             agent_id: reaped.agent_id.to_string(),
             reason: reaped.reason.as_str().to_string(),
         };
-        self.call(self.client.clone().report_reaped(req)).await?;
-        Ok(())
+        // A report naming no agent goes with the bootstrap token (the
+        // controller then touches only records of agents that are not live).
+        let mut req = tonic::Request::new(body);
+        if reaped.agent_id.is_empty() {
+            self.bootstrap.apply(&mut req);
+        } else {
+            let credential = self
+                .credential_of(reaped.agent_id, reaped.node_name)
+                .await?;
+            BearerToken::new(&credential)
+                .map_err(|e| JanitorError::OwnershipUnavailable(e.to_string()))?
+                .apply(&mut req);
+        }
+        let res = self.call(self.client.clone().report_reaped(req)).await;
+        if res.is_err() {
+            // Perhaps minted with a key the controller no longer has.
+            self.enrolled.lock().remove(reaped.agent_id);
+        }
+        res.map(drop)
     }
 
     async fn snapshot_ownership(
@@ -222,7 +306,9 @@ impl OwnershipSource for ControllerOwnership {
             queries: Vec::new(),
             snapshot_ids: snapshot_ids.to_vec(),
         };
-        let resp = self.call(self.client.clone().get_ownership(req)).await?;
+        let resp = self
+            .call(self.client.clone().get_ownership(self.bootstrap(req)))
+            .await?;
         snapshots_from_proto(resp, snapshot_ids)
     }
 }

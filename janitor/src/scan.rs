@@ -384,8 +384,13 @@ fn facts_of(c: &Container) -> Option<ContainerFacts> {
 impl Janitor {
     /// Connects to containerd; the controller is asked lazily, per scan.
     pub async fn new(cfg: JanitorConfig) -> Result<Self> {
-        let owner =
-            ControllerOwnership::new(&cfg.controller_endpoint, &cfg.token, cfg.rpc_timeout)?;
+        let owner = ControllerOwnership::with_ca(
+            &cfg.controller_endpoint,
+            &cfg.token,
+            cfg.rpc_timeout,
+            cfg.controller_ca.as_deref(),
+        )?
+        .with_agent_state_dir(cfg.agent_state_dir.clone());
         Self::with_source(cfg, Arc::new(owner)).await
     }
 

@@ -448,7 +448,8 @@ fn percent_decode(s: &str) -> String {
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
+            // Two hex digits, not what from_str_radix also takes ("+1").
+            b'%' if i + 2 < b.len() && b[i + 1..i + 3].iter().all(u8::is_ascii_hexdigit) => {
                 let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
                 match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
                     Some(v) => {

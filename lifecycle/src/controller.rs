@@ -17,7 +17,7 @@ use sandbolt_proto::auth::BearerToken;
 use sandbolt_proto::control::v1 as pb;
 use sandbolt_proto::egress::NetworkPolicy;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -48,6 +48,9 @@ pub struct ControllerConfig {
     /// Bearer token the controller requires on its FastPath/native port
     /// (`sandbolt controller --fastpath-token`).
     pub token: Option<String>,
+    /// CA (PEM) of a controller serving TLS (`sandbolt controller
+    /// --tls-cert`); `controller` is then `https://`.
+    pub ca: Option<std::path::PathBuf>,
 }
 
 impl ControllerConfig {
@@ -56,6 +59,7 @@ impl ControllerConfig {
             controller: controller.into(),
             namespace: "default".into(),
             token: None,
+            ca: None,
         }
     }
 }
@@ -284,7 +288,7 @@ pub(crate) fn resource_list(set: &ResourceSet) -> pb::ResourceList {
         cpu: text(&set.cpu),
         memory: text(&set.memory),
         pids: set.pids.unwrap_or(0),
-        ephemeral_storage: String::new(),
+        ephemeral_storage: text(&set.ephemeral_storage),
     }
 }
 
@@ -375,6 +379,7 @@ pub fn create_request(plan: &CreatePlan, namespace: &str) -> ApiResult<pb::Creat
         // `pool` may name a warm pool: the controller resolves it (and
         // fills the image from its template when the request has none).
         warm_pool: String::new(),
+        secret_env_names: ext.secret_env.clone(),
     };
     Ok(pb::CreateSandboxRequest {
         // The id doubles as idempotency key: a retried create is the same one.
@@ -440,12 +445,11 @@ impl ControllerBackend {
     /// (a rollout, `sandbolt up` ordering) is not a reason to refuse to start,
     /// a wrong token is.
     pub async fn connect(config: ControllerConfig) -> Result<Self, StartError> {
-        let endpoint = Endpoint::from_shared(config.controller.clone())
-            .map_err(|e| {
-                StartError::Config(format!("controller address {}: {e}", config.controller))
-            })?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
+        let endpoint =
+            sandbolt_proto::tls::controller_endpoint(&config.controller, config.ca.as_deref())
+                .map_err(|e| StartError::Config(e.to_string()))?
+                .connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true);
         let token = BearerToken::new(config.token.as_deref().unwrap_or_default())
             .map_err(|_| StartError::Config("controller token is not valid ASCII".into()))?;
         let channel = endpoint.connect_lazy();

@@ -14,6 +14,8 @@
 
 mod controller;
 mod docker;
+#[cfg(test)]
+mod prop_tests;
 
 pub(crate) use controller::gather as of_controller;
 pub(crate) use docker::gather as of_docker;
@@ -168,8 +170,10 @@ fn parse_since(v: &str) -> ApiResult<Duration> {
         "d" => 86_400,
         _ => return Err(bad()),
     };
+    // Within i64 seconds: the Docker backend subtracts it from the clock.
     count
         .checked_mul(unit)
+        .filter(|s| i64::try_from(*s).is_ok())
         .map(Duration::from_secs)
         .ok_or_else(bad)
 }

@@ -82,6 +82,9 @@ pub struct DockerConfig {
     /// IPv4 subnet of the sandbox network when it is created (CIDR);
     /// `None` lets Docker pick.
     pub network_subnet: Option<String>,
+    /// Resolvers the egress DNS proxy forwards allowed names to (with
+    /// isolation on); empty: the host's, from `/etc/resolv.conf`.
+    pub dns_upstreams: Vec<std::net::SocketAddr>,
 }
 
 impl DockerConfig {
@@ -94,6 +97,7 @@ impl DockerConfig {
             pids_limit: 4096,
             isolation: true,
             network_subnet: None,
+            dns_upstreams: Vec::new(),
         }
     }
 }
@@ -121,6 +125,8 @@ pub struct DockerBackend {
     reach: Mutex<HashMap<String, Reach>>,
     /// The isolated sandbox network, when isolation is on.
     network_mode: Option<String>,
+    /// Egress policy enforcement (with isolation on).
+    egress: Option<crate::docker_egress::DockerEgress>,
     /// Held by a snapshot delete, and by a restore from its check of the
     /// snapshot until its container exists, so a deletion never removes an
     /// image a container is being created from (see
@@ -141,8 +147,9 @@ fn refuse_restricting_policy(policy: &NetworkPolicy) -> ApiResult<()> {
     }
     Err(ApiError::invalid_code(
         "UNSUPPORTED_FIELD",
-        "networkPolicy: the docker runtime does not enforce egress policy (only allow-all); \
-         omit networkPolicy or use the controller backend",
+        "networkPolicy: the docker runtime does not enforce egress policy for this sandbox \
+         (only allow-all): isolation is off (--docker-isolation off), or the sandbox predates \
+         enforcement; omit networkPolicy, turn isolation on, or use the controller backend",
     ))
 }
 
@@ -289,6 +296,14 @@ fn limits(plan: &CreatePlan, default_pids: i64) -> ApiResult<HostConfig> {
             .and_then(|m| m.checked_mul(per))
             .ok_or_else(|| ApiError::invalid(format!("{field} is too large")))
     };
+    // Docker bounds a container's writable layer only on some storage
+    // drivers (overlay2 needs xfs with pquota); refused, never dropped.
+    if plan.limits.ephemeral_storage.is_some() {
+        return Err(ApiError::invalid_code(
+            "UNSUPPORTED_FIELD",
+            "resourceLimits.ephemeral-storage is not enforced on the Docker backend; leave it unset or use the containerd fast path (sandbolt controller mode)",
+        ));
+    }
     let memory = plan.limits.memory.as_ref().map(|q| q.value as i64);
     Ok(HostConfig {
         memory,
@@ -440,9 +455,17 @@ impl DockerBackend {
             .and_then(|_| std::fs::create_dir_all(data_dir.join("expiry")))
             .map_err(|e| StartError::Config(format!("data dir {}: {e}", data_dir.display())))?;
         // Before any sandbox can start, so there is never a window.
-        let network_mode = if config.isolation {
-            docker_network::ensure_isolated(&docker, config.network_subnet.as_deref()).await?;
-            Some(docker_network::NETWORK_NAME.to_string())
+        let (network_mode, egress) = if config.isolation {
+            let network =
+                docker_network::ensure_isolated(&docker, config.network_subnet.as_deref()).await?;
+            let egress = crate::docker_egress::DockerEgress::start(
+                &docker,
+                &network,
+                data_dir,
+                &config.dns_upstreams,
+            )
+            .await?;
+            (Some(docker_network::NETWORK_NAME.to_string()), Some(egress))
         } else {
             // Said once, loudly: the fast path isolates sandboxes.
             tracing::warn!(
@@ -451,7 +474,7 @@ impl DockerBackend {
                  (they can reach each other, this host and link-local/cloud-metadata addresses); \
                  turn isolation on (--docker-isolation on) or use the containerd runtime"
             );
-            None
+            (None, None)
         };
         let backend = Self {
             docker,
@@ -461,6 +484,7 @@ impl DockerBackend {
             binds_lock: tokio::sync::Mutex::new(()),
             reach: Mutex::new(HashMap::new()),
             network_mode,
+            egress,
             snapshot_lock: tokio::sync::Mutex::new(()),
         };
         // Containers removed while we were down may have been the last
@@ -653,7 +677,15 @@ impl DockerBackend {
             // business with (raw sockets, device nodes, audit).
             cap_drop: Some(vec!["NET_RAW".into(), "MKNOD".into(), "AUDIT_WRITE".into()]),
             privileged: Some(false),
-            mounts: Some(self.mounts(&plan.volumes)?),
+            mounts: Some({
+                let mut mounts = self.mounts(&plan.volumes)?;
+                mounts.extend(
+                    self.egress
+                        .as_ref()
+                        .map(crate::docker_egress::DockerEgress::resolv_conf_mount),
+                );
+                mounts
+            }),
             init: Some(false),
             network_mode: self.network_mode.clone(),
             ..limits(plan, self.config.pids_limit)?
@@ -703,6 +735,15 @@ impl DockerBackend {
         if let Some(r) = restore {
             r.container_labels(&mut labels);
         }
+        // The address and its egress chain exist before the container does.
+        let networking_config = match &self.egress {
+            Some(e) => {
+                let policy = crate::egress::normalized(plan.network_policy.clone());
+                let ip = e.reserve(&self.docker, &plan.id, &policy).await?;
+                Some(crate::docker_egress::DockerEgress::networking_config(ip))
+            }
+            None => None,
+        };
         let body = ContainerCreateBody {
             image: Some(plan.image.clone()),
             entrypoint: Some(execd_entrypoint(plan)),
@@ -711,6 +752,7 @@ impl DockerBackend {
             labels: Some(labels),
             exposed_ports: Some(vec![format!("{EXECD_PORT}/tcp")]),
             host_config: Some(self.host_config(plan)?),
+            networking_config,
             ..Default::default()
         };
         let opts = CreateContainerOptions {
@@ -828,6 +870,9 @@ impl DockerBackend {
 
     fn forget(&self, id: &str) {
         self.reach.lock().expect("reach lock").remove(id);
+        if let Some(e) = &self.egress {
+            e.release(id);
+        }
         for p in [self.metadata_path(id), self.expiry_path(id)] {
             if let Err(e) = std::fs::remove_file(&p)
                 && e.kind() != std::io::ErrorKind::NotFound
@@ -873,10 +918,21 @@ impl Backend for DockerBackend {
                 "extensions.failurePolicy auto_recreate is not supported by the docker runtime (one engine: nowhere to recreate)",
             ));
         }
+        // The engine keeps a container's env in its configuration, in the
+        // clear for anyone who can inspect it: nothing to seal it in.
+        if !ext.secret_env.is_empty() {
+            return Err(ApiError::invalid_code(
+                "UNSUPPORTED_FIELD",
+                "extensions.secretEnv is not supported by the docker runtime (the engine keeps env in the container's configuration)",
+            ));
+        }
         Ok(())
     }
 
     fn check_network_policy(&self, policy: &NetworkPolicy) -> ApiResult<()> {
+        if self.egress.is_some() {
+            return Ok(());
+        }
         refuse_restricting_policy(policy)
     }
 
@@ -895,6 +951,12 @@ impl Backend for DockerBackend {
     #[tracing::instrument(name = "docker", skip_all, fields(call = "network_policy", sandbox_id = %id))]
     async fn network_policy(&self, id: &str) -> ApiResult<PolicyStatus> {
         self.inspect(id).await?;
+        if let Some(policy) = self.egress.as_ref().and_then(|e| e.policy(id)) {
+            return Ok(PolicyStatus {
+                policy,
+                enforcement_mode: crate::egress::ENFORCEMENT_DNS_NFT,
+            });
+        }
         Ok(PolicyStatus {
             policy: NetworkPolicy::default(),
             enforcement_mode: ENFORCEMENT_NONE,
@@ -910,6 +972,17 @@ impl Backend for DockerBackend {
         change: PolicyChange,
     ) -> ApiResult<PolicyStatus> {
         self.inspect(id).await?;
+        if let Some(egress) = &self.egress
+            && let Some(current) = egress.policy(id)
+        {
+            let policy = change.apply(&current)?;
+            if egress.replace(id, policy.clone()).await?.is_some() {
+                return Ok(PolicyStatus {
+                    policy,
+                    enforcement_mode: crate::egress::ENFORCEMENT_DNS_NFT,
+                });
+            }
+        }
         let policy = change.apply(&NetworkPolicy::default())?;
         refuse_restricting_policy(&policy)?;
         Ok(PolicyStatus {

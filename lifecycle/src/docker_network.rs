@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 
 use bollard::Docker;
 use bollard::models::{Ipam, IpamConfig, NetworkCreateRequest, NetworkInspect};
+use sandbolt_node::network::Ipv4Net;
 use sha2::{Digest, Sha256};
 
 use crate::error::StartError;
@@ -128,7 +129,33 @@ async fn ensure_network(
     network_facts(&inspect, &bridge, subnet)
 }
 
+/// Creates the network with `subnet`, or with one the engine picks. The
+/// subnet is always configured in the end: Docker accepts a container's
+/// chosen address (egress enforcement) only on such a network, so a picked
+/// one is made configured by creating the network again with it.
 async fn create_network(
+    docker: &Docker,
+    bridge: &str,
+    subnet: Option<&str>,
+) -> Result<(), StartError> {
+    if let Some(s) = subnet {
+        return create_network_with(docker, bridge, Some(s)).await;
+    }
+    create_network_with(docker, bridge, None).await?;
+    let inspect = docker
+        .inspect_network(NETWORK_NAME, None)
+        .await
+        .map_err(|e| {
+            StartError::Backend(format!("inspecting Docker network {NETWORK_NAME}: {e}"))
+        })?;
+    let picked = network_facts(&inspect, bridge, None)?.subnet;
+    docker.remove_network(NETWORK_NAME).await.map_err(|e| {
+        StartError::Backend(format!("recreating Docker network {NETWORK_NAME}: {e}"))
+    })?;
+    create_network_with(docker, bridge, Some(&picked)).await
+}
+
+async fn create_network_with(
     docker: &Docker,
     bridge: &str,
     subnet: Option<&str>,
@@ -210,10 +237,16 @@ fn network_facts(
              remove it (`docker network rm {NETWORK_NAME}`) or configure {subnet}"
         )));
     }
+    // An engine that reports no gateway for a configured subnet gave the
+    // bridge the subnet's first address, its default.
+    let gateway = ipv4.gateway.filter(|g| !g.is_empty()).or_else(|| {
+        let net = subnet.parse::<Ipv4Net>().ok()?;
+        Some(net.nth(1).to_string())
+    });
     Ok(SandboxNetwork {
         bridge: bridge.to_string(),
         subnet,
-        gateway: ipv4.gateway,
+        gateway,
     })
 }
 
@@ -235,34 +268,27 @@ fn parse_resolvers(text: &str) -> Vec<Ipv4Addr> {
         .collect()
 }
 
-/// The whole ruleset as one `nft -f` transaction: declaring then flushing
-/// each table makes it idempotent, and nothing is ever half-installed.
+/// The whole ruleset as one `nft -f` transaction, idempotent, and nothing
+/// is ever half-installed. The bridge table is flushed and declared again;
+/// in the inet table only the base chains and the fixed set are, so that
+/// the per-sandbox egress chains and their sets (see
+/// [`crate::docker_egress`]) survive a restart of the lifecycle.
 ///
 /// Frames between sandboxes never leave the bridge, so the bridge family
 /// drops them. It matches on the network's subnet rather than the bridge
 /// (`meta ibrname` needs `CONFIG_NFT_BRIDGE_META`, which common kernels
 /// lack); the subnet is the network's own, and sandboxes have neither
 /// `NET_ADMIN` nor `NET_RAW` to use another source address.
+///
+/// A sandbox under egress enforcement is dispatched by its source address
+/// to its own chain (`dispatch`), which decides every new connection it
+/// opens (isolation included); the others get the isolation rules below it.
+/// The gateway's port 53 is the egress DNS proxy.
 pub fn ruleset(network: &SandboxNetwork, resolvers: &[Ipv4Addr]) -> String {
     let table = table_name(&network.bridge);
     let br = &network.bridge;
     let subnet = &network.subnet;
-    let mut blocked: Vec<&str> = sandbolt_proto::egress::ISOLATED_RANGES.to_vec();
-    blocked.push(&network.subnet);
-    let blocked = blocked.join(", ");
-    let dns = if resolvers.is_empty() {
-        String::new()
-    } else {
-        let set = resolvers
-            .iter()
-            .map(Ipv4Addr::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
-        format!(
-            "    iifname \"{br}\" ip daddr {{ {set} }} meta l4proto {{ tcp, udp }} th dport 53 accept\n"
-        )
-    };
-    format!(
+    let mut s = format!(
         "table bridge {table}\n\
          flush table bridge {table}\n\
          table bridge {table} {{\n\
@@ -272,28 +298,76 @@ pub fn ruleset(network: &SandboxNetwork, resolvers: &[Ipv4Addr]) -> String {
          \x20   arp saddr ip {subnet} drop\n\
          \x20 }}\n\
          }}\n\
-         table inet {table}\n\
-         flush table inet {table}\n\
-         table inet {table} {{\n\
-         \x20 chain forward {{\n\
-         \x20   type filter hook forward priority filter; policy accept;\n\
-         \x20   iifname \"{br}\" ct state established,related accept\n\
-         {dns}\
-         \x20   iifname \"{br}\" meta nfproto ipv6 drop\n\
-         \x20   iifname \"{br}\" ip daddr {{ {blocked} }} drop\n\
-         \x20   iifname \"{br}\" accept\n\
-         \x20   oifname \"{br}\" ct state established,related accept\n\
-         \x20   oifname \"{br}\" ct status dnat accept\n\
-         \x20   oifname \"{br}\" drop\n\
-         \x20 }}\n\
-         \x20 chain input {{\n\
-         \x20   type filter hook input priority filter; policy accept;\n\
-         \x20   iifname \"{br}\" ct state established,related accept\n\
-         {dns}\
-         \x20   iifname \"{br}\" drop\n\
-         \x20 }}\n\
-         }}\n"
-    )
+         add table inet {table}\n\
+         add set inet {table} blocked {{ type ipv4_addr; flags interval; auto-merge; }}\n\
+         flush set inet {table} blocked\n\
+         add element inet {table} blocked {{ {blocked} }}\n\
+         add set inet {table} pool_allowed {{ type ipv4_addr; flags interval; }}\n\
+         add map inet {table} dispatch {{ type ipv4_addr : verdict; }}\n",
+        blocked = blocked_ranges(subnet)
+    );
+    let dns = if resolvers.is_empty() {
+        Vec::new()
+    } else {
+        let set = resolvers
+            .iter()
+            .map(Ipv4Addr::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        vec![format!(
+            "iifname \"{br}\" ip daddr {{ {set} }} meta l4proto {{ tcp, udp }} th dport 53 accept"
+        )]
+    };
+    let mut forward = vec![
+        format!("iifname \"{br}\" ct state established,related accept"),
+        format!("iifname \"{br}\" meta nfproto ipv6 drop"),
+        format!("iifname \"{br}\" ip saddr vmap @dispatch"),
+    ];
+    forward.extend(dns.iter().cloned());
+    forward.extend([
+        format!("iifname \"{br}\" ip daddr @blocked drop"),
+        format!("iifname \"{br}\" accept"),
+        format!("oifname \"{br}\" ct state established,related accept"),
+        format!("oifname \"{br}\" ct status dnat accept"),
+        format!("oifname \"{br}\" drop"),
+    ]);
+    let mut input = vec![format!(
+        "iifname \"{br}\" ct state established,related accept"
+    )];
+    if let Some(gw) = &network.gateway {
+        input.push(format!(
+            "iifname \"{br}\" ip daddr {gw} meta l4proto {{ tcp, udp }} th dport 53 accept"
+        ));
+    }
+    input.extend(dns);
+    input.push(format!("iifname \"{br}\" drop"));
+    for (chain, rules) in [("forward", forward), ("input", input)] {
+        s.push_str(&format!(
+            "add chain inet {table} {chain} {{ type filter hook {chain} priority filter; policy accept; }}\n\
+             flush chain inet {table} {chain}\n"
+        ));
+        for r in rules {
+            s.push_str(&format!("add rule inet {table} {chain} {r}\n"));
+        }
+    }
+    s
+}
+
+/// [`ISOLATED_RANGES`](sandbolt_proto::egress::ISOLATED_RANGES) and the
+/// sandbox subnet, unless it lies inside them.
+fn blocked_ranges(subnet: &str) -> String {
+    let ranges = sandbolt_proto::egress::ISOLATED_RANGES;
+    let mut blocked: Vec<&str> = ranges.to_vec();
+    let inside = subnet.parse::<Ipv4Net>().is_ok_and(|net| {
+        ranges
+            .iter()
+            .filter_map(|r| r.parse::<Ipv4Net>().ok())
+            .any(|r| r.contains(net.addr()) && r.prefix() <= net.prefix())
+    });
+    if !inside {
+        blocked.push(subnet);
+    }
+    blocked.join(", ")
 }
 
 /// Runs `script` through `nft -f -` as one transaction.
@@ -366,17 +440,27 @@ mod tests {
     fn ruleset_blocks_the_subnet_and_is_idempotent() {
         let n = SandboxNetwork {
             bridge: "sbd01234567".into(),
-            subnet: "10.214.3.0/24".into(),
-            gateway: None,
+            subnet: "198.18.3.0/24".into(),
+            gateway: Some("198.18.3.1".into()),
         };
         let r = ruleset(&n, &[Ipv4Addr::new(10, 0, 0, 2)]);
-        assert!(r.contains("flush table inet sandbolt_docker_sbd01234567"));
+        assert!(r.contains("flush table bridge sandbolt_docker_sbd01234567"));
+        // The inet table keeps the sandboxes' chains: only its own parts
+        // are flushed.
+        assert!(!r.contains("flush table inet"), "{r}");
+        assert!(r.contains("flush chain inet sandbolt_docker_sbd01234567 forward"));
         assert!(
-            r.contains("169.254.0.0/16, 172.16.0.0/12, 192.168.0.0/16, 224.0.0.0/3, 10.214.3.0/24")
+            r.contains("169.254.0.0/16, 172.16.0.0/12, 192.168.0.0/16, 224.0.0.0/3, 198.18.3.0/24")
         );
-        assert!(r.contains("ip saddr 10.214.3.0/24 drop"));
+        assert!(r.contains("ip saddr 198.18.3.0/24 drop"));
         assert!(r.contains("ip daddr { 10.0.0.2 }"));
-        // The DNS exception comes before the private-range drop.
-        assert!(r.find("dport 53").unwrap() < r.find("ip daddr { 0.0.0.0/8").unwrap());
+        assert!(r.contains("ip daddr 198.18.3.1 meta l4proto { tcp, udp } th dport 53 accept"));
+        // Sandboxes under enforcement are dispatched before the host
+        // resolvers' exception, which comes before the private-range drop.
+        let at = |needle: &str| r.find(needle).unwrap_or_else(|| panic!("{needle}: {r}"));
+        assert!(at("ip saddr vmap @dispatch") < at("dport 53 accept"));
+        assert!(at("dport 53 accept") < at("ip daddr @blocked drop"));
+        // A subnet inside the isolated ranges is not added twice.
+        assert!(!blocked_ranges("10.214.3.0/24").contains("10.214.3.0/24"));
     }
 }

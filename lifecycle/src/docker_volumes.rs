@@ -30,6 +30,32 @@ pub const LABEL_DELETE_VOLUMES: &str = "opensandbox.io/sandbolt-delete-volumes";
 /// The engine's `volume create` answers an existing volume as if created,
 /// so this label, not the answer, says who made it.
 pub const VOLUME_LABEL_CREATED_BY: &str = "opensandbox.io/sandbolt-created-by";
+/// On a Docker volume a sandbox may mount: `true`. Set on every volume this
+/// lifecycle creates; an operator sets it (`docker volume create --label
+/// opensandbox.io/sandbolt-managed=true`) on a volume made for sandboxes.
+/// Without it (or the created-by label of older versions) a `pvc` is
+/// refused: the engine holds other applications' volumes too, and a
+/// sandbox naming one would read and write their data.
+pub const VOLUME_LABEL_MANAGED: &str = "opensandbox.io/sandbolt-managed";
+
+/// True when sandboxes may mount a volume with these labels.
+pub(crate) fn is_sandbolt_volume(labels: &HashMap<String, String>) -> bool {
+    labels.get(VOLUME_LABEL_MANAGED).map(String::as_str) == Some("true")
+        || labels.contains_key(VOLUME_LABEL_CREATED_BY)
+}
+
+/// The refusal of a volume sandbolt did not make.
+fn not_managed(name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "VOLUME::NOT_MANAGED",
+        format!(
+            "Volume {name} exists on the Docker engine but sandbolt did not create it: only \
+             volumes labelled {VOLUME_LABEL_MANAGED}=true (or created by a sandbox's \
+             pvc.createIfNotExists) can be mounted."
+        ),
+    )
+}
 
 /// What a create did to Docker volumes, to undo or to finish at delete.
 #[derive(Debug, Default)]
@@ -335,8 +361,9 @@ impl DockerBackend {
     }
 
     /// Makes sure each `pvc` of the plan can be mounted: an existing Docker
-    /// volume is used as it is; a missing one is created (labelled with the
-    /// sandbox) when `createIfNotExists`, refused (404) when not.
+    /// volume is used as it is if sandbolt made it (labelled), refused (403)
+    /// if not; a missing one is created (labelled with the sandbox) when
+    /// `createIfNotExists`, refused (404) when not.
     /// `accessModes`, `storage` and `storageClass` are ignored here, as the
     /// OpenSandbox contract says for Docker volumes ("Ignored for Docker
     /// volumes"): the local driver has no access modes, sizes or classes.
@@ -367,7 +394,8 @@ impl DockerBackend {
     async fn prepare_pvc(&self, id: &str, claim: &PvcClaim) -> ApiResult<bool> {
         let name = &claim.claim_name;
         match self.docker.inspect_volume(name).await {
-            Ok(_) => return Ok(false),
+            Ok(v) if is_sandbolt_volume(&v.labels) => return Ok(false),
+            Ok(_) => return Err(not_managed(name)),
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 404, ..
             }) => {}
@@ -385,10 +413,10 @@ impl DockerBackend {
         }
         let req = VolumeCreateRequest {
             name: Some(name.clone()),
-            labels: Some(HashMap::from([(
-                VOLUME_LABEL_CREATED_BY.to_string(),
-                id.to_string(),
-            )])),
+            labels: Some(HashMap::from([
+                (VOLUME_LABEL_CREATED_BY.to_string(), id.to_string()),
+                (VOLUME_LABEL_MANAGED.to_string(), "true".to_string()),
+            ])),
             ..Default::default()
         };
         let v = self
@@ -396,7 +424,12 @@ impl DockerBackend {
             .create_volume(req)
             .await
             .map_err(|e| map_engine_answer(id, e))?;
-        // Someone else's create may have won the race: then it is theirs.
+        // Someone else's create may have won the race: then it is theirs,
+        // and mountable only if sandbolt made it too (the engine answers
+        // an existing volume with its own labels).
+        if !is_sandbolt_volume(&v.labels) {
+            return Err(not_managed(name));
+        }
         Ok(v.labels.get(VOLUME_LABEL_CREATED_BY).map(String::as_str) == Some(id))
     }
 

@@ -35,7 +35,8 @@ pub const EGRESS_PORT: u16 = 18080;
 pub const EGRESS_TOKEN_HEADER: &str = "X-Sandbolt-Egress-Token";
 
 /// `enforcementMode` of a policy the node enforces: DNS answers filtered by
-/// the agent's DNS proxy, addresses filtered by nftables.
+/// the node's DNS proxy (the agent's, or on Docker the lifecycle's),
+/// addresses filtered by nftables.
 pub const ENFORCEMENT_DNS_NFT: &str = "dns+nft";
 
 /// `enforcementMode` of a runtime that enforces no egress policy.

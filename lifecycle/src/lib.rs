@@ -11,6 +11,7 @@ mod controller_snapshots;
 mod controller_volumes;
 pub mod diagnostics;
 pub mod docker;
+pub mod docker_egress;
 pub mod docker_network;
 mod docker_snapshots;
 mod docker_volumes;
@@ -47,7 +48,7 @@ pub use error::{ApiError, StartError};
 pub use gateway::GatewayConfig;
 pub use gateway_scope::KeyRing;
 pub use metrics::LifecycleMetrics;
-pub use sandbolt_telemetry::Readiness;
+pub use sandbolt_telemetry::{ListenerLimits, Readiness};
 
 /// Which engine runs the sandboxes.
 #[derive(Debug, Clone)]
@@ -87,6 +88,9 @@ pub struct LifecycleConfig {
     /// Where the lifecycle's metrics go (see [`LifecycleMetrics::register`]);
     /// `None` counts into a registry nobody serves.
     pub metrics: Option<LifecycleMetrics>,
+    /// Connection cap, header-read and idle timeouts and body cap of the
+    /// API's (and the gateway's) listener.
+    pub listener: ListenerLimits,
 }
 
 impl LifecycleConfig {
@@ -103,6 +107,7 @@ impl LifecycleConfig {
             sweep_interval: Duration::from_secs(5),
             gateway: None,
             metrics: None,
+            listener: ListenerLimits::default(),
         }
     }
 }
@@ -117,6 +122,8 @@ pub struct LifecycleHandle {
     /// The fsb gateway's address and server, when one runs.
     gateway: Option<(SocketAddr, JoinHandle<std::io::Result<()>>)>,
     readiness: Readiness,
+    /// The API's listener limits, which the gateway's listener shares.
+    listener: ListenerLimits,
 }
 
 impl LifecycleHandle {
@@ -173,26 +180,30 @@ fn server_result(
     }
 }
 
-/// Serves `router` on `listener` until `stop` says so.
+/// Serves `router` on `listener` until `stop` says so, under `limits`
+/// (connection cap, header-read and idle timeouts, body cap: see
+/// [`sandbolt_telemetry::listener`]). `name` labels its metrics.
 fn serve(
     listener: tokio::net::TcpListener,
+    name: &'static str,
     router: axum::Router,
+    limits: ListenerLimits,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<std::io::Result<()>> {
-    // Responses go out in more than one write (headers, then body): with
-    // Nagle's algorithm the second waits for the client's delayed ACK
-    // of the first, ~40 ms with Python's HTTP clients (the SDK).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-    });
+    let listener = sandbolt_telemetry::CappedListener::new(listener, name, &limits);
     tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|stop| *stop).await;
-            })
-            .await
+        let stop = async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        sandbolt_telemetry::listener::serve_router(
+            listener,
+            router,
+            limits,
+            sandbolt_telemetry::listener::Drain::Wait,
+            stop,
+        )
+        .await;
+        Ok(())
     })
 }
 
@@ -225,7 +236,13 @@ impl Lifecycle {
                 };
                 let mut handle = Self::start_with(config, backend).await?;
                 if let Some(g) = gateway {
-                    let server = serve(g.listener, g.router, handle.shutdown.subscribe());
+                    let server = serve(
+                        g.listener,
+                        "lifecycle-gateway",
+                        g.router,
+                        handle.listener,
+                        handle.shutdown.subscribe(),
+                    );
                     handle.gateway = Some((g.addr, server));
                 }
                 Ok(handle)
@@ -252,6 +269,10 @@ impl Lifecycle {
             }
             _ => return Err(StartError::NoApiKey),
         };
+        config
+            .listener
+            .validate()
+            .map_err(|e| StartError::Config(e.to_string()))?;
         if config.max_timeout_secs < validate::MIN_TIMEOUT_SECS {
             return Err(StartError::Config(format!(
                 "max_timeout_secs must be at least {}",
@@ -308,7 +329,7 @@ impl Lifecycle {
             ))
         });
         let readiness = api::readiness(app.clone());
-        let server = serve(listener, api::router(app), rx);
+        let server = serve(listener, "lifecycle", api::router(app), config.listener, rx);
         tracing::info!(%addr, "lifecycle API serving");
         Ok(LifecycleHandle {
             addr,
@@ -317,6 +338,7 @@ impl Lifecycle {
             sweeper,
             gateway: None,
             readiness,
+            listener: config.listener,
         })
     }
 }

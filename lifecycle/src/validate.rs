@@ -65,11 +65,17 @@ pub struct ResourceSet {
     pub memory: Option<Quantity>,
     /// Maximum number of processes (limits only).
     pub pids: Option<i64>,
+    /// Bytes of the writable layer, `ephemeral-storage` (limits only): the
+    /// agent stops a sandbox over it; the Docker backend refuses it.
+    pub ephemeral_storage: Option<Quantity>,
 }
 
 impl ResourceSet {
     pub fn is_empty(&self) -> bool {
-        self.cpu.is_none() && self.memory.is_none() && self.pids.is_none()
+        self.cpu.is_none()
+            && self.memory.is_none()
+            && self.pids.is_none()
+            && self.ephemeral_storage.is_none()
     }
 }
 
@@ -97,6 +103,10 @@ pub struct Extensions {
     pub pool: Option<String>,
     pub consistency: Option<ConsistencyMode>,
     pub failure_policy: Option<FailurePolicy>,
+    /// Names in `env` whose values are secret (`extensions.secretEnv`,
+    /// comma-separated): the controller stores them sealed and never
+    /// shows them (see the controller's `secrets.rs`).
+    pub secret_env: Vec<String>,
 }
 
 impl Extensions {
@@ -113,6 +123,8 @@ impl Extensions {
 pub const EXT_POOL: [&str; 2] = ["poolRef", "pool_ref"];
 pub const EXT_CONSISTENCY: [&str; 2] = ["consistencyMode", "consistency_mode"];
 pub const EXT_FAILURE_POLICY: [&str; 2] = ["failurePolicy", "failure_policy"];
+/// sandbolt's own: env names whose values are secret.
+pub const EXT_SECRET_ENV: [&str; 2] = ["secretEnv", "secret_env"];
 
 /// Limits the validator enforces that come from configuration.
 #[derive(Debug, Clone)]
@@ -250,6 +262,14 @@ fn parse_resources(
                     })?;
                 set.pids = Some(n);
             }
+            "ephemeral-storage" if allow_pids => {
+                let value = parse_memory(&text).ok().filter(|b| *b > 0).ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "{field}.ephemeral-storage '{v}' must be a positive byte quantity such as 1Gi"
+                    ))
+                })?;
+                set.ephemeral_storage = Some(Quantity { text, value });
+            }
             other => {
                 return Err(ApiError::invalid_code(
                     "UNSUPPORTED_FIELD",
@@ -306,16 +326,21 @@ pub fn parse_extensions(raw: Option<&BTreeMap<String, String>>) -> ApiResult<Ext
     let Some(ext) = raw else {
         return Ok(Extensions::default());
     };
-    let known: Vec<&str> = [EXT_POOL, EXT_CONSISTENCY, EXT_FAILURE_POLICY]
-        .iter()
-        .flatten()
-        .copied()
-        .collect();
+    let known: Vec<&str> = [
+        EXT_POOL,
+        EXT_CONSISTENCY,
+        EXT_FAILURE_POLICY,
+        EXT_SECRET_ENV,
+    ]
+    .iter()
+    .flatten()
+    .copied()
+    .collect();
     if let Some(k) = ext.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(ApiError::invalid_code(
             "UNSUPPORTED_FIELD",
             format!(
-                "extensions.{k} is not supported by sandbolt (known: poolRef, consistencyMode, failurePolicy)"
+                "extensions.{k} is not supported by sandbolt (known: poolRef, consistencyMode, failurePolicy, secretEnv)"
             ),
         ));
     }
@@ -351,7 +376,26 @@ pub fn parse_extensions(raw: Option<&BTreeMap<String, String>>) -> ApiResult<Ext
             }
         });
     }
+    if let Some((_, v)) = extension(ext, EXT_SECRET_ENV)? {
+        out.secret_env = v
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect();
+    }
     Ok(out)
+}
+
+/// Every name `extensions.secretEnv` marks must be a variable `env` sets:
+/// a secret that silently marks nothing would be a promise broken.
+fn check_secret_env(ext: &Extensions, env: &BTreeMap<String, String>) -> ApiResult<()> {
+    match ext.secret_env.iter().find(|n| !env.contains_key(*n)) {
+        Some(n) => Err(ApiError::invalid(format!(
+            "extensions.secretEnv names '{n}', which env does not set"
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn reject_if_set(v: &Option<Value>, field: &str) -> ApiResult<()> {
@@ -383,6 +427,7 @@ pub fn plan_create(
     };
     let timeout = parse_timeout(req.timeout.as_ref(), policy.max_timeout_secs)?;
     let env = parse_env(req.env.as_ref())?;
+    check_secret_env(&extensions, &env)?;
     let metadata = req.metadata.clone().unwrap_or_default();
     for (k, v) in &metadata {
         check_metadata_entry(k, v)?;
@@ -764,6 +809,7 @@ mod tests {
                     value: 64 << 20
                 }),
                 pids: Some(128),
+                ephemeral_storage: None,
             }
         );
         assert!(p.requests.is_empty());
@@ -772,6 +818,14 @@ mod tests {
             (json!({"pids":"0"}), "resourceLimits.pids"),
             (json!({"pids":"1k"}), "resourceLimits.pids"),
             (json!({"memory":"0"}), "resourceLimits.memory"),
+            (
+                json!({"ephemeral-storage":"0"}),
+                "resourceLimits.ephemeral-storage",
+            ),
+            (
+                json!({"ephemeral-storage":"lots"}),
+                "resourceLimits.ephemeral-storage",
+            ),
         ] {
             let mut b = base();
             b["resourceLimits"] = limits;
@@ -779,6 +833,29 @@ mod tests {
             assert_eq!(e.status, 400, "{field}");
             assert!(e.message.contains(field), "{field}: {}", e.message);
         }
+    }
+
+    #[test]
+    fn an_ephemeral_storage_limit_is_read_and_a_request_refused() {
+        let mut b = base();
+        b["resourceLimits"] = json!({"ephemeral-storage":"20Mi"});
+        let p = plan_create(req(b), &policy(), Utc::now()).unwrap();
+        assert_eq!(
+            p.limits.ephemeral_storage,
+            Some(Quantity {
+                text: "20Mi".into(),
+                value: 20 << 20
+            })
+        );
+        let mut b = base();
+        b["resourceRequests"] = json!({"ephemeral-storage":"20Mi"});
+        let e = plan_create(req(b), &policy(), Utc::now()).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(
+            e.message.contains("resourceRequests.ephemeral-storage"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
@@ -805,6 +882,19 @@ mod tests {
     }
 
     #[test]
+    fn secret_env_marks_only_variables_env_sets() {
+        let mut b = base();
+        b["env"] = json!({"A": "1", "TOKEN": "x"});
+        b["extensions"] = json!({"secretEnv": " TOKEN , "});
+        let p = plan_create(req(b.clone()), &policy(), Utc::now()).unwrap();
+        assert_eq!(p.extensions.secret_env, ["TOKEN"]);
+        b["extensions"] = json!({"secret_env": "TOKEN,NOPE"});
+        let e = plan_create(req(b), &policy(), Utc::now()).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("'NOPE'"), "{}", e.message);
+    }
+
+    #[test]
     fn extensions_are_read_and_unknown_keys_refused() {
         let mut b = base();
         b["extensions"] = json!({"poolRef":"gpu-pool","consistency_mode":"Strong","failurePolicy":"auto_recreate"});
@@ -815,6 +905,7 @@ mod tests {
                 pool: Some("gpu-pool".into()),
                 consistency: Some(ConsistencyMode::Strong),
                 failure_policy: Some(FailurePolicy::AutoRecreate),
+                secret_env: Vec::new(),
             }
         );
         // Either spelling; the same value twice is fine.

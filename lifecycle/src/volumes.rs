@@ -224,6 +224,10 @@ fn is_normalized_absolute(p: &str) -> bool {
     if !p.starts_with('/') || p.contains("//") || p.contains('\0') {
         return false;
     }
+    // `components()` drops inner `.`s, so "/." would pass as "/".
+    if p.split('/').any(|c| c == ".") {
+        return false;
+    }
     if p.len() > 1 && p.ends_with('/') {
         return false;
     }

@@ -214,9 +214,16 @@ async fn http_contract_on_docker() {
     assert!(s.is_success(), "{s} {v}");
     let (s, v) = call(M::GET, ping, None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    // execd itself came in through the archive API, not a bind mount.
+    // execd itself came in through the archive API, not a bind mount: the
+    // one mount is the read-only resolv.conf naming the egress DNS proxy.
     let inspect = env.inspect(&id);
-    assert_eq!(inspect["Mounts"], json!([]), "no mounts at all");
+    let mounts = inspect["Mounts"].as_array().expect("mounts");
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    assert_eq!(
+        (&mounts[0]["Destination"], &mounts[0]["RW"]),
+        (&json!("/etc/resolv.conf"), &json!(false)),
+        "{mounts:?}"
+    );
     assert_eq!(
         inspect["HostConfig"]["SecurityOpt"],
         json!(["no-new-privileges:true"])

@@ -188,6 +188,26 @@ async fn docker_refuses_what_it_cannot_honour() {
         assert_eq!(s, StatusCode::BAD_REQUEST, "{ext}: {v}");
         assert!(v["message"].as_str().unwrap().contains(words), "{ext}: {v}");
     }
+    // Docker bounds a writable layer only on some storage drivers: an
+    // ephemeral-storage limit is refused by name, not dropped.
+    let (s, v) = call(
+        Method::POST,
+        format!("{base}/v1/sandboxes"),
+        Some(json!({
+            "image": {"uri": env.image},
+            "entrypoint": ["sleep", "infinity"],
+            "resourceLimits": {"ephemeral-storage": "20Mi"},
+        })),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("resourceLimits.ephemeral-storage"),
+        "{v}"
+    );
     // What it can honour is accepted: manual failure policy, either
     // consistency (the container and its labels are one write).
     let (s, v) = create_with_extensions(

@@ -31,9 +31,46 @@ async fn volumes_on_docker() {
     suite_on_docker("lifecycle_volumes_test.py", true).await;
 }
 
-/// Egress policy on Docker: GET answers allow-all (nothing is enforced), a
-/// restricting change or create is a 400 the SDK raises.
+/// Egress policy on Docker, enforced: the same suite as on the controller
+/// backend (names through the lifecycle's DNS proxy, whose upstream is a
+/// test DNS server), plus connections to two test hosts in network
+/// namespaces this test creates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_policy_on_docker() {
-    suite_on_docker("egress_sdk_test.py", false).await;
+    use sandbolt_test_support::nethost::{DocRange, TestHost};
+    let env = common::docker_env();
+    let (near, far) = (
+        TestHost::start(DocRange::TestNet2),
+        TestHost::start(DocRange::TestNet3),
+    );
+    let mut zone = sandbolt_test_support::dns::StaticDns::builder()
+        .a("near.test", [near.addr()])
+        .a("far.test", [far.addr()]);
+    for (name, a) in common::DNS_ZONE {
+        zone = zone.a(name, [std::net::Ipv4Addr::from(*a)]);
+    }
+    let dns = zone.start();
+    let mut config = env.config();
+    if let sandbolt_lifecycle::BackendConfig::Docker(d) = &mut config.backend {
+        d.dns_upstreams = vec![dns.addr()];
+    }
+    let handle = sandbolt_lifecycle::Lifecycle::start(config).await.unwrap();
+    let (addr, image) = (handle.addr(), env.image.clone());
+    let hosts = format!("near.test={},far.test={}", near.addr(), far.addr());
+    let suite = tokio::task::spawn_blocking(move || {
+        common::run_pytest_env(
+            "egress_sdk_test.py",
+            addr,
+            &image,
+            "docker",
+            None,
+            &[
+                ("SANDBOLT_DNS_ZONE", &common::dns_zone_env()),
+                ("SANDBOLT_TEST_HOSTS", &hosts),
+            ],
+        );
+    })
+    .await;
+    handle.shutdown().await.unwrap();
+    common::rethrow(suite);
 }

@@ -178,11 +178,16 @@ async fn pvc_create_and_delete_hints_on_docker() {
     let (_, list) = call(M::GET, format!("{base}/v1/sandboxes"), None).await;
     assert_eq!(list["pagination"]["totalItems"], 0, "{list}");
 
-    // ... and the same on an existing one works, and data survives.
+    // ... and the same on an existing one works, and data survives (one
+    // labelled for sandboxes: others are refused, docker_pvc_labels.rs).
     let existing = unique("existing");
     docker
         .create_volume(VolumeCreateRequest {
             name: Some(existing.clone()),
+            labels: Some(std::collections::HashMap::from([(
+                "opensandbox.io/sandbolt-managed".to_string(),
+                "true".to_string(),
+            )])),
             ..Default::default()
         })
         .await
@@ -200,7 +205,12 @@ async fn pvc_create_and_delete_hints_on_docker() {
         })
         .await
         .unwrap();
-    assert!(again.labels.is_empty(), "{again:?}");
+    assert!(
+        !again
+            .labels
+            .contains_key("opensandbox.io/sandbolt-created-by"),
+        "{again:?}"
+    );
     // deleteOnSandboxTermination on a volume that existed before: never removed.
     // The provisioning hints are ignored on Docker, as the contract says.
     let (s, a) = create(

@@ -11,6 +11,7 @@ use std::time::Duration;
 use backon::Retryable;
 use containerd_client::services::v1::snapshots::{
     Info, Kind, ListSnapshotsRequest, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
+    StatSnapshotRequest,
 };
 use containerd_client::services::v1::{
     Container, UpdateContainerRequest, containers_client::ContainersClient,
@@ -234,6 +235,28 @@ impl Containerd {
             .await?
             .into_inner()
             .mounts)
+    }
+
+    /// containerd's facts about snapshot `key`; None when it does not exist
+    /// (NOT_FOUND is no failure). The caller names other failures
+    /// (`snapshots.Stat`) in its own error.
+    pub async fn stat_snapshot(
+        &self,
+        snapshotter: &str,
+        key: &str,
+    ) -> std::result::Result<Option<Info>, tonic::Status> {
+        let res = self
+            .snapshots()
+            .stat(self.req(StatSnapshotRequest {
+                snapshotter: snapshotter.to_string(),
+                key: key.to_string(),
+            }))
+            .await;
+        match res {
+            Ok(r) => Ok(r.into_inner().info),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+            Err(s) => Err(s),
+        }
     }
 
     /// Removes snapshot `key`; false when it did not exist (NOT_FOUND is

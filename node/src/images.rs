@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
 };
 use containerd_client::services::v1::{
     ApplyRequest, CreateImageRequest, DeleteRequest as DeleteLeaseRequest, GetImageRequest, Image,
@@ -415,19 +415,11 @@ impl Images {
     }
 
     async fn snapshot_exists(&self, key: &str) -> Result<bool> {
-        match self
-            .ctrd
-            .snapshots()
-            .stat(self.ctrd.req(StatSnapshotRequest {
-                snapshotter: self.snapshotter.clone(),
-                key: key.to_string(),
-            }))
+        self.ctrd
+            .stat_snapshot(&self.snapshotter, key)
             .await
-        {
-            Ok(_) => Ok(true),
-            Err(s) if s.code() == Code::NotFound => Ok(false),
-            Err(s) => Err(NodeError::containerd("snapshots.Stat")(s)),
-        }
+            .map(|info| info.is_some())
+            .map_err(NodeError::containerd("snapshots.Stat"))
     }
 
     async fn unpack(&self, image: &ResolvedImage, lease: &str) -> Result<()> {

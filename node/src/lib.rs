@@ -12,6 +12,7 @@ pub mod containerd;
 pub mod error;
 pub mod images;
 pub mod labels;
+pub mod network;
 pub mod retry;
 pub mod teardown;
 

@@ -262,6 +262,14 @@ impl Teardown {
             .map_err(ctrd_err("snapshots.Remove"))?;
         self.done(id, Step::SnapshotRemoved).await;
         if let Some(dir) = &self.logs_dir {
+            // The agent's rotated file (`<id>.log.1`) first, the log last:
+            // a rerun after a failure here still finds the log to remove.
+            let rotated = dir.join(format!("{id}.log.1"));
+            if let Err(e) = std::fs::remove_file(&rotated)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %rotated.display(), error = %e, "removing a rotated log failed");
+            }
             let log = dir.join(format!("{id}.log"));
             match std::fs::remove_file(&log) {
                 Ok(()) => removed.log = true,

@@ -4,6 +4,13 @@
 //! services; the agent's AgentService) takes `authorization: Bearer <token>`.
 //! The server side compares SHA-256 digests with [`subtle`], so neither the
 //! length nor a matching prefix of the token shows in the reply time.
+//!
+//! Agents hold two tokens: the shared *bootstrap* token, good only for
+//! `RegistryService.Enroll` (and the janitors' ownership queries), and their
+//! own credential, which the controller mints per agent id and which every
+//! heartbeat, reap report and controller -> agent call carries.
+
+use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -76,11 +83,49 @@ impl tonic::service::Interceptor for BearerToken {
     }
 }
 
+/// The token a request presents (`authorization: Bearer <token>`), if any.
+pub fn presented_bearer(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
+    metadata
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// A token that is known only later and may change: an agent's own
+/// credential, which arrives when it enrolls with the controller (or is read
+/// back from its state dir). Until it is set, [`RequireBearer::cell`]
+/// refuses every call.
+#[derive(Clone, Default)]
+pub struct TokenCell(Arc<RwLock<Option<[u8; 32]>>>);
+
+impl TokenCell {
+    /// Expects `token` from now on (an empty one unsets it).
+    pub fn set(&self, token: &str) {
+        let digest = (!token.is_empty()).then(|| token_digest(token.as_bytes()));
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = digest;
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    fn get(&self) -> Option<[u8; 32]> {
+        *self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[derive(Clone)]
+enum Expected {
+    Open,
+    Fixed([u8; 32]),
+    Cell(TokenCell),
+}
+
 /// Server side: the call must carry `authorization: Bearer <token>`. Built
 /// with no token, it lets every call through (a port configured open).
 #[derive(Clone)]
 pub struct RequireBearer {
-    expected: Option<[u8; 32]>,
+    expected: Expected,
     /// What is being protected, for the error message ("FastPath", "agent").
     what: &'static str,
 }
@@ -88,9 +133,19 @@ pub struct RequireBearer {
 impl RequireBearer {
     pub fn new(token: Option<&str>, what: &'static str) -> Self {
         Self {
-            expected: token
-                .filter(|t| !t.is_empty())
-                .map(|t| token_digest(t.as_bytes())),
+            expected: match token.filter(|t| !t.is_empty()) {
+                Some(t) => Expected::Fixed(token_digest(t.as_bytes())),
+                None => Expected::Open,
+            },
+            what,
+        }
+    }
+
+    /// Expects whatever `cell` holds at the time of each call; refuses
+    /// every call (UNAVAILABLE) while it holds nothing.
+    pub fn cell(cell: TokenCell, what: &'static str) -> Self {
+        Self {
+            expected: Expected::Cell(cell),
             what,
         }
     }
@@ -98,14 +153,18 @@ impl RequireBearer {
     /// Is this request allowed? Generic over the body, so a service can call
     /// it from inside a handler as well as from an interceptor.
     pub fn check<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
-        let Some(expected) = &self.expected else {
-            return Ok(req);
+        let expected = match &self.expected {
+            Expected::Open => return Ok(req),
+            Expected::Fixed(d) => *d,
+            Expected::Cell(cell) => cell.get().ok_or_else(|| {
+                Status::unavailable(format!(
+                    "{}: not enrolled with the controller yet: no credential to check calls against",
+                    self.what
+                ))
+            })?,
         };
-        let presented = req
-            .metadata()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+        let expected = &expected;
+        let presented = presented_bearer(req.metadata());
         let Some(presented) = presented else {
             return Err(Status::unauthenticated(format!(
                 "{}: authorization: Bearer <token> required",
@@ -126,6 +185,60 @@ impl RequireBearer {
 impl tonic::service::Interceptor for RequireBearer {
     fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
         self.check(req)
+    }
+}
+
+/// Where an agent keeps its credential, under its state dir: the janitor
+/// of the same node reads it there to report reaps for that agent.
+pub const CREDENTIAL_FILE: &str = "identity/credential";
+
+/// An agent id's credential as the agent stored it (file
+/// [`CREDENTIAL_FILE`]: the id on the first line, the credential on the
+/// second).
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredCredential {
+    pub agent_id: String,
+    pub credential: String,
+}
+
+impl std::fmt::Debug for StoredCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StoredCredential({}, ..)", self.agent_id)
+    }
+}
+
+impl StoredCredential {
+    /// The credential stored under `state_dir`; `None` when there is none
+    /// or it cannot be read (the caller enrolls again).
+    pub fn read(state_dir: &std::path::Path) -> Option<Self> {
+        let text = std::fs::read_to_string(state_dir.join(CREDENTIAL_FILE)).ok()?;
+        let mut lines = text.lines();
+        let agent_id = lines.next()?.trim().to_string();
+        let credential = lines.next()?.trim().to_string();
+        (!agent_id.is_empty() && !credential.is_empty()).then_some(Self {
+            agent_id,
+            credential,
+        })
+    }
+
+    /// Writes it under `state_dir`, mode 0600, replacing any older one
+    /// atomically (a crash leaves the old or the new, never half).
+    pub fn write(&self, state_dir: &std::path::Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = state_dir.join(CREDENTIAL_FILE);
+        let dir = path.parent().expect("CREDENTIAL_FILE has a directory");
+        std::fs::create_dir_all(dir)?;
+        let tmp = dir.join(".credential.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        writeln!(f, "{}\n{}", self.agent_id, self.credential)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
     }
 }
 
@@ -181,6 +294,44 @@ mod tests {
             .unwrap();
         assert!(req.metadata().get(AUTHORIZATION).is_none());
         assert!(BearerToken::new("bad\ntoken").is_err());
+    }
+
+    #[test]
+    fn a_token_cell_refuses_until_set_then_follows_it() {
+        let cell = TokenCell::default();
+        let auth = RequireBearer::cell(cell.clone(), "agent");
+        let err = auth.check(with(Some("Bearer x"))).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        cell.set("cred-1");
+        assert!(cell.is_set());
+        assert!(auth.check(with(Some("Bearer cred-1"))).is_ok());
+        let err = auth.check(with(Some("Bearer x"))).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated);
+        cell.set("cred-2");
+        assert!(auth.check(with(Some("Bearer cred-1"))).is_err());
+        assert!(auth.check(with(Some("Bearer cred-2"))).is_ok());
+    }
+
+    #[test]
+    fn a_stored_credential_round_trips_with_mode_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        // No tempfile dependency here: a fresh directory of our own.
+        let dir = std::env::temp_dir().join(format!("sandbolt-cred-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(StoredCredential::read(&dir), None);
+        let c = StoredCredential {
+            agent_id: "agent-1".into(),
+            credential: "abc".into(),
+        };
+        c.write(&dir).unwrap();
+        c.write(&dir).unwrap();
+        assert_eq!(StoredCredential::read(&dir), Some(c));
+        let mode = std::fs::metadata(dir.join(CREDENTIAL_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 pub mod auth;
 pub mod egress;
 pub mod quantity;
+pub mod tls;
 pub mod wire;
 
 // Generated code: its style is tonic-build's, not ours.

@@ -3,3 +3,5 @@
 //! and link time in bounds (nextest still runs every test in its own process).
 
 mod contract_drift;
+mod prop_egress;
+mod prop_quantity;

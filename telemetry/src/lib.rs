@@ -7,10 +7,13 @@
 //! - [`grpc_layer`] / [`http_layer`]: tower layers that count and time every
 //!   call and run it inside its request id and span;
 //! - [`ops_router`] / [`serve_ops`]: `/metrics`, `/healthz`, `/readyz`;
-//! - [`otlp`]: spans over OTLP/gRPC with W3C trace context.
+//! - [`otlp`]: spans over OTLP/gRPC with W3C trace context;
+//! - [`listener`]: connection caps, header-read and idle timeouts and body
+//!   caps for every server's listener (issue 21).
 
 mod grpc;
 mod http_metrics;
+pub mod listener;
 mod ops;
 pub mod otlp;
 mod propagation;
@@ -18,7 +21,10 @@ pub mod request_id;
 
 pub use grpc::{GrpcBody, GrpcLayer, GrpcMetrics, GrpcService, grpc_layer};
 pub use http_metrics::{HttpLayer, HttpMetrics, HttpService, UNMATCHED_ROUTE, http_layer};
-pub use ops::{OPENMETRICS_CONTENT_TYPE, OpsServer, Readiness, ops_router, serve_ops};
+pub use listener::{CappedListener, ListenerLimits};
+pub use ops::{
+    OPENMETRICS_CONTENT_TYPE, OpsServer, Readiness, ops_router, serve_ops, serve_ops_with,
+};
 pub use prometheus_client;
 
 /// What can go wrong setting up telemetry.

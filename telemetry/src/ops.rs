@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::TelemetryError;
+use crate::listener::{CappedListener, Drain, ListenerLimits, serve_router};
 
 /// The content type of OpenMetrics text, as scrapers negotiate it.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -88,7 +89,16 @@ pub fn ops_router(registry: Arc<Registry>, ready: Readiness) -> Router {
 
 async fn metrics(State(state): State<OpsState>) -> Response {
     let mut text = String::new();
-    match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+    let encoded =
+        prometheus_client::encoding::text::encode(&mut text, &state.registry).and_then(|()| {
+            // One exposition: the component's families, then the process's
+            // listener families, under a single closing `# EOF`.
+            if let Some(body) = text.strip_suffix("# EOF\n") {
+                text.truncate(body.len());
+            }
+            crate::listener::encode_listener_metrics(&mut text)
+        });
+    match encoded {
         Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], text).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -118,7 +128,7 @@ async fn readyz(State(state): State<OpsState>) -> Response {
 pub struct OpsServer {
     local_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<()>,
 }
 
 impl OpsServer {
@@ -147,8 +157,18 @@ impl Drop for OpsServer {
     }
 }
 
-/// Binds `listen` and serves `router` on it in a background task.
+/// Binds `listen` and serves `router` on it in a background task, with the
+/// default [`ListenerLimits`].
 pub async fn serve_ops(listen: SocketAddr, router: Router) -> Result<OpsServer, TelemetryError> {
+    serve_ops_with(listen, router, ListenerLimits::default()).await
+}
+
+/// [`serve_ops`] with the given connection limits.
+pub async fn serve_ops_with(
+    listen: SocketAddr,
+    router: Router,
+    limits: ListenerLimits,
+) -> Result<OpsServer, TelemetryError> {
     let bind_error = |source| TelemetryError::Bind {
         addr: listen,
         source,
@@ -157,13 +177,13 @@ pub async fn serve_ops(listen: SocketAddr, router: Router) -> Result<OpsServer, 
         .await
         .map_err(bind_error)?;
     let local_addr = listener.local_addr().map_err(bind_error)?;
+    let listener = CappedListener::new(listener, "ops", &limits);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        serve_router(listener, router, limits, Drain::Wait, stopped).await;
     });
     tracing::info!(%local_addr, "ops endpoint (/metrics, /healthz, /readyz) listening");
     Ok(OpsServer {

@@ -7,10 +7,13 @@ and a token for that one sandbox. `networkpolicy` is the Lifecycle API's
 own route to the same policy.
 
 Started by lifecycle/tests/controller_sdk.rs (SANDBOLT_BACKEND=controller:
-enforced on the node, every operation works) and lifecycle/tests/docker_sdk.rs
-(SANDBOLT_BACKEND=docker: nothing is enforced, so GET answers allow-all and
-every restricting change is a 400). Environment as in lifecycle_sdk_test.py;
-a missing variable fails, never skips.
+enforced by the agent) and lifecycle/tests/docker_sdk.rs
+(SANDBOLT_BACKEND=docker: enforced by the lifecycle on the Docker bridge).
+Both backends enforce the same policy the same way (DNS proxy + nftables),
+so every test runs the same on both. On docker the suite also connects to
+test hosts the Rust side started (SANDBOLT_TEST_HOSTS); on the controller
+backend those connection checks are Rust's (tests/tests/egress_end_to_end.rs).
+Environment as in lifecycle_sdk_test.py; a missing variable fails, never skips.
 """
 
 import os
@@ -29,14 +32,19 @@ BACKEND = os.environ["SANDBOLT_BACKEND"]
 assert BACKEND in ("controller", "docker"), BACKEND
 ENTRY = ["sleep", "infinity"]
 TOKEN_HEADER = "X-Sandbolt-Egress-Token"
-ENFORCEMENT = {"controller": "dns+nft", "docker": "none"}[BACKEND]
-# controller: what the agent's DNS upstream answers (name=address,...), so
+ENFORCEMENT = "dns+nft"
+# What the DNS upstream of the node's proxy answers (name=address,...), so
 # the suite can see a policy change take effect inside the sandbox.
-ZONE = (
-    dict(entry.split("=") for entry in os.environ["SANDBOLT_DNS_ZONE"].split(","))
-    if BACKEND == "controller"
+ZONE = dict(entry.split("=") for entry in os.environ["SANDBOLT_DNS_ZONE"].split(","))
+# docker: test hosts (name=address) in network namespaces of the Rust test,
+# each answering one line "test-host <id>" on TEST_PORT; their names are in
+# ZONE too.
+TEST_HOSTS = (
+    dict(entry.split("=") for entry in os.environ["SANDBOLT_TEST_HOSTS"].split(","))
+    if BACKEND == "docker"
     else {}
 )
+TEST_PORT = 7777
 
 # No test is skipped on either backend: where the backends differ, one test
 # checks each backend's answer.
@@ -67,6 +75,12 @@ def resolves(sbx: SandboxSync, name: str) -> bool:
     ex = sbx.commands.run(f"nslookup {name} 2>&1; true")
     out = "".join(m.text for m in ex.logs.stdout)
     return ZONE[name] in out
+
+
+def connect(sbx: SandboxSync, target: str) -> str:
+    """What a TCP connection from the sandbox to `target` reads ("" = none)."""
+    ex = sbx.commands.run(f"nc -w 2 {target} {TEST_PORT} </dev/null 2>/dev/null; true")
+    return "".join(m.text for m in ex.logs.stdout)
 
 
 def raw_policy(sid: str) -> dict:
@@ -165,10 +179,6 @@ def test_create_with_a_bad_policy_is_400_naming_the_field():
 
 
 def test_sdk_create_with_policy_get_patch_delete():
-    if BACKEND == "docker":
-        docker_create_with_policy_is_400()
-        docker_refuses_to_restrict_egress()
-        return
     policy = NetworkPolicy(
         default_action="deny",
         egress=[
@@ -240,9 +250,6 @@ def test_sdk_create_with_policy_get_patch_delete():
 
 
 def test_rest_put_patch_delete():
-    if BACKEND == "docker":
-        docker_rest_changes_are_400_unless_allow_all()
-        return
     sbx = create()
     try:
         base = f"/v1/sandboxes/{sbx.id}/networkpolicy"
@@ -278,50 +285,33 @@ def test_rest_put_patch_delete():
         sbx.close()
 
 
-def docker_refuses_to_restrict_egress():
-    sbx = create()
+def connections_follow_the_policy_on_docker():
+    """The rules hold for connections, not only for names: an allowed test
+    host answers by name, an unlisted address and a name without a rule do
+    not, and a PATCH through the SDK turns that round on the running sandbox."""
+    near, far = TEST_HOSTS["near.test"], TEST_HOSTS["far.test"]
+    sbx = create(
+        network_policy=NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target="near.test")])
+    )
     try:
-        with pytest.raises(SandboxApiException) as e:
-            sbx.patch_egress_rules([NetworkRule(action="deny", target="bad.test")])
-        assert e.value.status_code == 400
-        assert "docker runtime does not enforce" in str(e.value), str(e.value)
-        # Deleting from allow-all leaves allow-all: the truth on docker.
-        sbx.delete_egress_rules(["a.test"])
+        assert connect(sbx, "near.test").startswith("test-host "), "allowed by name"
+        assert connect(sbx, far) == "", "an unlisted address is closed"
+        assert connect(sbx, "far.test") == "", "a name without a rule is denied"
+        sbx.patch_egress_rules(
+            [NetworkRule(action="deny", target="near.test"), NetworkRule(action="allow", target="far.test")]
+        )
         p = sbx.get_egress_policy()
-        assert (p.default_action, rules(p)) == ("allow", [])
+        assert rules(p) == [("deny", "near.test"), ("allow", "far.test")]
+        assert connect(sbx, "far.test").startswith("test-host "), "allowed after the patch"
+        assert connect(sbx, "near.test") == "", "denied after the patch"
+        assert connect(sbx, near) == "", "its address closed again"
     finally:
         sbx.kill()
         sbx.close()
 
 
-def docker_rest_changes_are_400_unless_allow_all():
-    sbx = create()
-    try:
-        with http() as c:
-            base = f"/v1/sandboxes/{sbx.id}/networkpolicy"
-            r = c.put(base, json={"defaultAction": "deny"})
-            assert r.status_code == 400, r.text
-            assert "networkPolicy" in r.json()["message"], r.text
-            r = c.patch(base, json=[{"action": "allow", "target": "a.test"}])
-            assert r.status_code == 400, r.text
-            # Changes that leave it allowing everything are the truth here.
-            r = c.put(base, json={})
-            assert r.status_code == 200 and r.json()["enforcementMode"] == "none", r.text
-            r = c.request("DELETE", base, json=["a.test"])
-            assert r.status_code == 200 and r.json()["mode"] == "allow_all", r.text
-    finally:
-        sbx.kill()
-        sbx.close()
-
-
-def docker_create_with_policy_is_400():
-    with pytest.raises(SandboxException) as e:
-        create(network_policy=NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target="pypi.org")]))
-    assert "networkPolicy" in str(e.value) and "docker" in str(e.value), str(e.value)
-    # Allow-all is what docker gives, so asking for it is fine.
-    sbx = create(network_policy=NetworkPolicy(default_action="allow", egress=[]))
-    try:
-        assert sbx.get_egress_policy().default_action == "allow"
-    finally:
-        sbx.kill()
-        sbx.close()
+# Defined only where it runs, so the controller backend's run does not count
+# a test that checked nothing: there the same connection checks run in Rust
+# (tests/tests/egress_end_to_end.rs) against that test's own hosts.
+if BACKEND == "docker":
+    test_connections_follow_the_policy_on_docker = connections_follow_the_policy_on_docker

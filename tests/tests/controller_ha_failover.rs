@@ -34,7 +34,23 @@ const LEASE: &str = "sandbolt-controller";
 /// identity `identity`) as a child process; killed on drop. Not waited for:
 /// only the leader ever says it serves.
 fn spawn_replica(identity: &str, listen: SocketAddr, kubeconfig: &Path) -> ControllerProcess {
+    // One token key for both replicas, as the chart's Secret gives them:
+    // the standby derives the tokens the leader handed out.
+    let token_key = kubeconfig.with_file_name("token.key");
+    if !token_key.exists() {
+        std::fs::write(&token_key, "0123456789abcdef0123456789abcdef").unwrap();
+    }
+    // Likewise one identity key: agents' credentials hold on both.
+    let identity_key = kubeconfig.with_file_name("identity.key");
+    if !identity_key.exists() {
+        std::fs::write(&identity_key, "fedcba9876543210fedcba9876543210").unwrap();
+    }
     let env = [
+        ("SANDBOLT_TOKEN_KEY_FILE", token_key.display().to_string()),
+        (
+            "SANDBOLT_IDENTITY_KEY_FILE",
+            identity_key.display().to_string(),
+        ),
         ("SANDBOLT_STORE", "kubernetes".to_string()),
         ("SANDBOLT_POD_NAMESPACE", NAMESPACE.to_string()),
         ("SANDBOLT_POD_NAME", identity.to_string()),

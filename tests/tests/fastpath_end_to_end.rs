@@ -488,16 +488,14 @@ async fn v1_flow(env: &Env, name: &str, mode: v1::ConsistencyMode) {
         "no container for the duplicate"
     );
     // v1 carries no token on the wire; the route is the same as v2's.
-    let token = env
-        .controller
-        .as_ref()
-        .unwrap()
-        .core()
-        .store()
-        .get(&SandboxKey::new("default", name))
-        .unwrap()
-        .unwrap()
-        .access_token;
+    let core = env.controller.as_ref().unwrap().core();
+    let token = core.access_token(
+        &core
+            .store()
+            .get(&SandboxKey::new("default", name))
+            .unwrap()
+            .unwrap(),
+    );
     let headers = vec![
         ("X-Sandbolt-Access-Token".to_string(), token.clone()),
         ("X-EXECD-ACCESS-TOKEN".to_string(), token),

@@ -14,10 +14,12 @@
 //! back ([`Network::start`] recovers) and [`purge`] removes it all.
 
 pub mod cni;
-pub mod dns;
+/// Moved to `sandbolt-node`, shared with the lifecycle's Docker backend.
+pub use sandbolt_node::network::dns;
 pub mod forward;
 pub mod namespace;
-pub mod nft;
+/// Moved to `sandbolt-node`, shared with the lifecycle's Docker backend.
+pub use sandbolt_node::network::nft;
 mod pool;
 pub mod state;
 pub mod subnet;

@@ -5,7 +5,6 @@
 //! restarted agent takes the same one back (its sandboxes keep their
 //! addresses).
 
-use std::fmt;
 use std::fs::File;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
@@ -20,103 +19,10 @@ use super::NetworkError;
 /// together with every netns and veth).
 pub const CLAIMS_DIR: &str = "/run/sandbolt/subnets";
 /// The range "auto" hands out /24s from.
-const AUTO_RANGE: Ipv4Net = Ipv4Net {
-    addr: Ipv4Addr::new(10, 203, 0, 0),
-    prefix: 16,
-};
+const AUTO_RANGE: Ipv4Net = Ipv4Net::canonical(Ipv4Addr::new(10, 203, 0, 0), 16);
 
-/// An IPv4 network in canonical form (host bits zero).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Ipv4Net {
-    addr: Ipv4Addr,
-    prefix: u8,
-}
-
-impl Ipv4Net {
-    /// `addr/prefix` with the host bits cleared.
-    pub fn new(addr: Ipv4Addr, prefix: u8) -> Result<Self, String> {
-        if prefix > 32 {
-            return Err(format!("prefix /{prefix} is longer than 32"));
-        }
-        Ok(Self {
-            addr: Ipv4Addr::from(u32::from(addr) & mask(prefix)),
-            prefix,
-        })
-    }
-
-    pub fn addr(&self) -> Ipv4Addr {
-        self.addr
-    }
-
-    pub fn prefix(&self) -> u8 {
-        self.prefix
-    }
-
-    /// The `n`th address of the network (`.1` is the gateway).
-    pub fn nth(&self, n: u32) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.addr) + n)
-    }
-
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        u32::from(ip) & mask(self.prefix) == u32::from(self.addr)
-    }
-
-    pub fn overlaps(&self, other: &Ipv4Net) -> bool {
-        self.contains(other.addr) || other.contains(self.addr)
-    }
-
-    /// `10_203_0_0_24`: usable in file names and nft identifiers.
-    pub fn slug(&self) -> String {
-        let [a, b, c, d] = self.addr.octets();
-        format!("{a}_{b}_{c}_{d}_{}", self.prefix)
-    }
-
-    fn from_slug(s: &str) -> Option<Self> {
-        let parts: Vec<u8> = s
-            .split('_')
-            .map(|p| p.parse().ok())
-            .collect::<Option<_>>()?;
-        let [a, b, c, d, prefix] = parts[..] else {
-            return None;
-        };
-        Self::new(Ipv4Addr::new(a, b, c, d), prefix).ok()
-    }
-}
-
-fn mask(prefix: u8) -> u32 {
-    if prefix == 0 {
-        0
-    } else {
-        u32::MAX << (32 - prefix)
-    }
-}
-
-impl fmt::Display for Ipv4Net {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-impl FromStr for Ipv4Net {
-    type Err = String;
-
-    /// `a.b.c.d/len`, or a bare address (a /32).
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        let (addr, prefix) = match s.split_once('/') {
-            Some((a, p)) => (
-                a,
-                p.parse::<u8>()
-                    .map_err(|_| format!("{s:?}: bad prefix length {p:?}"))?,
-            ),
-            None => (s, 32),
-        };
-        let addr: Ipv4Addr = addr
-            .parse()
-            .map_err(|_| format!("{s:?} is not an IPv4 address or CIDR"))?;
-        Self::new(addr, prefix).map_err(|e| format!("{s:?}: {e}"))
-    }
-}
+/// Moved to `sandbolt-node` (the lifecycle's Docker backend uses it too).
+pub use sandbolt_node::network::Ipv4Net;
 
 /// `--network-subnet`: "auto" or an explicit CIDR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,7 +40,7 @@ impl FromStr for SubnetChoice {
             return Ok(Self::Auto);
         }
         let net: Ipv4Net = s.parse()?;
-        if !(16..=28).contains(&net.prefix) {
+        if !(16..=28).contains(&net.prefix()) {
             return Err(format!(
                 "subnet {net}: the prefix must be /16 to /28 (room for a gateway and sandboxes)"
             ));
@@ -195,7 +101,7 @@ fn claim_locked(
                 "subnet {net} overlaps {holder}, held by another running sandbolt agent on this host; choose another --network-subnet"
             ))
         })?,
-        (SubnetChoice::Auto, Some(net)) if AUTO_RANGE.contains(net.addr) => {
+        (SubnetChoice::Auto, Some(net)) if AUTO_RANGE.contains(net.addr()) => {
             try_claim(net, claims_dir)?.map_err(|holder| {
                 NetworkError::Subnet(format!(
                     "subnet {net} (remembered in {}) overlaps {holder}, held by another running agent: is another agent using this state dir?",
@@ -212,7 +118,7 @@ fn claim_locked(
 /// The first free /24 of [`AUTO_RANGE`].
 fn auto(claims_dir: &Path) -> Result<Claim, NetworkError> {
     for third in 0..=255u8 {
-        let [a, b, ..] = AUTO_RANGE.addr.octets();
+        let [a, b, ..] = AUTO_RANGE.addr().octets();
         let net = Ipv4Net::new(Ipv4Addr::new(a, b, third, 0), 24).expect("a /24");
         if routed_on_host(net) {
             continue;

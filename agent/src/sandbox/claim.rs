@@ -43,6 +43,8 @@ struct Plan<'a> {
 /// W as the claim took it.
 struct Taken {
     pid: u32,
+    /// W's network namespace (execd is dialled through it).
+    netns: Arc<crate::netns::NetnsHandle>,
     warm_token: String,
     /// The limits W runs under (its class's); `None` when they cannot be
     /// worked out, and the request's are then applied whatever they are.
@@ -98,7 +100,7 @@ impl Sandboxes {
         // is waited for (and then fails as a cold one would).
         if spec.wait_for_execd
             && matches!(answer, Answer::SpawnFailed)
-            && let Err(e) = self.wait_for_execd(id, taken.pid, &spec.access_token).await
+            && let Err(e) = self.wait_for_execd(id, &spec.access_token).await
         {
             tracing::warn!(sandbox = %id, error = %e, "claimed sandbox did not become ready");
             self.undo_create(id, true).await;
@@ -168,10 +170,14 @@ impl Sandboxes {
         let Some(w) = e.warm.as_ref() else {
             return Ok(None);
         };
-        if !w.ready || e.phase != SandboxPhase::Running || e.pid == 0 {
+        let Some(netns) = e
+            .netns
+            .clone()
+            .filter(|_| w.ready && e.phase == SandboxPhase::Running)
+        else {
             tracing::info!(sandbox = %id, phase = ?e.phase, "warm sandbox is not claimable (exited)");
             return Ok(None);
-        }
+        };
         if e.image != fresh.image || e.runtime != fresh.runtime {
             tracing::info!(sandbox = %id, warm_image = %e.image, warm_runtime = %e.runtime, image = %fresh.image, runtime = %fresh.runtime, "warm sandbox is of another class than the request");
             return Ok(None);
@@ -183,6 +189,7 @@ impl Sandboxes {
         }
         let taken = Taken {
             pid: e.pid,
+            netns: netns.clone(),
             warm_token: w.token.clone(),
             warm_limits: self
                 .limits_for(w.class.resources.clone().unwrap_or_default())
@@ -191,6 +198,7 @@ impl Sandboxes {
         *e = Entry {
             phase: SandboxPhase::Running,
             pid: e.pid,
+            netns: Some(netns),
             ..fresh
         };
         Ok(Some(taken))
@@ -222,7 +230,7 @@ impl Sandboxes {
                 network.update_policy(id, policy).await?;
             }
             let networked = t.elapsed();
-            crate::live_mount::attach_held(taken.pid, plan.held).await?;
+            crate::live_mount::attach_held(taken.pid, id, plan.held).await?;
             let answer = self.post_claim(id, taken, &plan.body).await?;
             Ok::<_, AgentError>((answer, limited, networked))
         };
@@ -278,7 +286,7 @@ impl Sandboxes {
     /// and starts the entrypoint.
     async fn post_claim(&self, id: &str, taken: &Taken, body: &[u8]) -> Result<Answer> {
         let (code, answer) = crate::netns::http_post_json(
-            taken.pid,
+            &taken.netns,
             self.cfg.execd_port,
             CLAIM_PATH,
             &[(EXECD_TOKEN_HEADER, &taken.warm_token)],

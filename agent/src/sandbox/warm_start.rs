@@ -143,7 +143,7 @@ impl Sandboxes {
         let started = async {
             let pid = self.create_and_start(&spec, &clock, &mut progress).await?;
             self.mark_running(&id, pid);
-            self.wait_for_execd(&id, pid, &token).await
+            self.wait_for_execd(&id, &token).await
         }
         .await;
         match started {

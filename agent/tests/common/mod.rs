@@ -24,6 +24,15 @@ use tonic::transport::Channel;
 pub const NS: &str = "k8s.io";
 pub const TOKEN: &str = "agent-test-token";
 
+/// The token the agent's AgentService accepts: its enrolled credential when
+/// it has a controller (only that one then), else [`TOKEN`].
+pub async fn service_token(agent: &AgentHandle) -> String {
+    agent
+        .credential_within(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| TOKEN.to_string())
+}
+
 pub type Client = AgentServiceClient<InterceptedService<Channel, BearerToken>>;
 
 /// Bounds on broken runs only; nothing here asserts a speed.
@@ -104,7 +113,7 @@ impl Env {
         tweak(&bed, &mut cfg);
         let volume_root = cfg.volumes.as_ref().map(|v| v.root.clone());
         let agent = Agent::start(cfg).await.expect("agent starts");
-        let client = client(agent.grpc_addr(), TOKEN).await;
+        let client = client(agent.grpc_addr(), &service_token(&agent).await).await;
         Env {
             agent: Some(agent),
             client,
@@ -127,7 +136,7 @@ impl Env {
         }
         tweak(&mut cfg);
         let agent = Agent::start(cfg).await.expect("restarted agent starts");
-        self.client = client(agent.grpc_addr(), TOKEN).await;
+        self.client = client(agent.grpc_addr(), &service_token(&agent).await).await;
         self.agent = Some(agent);
     }
 

@@ -31,8 +31,9 @@ use crate::store::{Consistency, Phase, SandboxRecord, SandboxSpec, StoreError};
 use crate::warm::Placed;
 
 /// A create request, from any API. [`Core::create`] validates it and
-/// applies the pool's defaults and maxima to its spec.
-#[derive(Debug, Clone, Default)]
+/// applies the pool's defaults and maxima to its spec. Its `Debug` hides
+/// the values of `secret_env_names` (see `token.rs`).
+#[derive(Clone, Default)]
 pub struct CreateRequest {
     /// Idempotency key; empty = none.
     pub request_id: String,
@@ -45,6 +46,9 @@ pub struct CreateRequest {
     pub wait_for_execd: bool,
     /// Moved into the record as it is: the only copy is the agent's.
     pub spec: SandboxSpec,
+    /// Names in `spec.envs` whose values are secret: [`Core::validate`]
+    /// moves them into `spec.sealed_envs`, sealed.
+    pub secret_env_names: Vec<String>,
 }
 
 /// What the agent answered a create with.
@@ -171,6 +175,7 @@ impl Core {
             crate::volume::check_backend(&format!("volumes[{}].pvc.backend", v.name), &v.backend)?;
             crate::volume::parse_size(&format!("volumes[{}].pvc.size", v.name), &v.size)?;
         }
+        self.seal_secret_env(&mut req)?;
         Ok(req)
     }
 
@@ -411,7 +416,7 @@ impl Core {
             .create(
                 &r.agent_id,
                 &agent.api_endpoint,
-                agent_spec(r, wait_for_execd),
+                agent_spec(r, wait_for_execd, &self.secrets)?,
                 self.config.create_deadline,
             )
             .await?;
@@ -613,7 +618,8 @@ fn new_record(mut req: CreateRequest, consistency: Consistency) -> (SandboxRecor
         phase: Phase::Pending,
         message: String::new(),
         request_id: req.request_id.clone(),
-        access_token: new_token(),
+        // Derived from the controller's key when needed, never stored.
+        access_token: String::new(),
         consistency,
         created_at_unix_ms: now_ms,
         assignment_attempt: 1,

@@ -117,7 +117,7 @@ impl Core {
             },
         };
         let answer = self
-            .fetch_log(&agent.api_endpoint, body)
+            .fetch_log(&r.agent_id, &agent.api_endpoint, body)
             .await
             .map_err(|e| format!("reading the log from agent {}: {e}", r.agent_id))?;
         Ok(LogTail {
@@ -128,10 +128,11 @@ impl Core {
 
     async fn fetch_log(
         &self,
+        agent: &crate::ids::AgentId,
         endpoint: &str,
         body: agent_pb::ReadSandboxLogRequest,
     ) -> Result<agent_pb::SandboxLog> {
-        let mut client = self.agents.client(endpoint)?;
+        let mut client = self.agents.client(agent, endpoint)?;
         let mut req = tonic::Request::new(body);
         req.set_timeout(LOG_READ_DEADLINE);
         match tokio::time::timeout(LOG_READ_DEADLINE, client.read_sandbox_log(req)).await {

@@ -40,6 +40,7 @@ mod recover;
 mod resolve;
 mod restore;
 mod shared;
+mod token;
 mod update;
 mod volumes;
 

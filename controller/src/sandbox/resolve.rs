@@ -77,9 +77,10 @@ impl Core {
                 agent.agent_id
             )));
         }
+        let token = self.access_token(&r);
         let headers = BTreeMap::from([
-            (PROXY_TOKEN_HEADER.to_string(), r.access_token.clone()),
-            (EXECD_TOKEN_HEADER.to_string(), r.access_token.clone()),
+            (PROXY_TOKEN_HEADER.to_string(), token.clone()),
+            (EXECD_TOKEN_HEADER.to_string(), token),
         ]);
         Ok(ResolvedRoute {
             proxy_endpoint: format!(

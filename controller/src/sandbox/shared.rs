@@ -18,6 +18,7 @@ use crate::keyed_lock::KeyedLocks;
 use crate::metrics::ControllerMetrics;
 use crate::registry::{AgentInfo, Registry};
 use crate::sandbox::Observed;
+use crate::secrets::Secrets;
 use crate::store::timed::TimedStore;
 use crate::store::{ContainerExit, ExitObserver, SandboxRecord, Store, StoreError};
 use crate::volume_index::VolumeIndex;
@@ -56,6 +57,8 @@ pub struct Core {
     pub(crate) snapshot_requests: KeyedLocks<(String, String)>,
     /// This process's metrics (see `crate::metrics`).
     pub(crate) metrics: ControllerMetrics,
+    /// The key tokens are derived from and secret env sealed with.
+    pub(crate) secrets: Arc<Secrets>,
 }
 
 /// What the caller believes about the record it names; a mismatch refuses
@@ -133,8 +136,18 @@ impl Core {
             .clone()
             .unwrap_or_else(ControllerMetrics::unregistered);
         let store: Arc<dyn Store> = Arc::new(TimedStore::new(store, metrics.clone()));
+        let secrets = Secrets::load(config.token_key_file.as_deref(), &config.data_dir)
+            .map_err(|e| Error::Internal(e.to_string()))?;
         Ok(Self {
-            agents: AgentClients::new(&config.agent_token)?,
+            secrets: Arc::new(secrets),
+            agents: AgentClients::new(Arc::new(
+                crate::identity::AgentIdentity::load(
+                    config.identity_key_file.as_deref(),
+                    &config.data_dir,
+                    &config.agent_token,
+                )
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?,
+            )),
             registry,
             config,
             store,
@@ -300,10 +313,25 @@ pub(crate) fn volume_mount(v: &crate::store::PvcVolume) -> pb::NamedVolumeMount 
     }
 }
 
-/// The spec the agent gets for a record: the only place it is built.
-pub(crate) fn agent_spec(r: &SandboxRecord, wait_for_execd: bool) -> pb::SandboxSpec {
+/// The spec the agent gets for a record: the only place it is built, and
+/// the only place its token and secret env exist in the clear.
+pub(crate) fn agent_spec(
+    r: &SandboxRecord,
+    wait_for_execd: bool,
+    secrets: &Secrets,
+) -> Result<pb::SandboxSpec> {
     let s = &r.spec;
-    pb::SandboxSpec {
+    let mut envs: HashMap<String, String> = s.envs.clone().into_iter().collect();
+    for (k, sealed) in &s.sealed_envs {
+        let value = secrets
+            .open(
+                &crate::secrets::env_context(&r.namespace, &r.name, k),
+                sealed,
+            )
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        envs.insert(k.clone(), value);
+    }
+    Ok(pb::SandboxSpec {
         sandbox_id: r.sandbox_id.to_string(),
         name: r.name.clone(),
         namespace: r.namespace.clone(),
@@ -311,7 +339,7 @@ pub(crate) fn agent_spec(r: &SandboxRecord, wait_for_execd: bool) -> pb::Sandbox
         image: s.image.clone(),
         command: s.command.clone(),
         args: s.args.clone(),
-        envs: s.envs.clone().into_iter().collect(),
+        envs,
         working_dir: s.working_dir.clone(),
         runtime: s.runtime.clone(),
         network_policy_json: s.network_policy_json.clone(),
@@ -321,6 +349,7 @@ pub(crate) fn agent_spec(r: &SandboxRecord, wait_for_execd: bool) -> pb::Sandbox
             pids_limit: s.resources.pids_limit,
             cpu_request: s.resources.cpu_request.clone(),
             memory_request: s.resources.memory_request.clone(),
+            ephemeral_storage: s.resources.ephemeral_storage_limit.clone(),
         }),
         host_mounts: s
             .volumes
@@ -335,9 +364,9 @@ pub(crate) fn agent_spec(r: &SandboxRecord, wait_for_execd: bool) -> pb::Sandbox
         exposed_ports: s.exposed_ports.clone(),
         volume_mounts: s.pvc_volumes.iter().map(volume_mount).collect(),
         labels: s.metadata.clone().into_iter().collect(),
-        access_token: r.access_token.clone(),
+        access_token: crate::sandbox::token::access_token(secrets, r),
         pool: s.pool.clone(),
         wait_for_execd,
         snapshot_id: s.snapshot_id.clone(),
-    }
+    })
 }

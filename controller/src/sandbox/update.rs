@@ -93,7 +93,7 @@ impl Core {
             .create(
                 &r.agent_id,
                 &agent.api_endpoint,
-                agent_spec(&r, true),
+                agent_spec(&r, true, &self.secrets)?,
                 self.config.create_deadline,
             )
             .await?;

@@ -543,7 +543,8 @@ mod tests {
             read_only: true,
             ..Default::default()
         }];
-        let spec = agent_spec(&r, false);
+        let spec =
+            agent_spec(&r, false, &crate::secrets::Secrets::from_material(&[0; 32])).unwrap();
         assert_eq!(spec.host_mounts.len(), 1);
         assert_eq!(spec.host_mounts[0].host_path, "/srv/h");
         assert_eq!(

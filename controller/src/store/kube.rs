@@ -168,6 +168,8 @@ struct ControllerState {
     message: String,
     #[serde(default)]
     request_id: String,
+    /// Only in annotations written before tokens were derived.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     access_token: String,
     consistency: Consistency,
     created_at_unix_ms: i64,
@@ -199,6 +201,10 @@ struct ControllerState {
     snapshot_id: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     claimed_warm: bool,
+    /// Secret env, sealed: kept out of the resource's `spec.env` (see
+    /// `crate::secrets`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    sealed_envs: BTreeMap<String, String>,
 }
 
 /// An own write the watch has not delivered yet.
@@ -974,6 +980,7 @@ fn to_object(record: &SandboxRecord, base: Option<&Sandbox>) -> StoreResult<Sand
         warm_pool: record.spec.warm_pool.clone(),
         snapshot_id: record.spec.snapshot_id.clone(),
         claimed_warm: record.claimed_warm,
+        sealed_envs: record.spec.sealed_envs.clone(),
     };
     obj.metadata
         .annotations
@@ -1038,6 +1045,7 @@ fn from_object(obj: &Sandbox) -> StoreResult<Option<SandboxRecord>> {
             pvc_volumes: state.pvc_volumes,
             warm_pool: state.warm_pool,
             snapshot_id: state.snapshot_id,
+            sealed_envs: state.sealed_envs,
         },
         reset_revision: spec.reset_revision.clone().unwrap_or_default(),
         generation: state.generation,
@@ -1131,7 +1139,11 @@ fn resources_to_spec(r: &Resources) -> Option<SandboxResources> {
             .map(|(k, v)| (k.to_string(), (*v).clone()))
             .collect()
     };
-    let mut limits = set(&[("cpu", &r.cpu_limit), ("memory", &r.memory_limit)]);
+    let mut limits = set(&[
+        ("cpu", &r.cpu_limit),
+        ("memory", &r.memory_limit),
+        ("ephemeral-storage", &r.ephemeral_storage_limit),
+    ]);
     let requests = set(&[("cpu", &r.cpu_request), ("memory", &r.memory_request)]);
     if r.pids_limit > 0 {
         limits.insert("pids".into(), r.pids_limit.to_string());
@@ -1155,6 +1167,7 @@ fn resources_from_spec(s: Option<&SandboxResources>) -> StoreResult<Resources> {
         },
         cpu_request: get(&s.requests, "cpu"),
         memory_request: get(&s.requests, "memory"),
+        ephemeral_storage_limit: get(&s.limits, "ephemeral-storage"),
     })
 }
 

@@ -116,6 +116,9 @@ pub struct Resources {
     pub pids_limit: i64,
     pub cpu_request: String,
     pub memory_request: String,
+    /// Bytes the writable layer may hold ("1Gi"); the agent measures it
+    /// and stops the sandbox over it. Empty = none.
+    pub ephemeral_storage_limit: String,
 }
 
 impl Resources {
@@ -226,6 +229,12 @@ pub struct SandboxSpec {
     /// and is not removed.
     #[serde(default)]
     pub snapshot_id: String,
+    /// Env values marked secret, sealed under the controller's key (see
+    /// `crate::secrets`): name → sealed value. Never in `envs`, in a
+    /// resource's spec or in an API answer; opened only for the agent's
+    /// create call.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sealed_envs: BTreeMap<String, String>,
 }
 
 /// One sandbox as stored. The spec is flattened, so the stored JSON keeps
@@ -247,7 +256,10 @@ pub struct SandboxRecord {
     pub message: String,
     /// Idempotency key of the create; empty when the client sent none.
     pub request_id: String,
-    /// Per-sandbox secret for execd and the agent's proxy.
+    /// Per-sandbox secret for execd and the agent's proxy, as records
+    /// written before tokens were derived hold it; empty (and not written)
+    /// since: `Core::access_token` derives it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub access_token: String,
     pub consistency: Consistency,
     pub created_at_unix_ms: i64,

@@ -99,7 +99,7 @@ fn template_limits(
     };
     if !l.ephemeral_storage.is_empty() {
         return Err(invalid(
-            "template.limits.ephemeralStorage is not enforced by sandbolt; leave it unset".into(),
+            "template.limits.ephemeralStorage is not supported on a warm pool's template (a warm sandbox is measured only once claimed); set resources.limits.ephemeral_storage on the create instead".into(),
         ));
     }
     let max = policy

@@ -71,6 +71,9 @@ pub struct StandInState {
     pub fail_captures: AtomicBool,
     /// When set, CreateSnapshot waits until it is cleared (a slow capture).
     pub hang_captures: AtomicBool,
+    /// The credential the controller's Enroll gave this stand-in: the only
+    /// token its AgentService accepts, as a real agent's.
+    pub credential: Mutex<Option<String>>,
 }
 
 impl StandInState {
@@ -102,14 +105,17 @@ struct Svc {
     state: Arc<StandInState>,
 }
 
-fn check_token<T>(req: &Request<T>) -> Result<(), Status> {
-    match req
-        .metadata()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-    {
-        Some(v) if v == format!("Bearer {AGENT_TOKEN}") => Ok(()),
-        _ => Err(Status::unauthenticated("stand-in: bad token")),
+impl Svc {
+    /// As a real enrolled agent: only its own credential is accepted.
+    fn check_token<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let presented = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        match (presented, self.state.credential.lock().as_deref()) {
+            (Some(v), Some(c)) if v == format!("Bearer {c}") => Ok(()),
+            _ => Err(Status::unauthenticated("stand-in: bad token")),
+        }
     }
 }
 
@@ -119,7 +125,7 @@ impl AgentService for Svc {
         &self,
         req: Request<pb::CreateSandboxRequest>,
     ) -> Result<Response<pb::CreateSandboxResponse>, Status> {
-        check_token(&req)?;
+        self.check_token(&req)?;
         let spec = req
             .into_inner()
             .spec
@@ -187,7 +193,7 @@ impl AgentService for Svc {
         &self,
         req: Request<pb::DeleteSandboxRequest>,
     ) -> Result<Response<pb::DeleteSandboxResponse>, Status> {
-        check_token(&req)?;
+        self.check_token(&req)?;
         let existed = self
             .state
             .sandboxes
@@ -202,7 +208,7 @@ impl AgentService for Svc {
         &self,
         req: Request<pb::SandboxRef>,
     ) -> Result<Response<pb::SandboxStatus>, Status> {
-        check_token(&req)?;
+        self.check_token(&req)?;
         self.set_phase(&req.get_ref().sandbox_id, pb::SandboxPhase::Paused)
     }
 
@@ -210,7 +216,7 @@ impl AgentService for Svc {
         &self,
         req: Request<pb::SandboxRef>,
     ) -> Result<Response<pb::SandboxStatus>, Status> {
-        check_token(&req)?;
+        self.check_token(&req)?;
         self.set_phase(&req.get_ref().sandbox_id, pb::SandboxPhase::Running)
     }
 
@@ -218,7 +224,7 @@ impl AgentService for Svc {
         &self,
         req: Request<pb::UpdateNetworkPolicyRequest>,
     ) -> Result<Response<pb::SandboxStatus>, Status> {
-        check_token(&req)?;
+        self.check_token(&req)?;
         let q = req.into_inner();
         self.state
             .policy_calls
@@ -247,7 +253,7 @@ impl AgentService for Svc {
         &self,
         req: Request<pb::SandboxRef>,
     ) -> Result<Response<pb::SandboxStatus>, Status> {
-        check_token(&req)?;
+        self.check_token(&req)?;
         self.sandbox_status(&req.get_ref().sandbox_id)
             .map(Response::new)
     }
@@ -268,7 +274,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::CreateVolumeRequest>,
     ) -> Result<Response<pb::VolumeInfo>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         self.volume_call("create", &r.get_ref().spec.clone().unwrap_or_default().name)?;
         let spec = r.into_inner().spec.unwrap_or_default();
         if self.state.refuse_volumes.lock().contains(&spec.name) {
@@ -289,7 +295,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::VolumeRef>,
     ) -> Result<Response<pb::VolumeInfo>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         self.volume_call("get", &r.get_ref().name)?;
         self.with_volume(&r.get_ref().name, |v| Ok(v.clone()))
             .map(Response::new)
@@ -298,7 +304,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::ListVolumesRequest>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         self.volume_call("list", "")?;
         let volumes = self.state.volumes.lock().values().cloned().collect();
         Ok(Response::new(pb::ListVolumesResponse { volumes }))
@@ -307,7 +313,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::VolumeRef>,
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         let name = &r.get_ref().name;
         self.volume_call("delete", name)?;
         let mut g = self.state.volumes.lock();
@@ -323,7 +329,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::CreateVolumeSnapshotRequest>,
     ) -> Result<Response<pb::VolumeSnapshot>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         let q = r.into_inner();
         self.volume_call("snapshot", &q.volume)?;
         self.with_volume(&q.volume, |v| {
@@ -344,7 +350,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::VolumeSnapshotRef>,
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         let q = r.into_inner();
         self.volume_call("delete_snapshot", &q.volume)?;
         self.with_volume(&q.volume, |v| {
@@ -360,7 +366,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::RestoreVolumeRequest>,
     ) -> Result<Response<pb::VolumeInfo>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         let q = r.into_inner();
         self.volume_call("restore", &q.volume)?;
         self.with_volume(&q.volume, |v| {
@@ -378,7 +384,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::ForkVolumeRequest>,
     ) -> Result<Response<pb::VolumeInfo>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         let q = r.into_inner();
         self.volume_call("fork", &q.source)?;
         let mut spec = q.spec.unwrap_or_default();
@@ -411,7 +417,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::AttachVolumeRequest>,
     ) -> Result<Response<pb::SandboxStatus>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         let q = r.into_inner();
         let m = q.mount.unwrap_or_default();
         self.volume_call("attach", &m.volume)?;
@@ -427,7 +433,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::DetachVolumeRequest>,
     ) -> Result<Response<pb::SandboxStatus>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         let q = r.into_inner();
         self.volume_call("detach", &q.volume)?;
         let mut sandboxes = self.state.sandboxes.lock();
@@ -452,7 +458,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::CreateSnapshotRequest>,
     ) -> Result<Response<pb::SnapshotInfo>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         let q = r.into_inner();
         self.snapshot_call("create", &q.snapshot_id);
         while self.state.hang_captures.load(Ordering::SeqCst) {
@@ -476,7 +482,7 @@ impl AgentService for Svc {
         &self,
         r: Request<pb::SnapshotRef>,
     ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
-        check_token(&r)?;
+        self.check_token(&r)?;
         let id = r.into_inner().snapshot_id;
         self.snapshot_call("delete", &id);
         // One lock at a time: create_sandbox takes them in the other order.
@@ -501,7 +507,7 @@ impl AgentService for Svc {
         &self,
         req: Request<pb::ReadSandboxLogRequest>,
     ) -> Result<Response<pb::SandboxLog>, Status> {
-        check_token(&req)?;
+        self.check_token(&req)?;
         let id = &req.get_ref().sandbox_id;
         self.sandbox_status(id)?;
         let content = format!("stand-in log of {id}\n");
@@ -736,12 +742,13 @@ impl StandInAgent {
         };
         a.heartbeat_once().await;
         let (inv_fn, on, ctl) = (a.inventory_fn(), a.heartbeats.clone(), a.controller.clone());
+        let st = a.state.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
                 if on.load(Ordering::SeqCst) {
                     let target = ctl.lock().clone();
-                    let _ = send(&target, inv_fn()).await;
+                    let _ = send(&target, inv_fn(), &st).await;
                 }
             }
         });
@@ -797,7 +804,7 @@ impl StandInAgent {
 
     pub async fn heartbeat_once(&self) {
         let target = self.controller.lock().clone();
-        send(&target, self.inventory_fn()())
+        send(&target, self.inventory_fn()(), &self.state)
             .await
             .expect("stand-in heartbeat");
     }
@@ -813,16 +820,50 @@ impl StandInAgent {
     }
 }
 
-async fn send(controller: &str, inv: pb::Inventory) -> Result<(), Status> {
+/// One heartbeat with the stand-in's credential, enrolling (bootstrap
+/// token) first when it has none or the controller refused it.
+async fn send(controller: &str, inv: pb::Inventory, state: &StandInState) -> Result<(), Status> {
     let mut c = RegistryServiceClient::connect(controller.to_string())
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?;
+    let known = state.credential.lock().clone();
+    let credential = match known.clone() {
+        Some(cred) => cred,
+        None => {
+            let cred = enroll(&mut c, &inv.agent_id).await?;
+            *state.credential.lock() = Some(cred.clone());
+            cred
+        }
+    };
     let mut req = Request::new(pb::HeartbeatRequest {
-        inventory: Some(inv),
+        inventory: Some(inv.clone()),
+    });
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {credential}").parse().unwrap(),
+    );
+    match c.heartbeat(req).await {
+        Err(s) if s.code() == tonic::Code::PermissionDenied && known.is_some() => {
+            // Another controller key (a controller on a fresh data dir).
+            *state.credential.lock() = None;
+            Box::pin(send(controller, inv, state)).await
+        }
+        r => r.map(|_| ()),
+    }
+}
+
+/// `RegistryService.Enroll` for `agent_id` with the bootstrap token.
+pub async fn enroll(
+    c: &mut RegistryServiceClient<tonic::transport::Channel>,
+    agent_id: &str,
+) -> Result<String, Status> {
+    let mut req = Request::new(pb::EnrollRequest {
+        agent_id: agent_id.into(),
+        node_name: node_of(agent_id),
     });
     req.metadata_mut().insert(
         "authorization",
         format!("Bearer {AGENT_TOKEN}").parse().unwrap(),
     );
-    c.heartbeat(req).await.map(|_| ())
+    Ok(c.enroll(req).await?.into_inner().credential)
 }

@@ -349,7 +349,8 @@ pub(super) fn scan(path: &Path, progress: Arc<dyn ImportProgress>) -> Result<Sca
         first_paths: Vec::new(),
     };
     for_each_entry(reader, |ordinal, raw, entry| {
-        let key = normalize_path(raw);
+        // From the whole name: `raw` is cut and escaped for messages.
+        let key = normalize_path(&String::from_utf8_lossy(&entry.path_bytes()));
         let kind = entry.header().entry_type();
         if scan.first_paths.len() < 5 && !kind.is_dir() {
             scan.first_paths.push(raw.to_string());
@@ -1181,6 +1182,9 @@ pub(super) fn stream_blobs(
         Ok(ordinal < last)
     })
 }
+
+#[cfg(test)]
+mod props;
 
 #[cfg(test)]
 mod tests {

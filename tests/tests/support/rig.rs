@@ -236,7 +236,18 @@ fn binary() -> &'static Path {
 /// `sandbolt controller --store kubernetes` on `listen` (token-checked) and
 /// `open` (FastPath only, no token), over the double.
 fn spawn_controller(listen: SocketAddr, open: SocketAddr, kubeconfig: &Path) -> ControllerProcess {
+    // The token key a cluster keeps in a Secret (the data dir is not used).
+    let token_key = kubeconfig.with_file_name("token.key");
+    std::fs::write(&token_key, "0123456789abcdef0123456789abcdef").unwrap();
+    // Likewise the key agents' credentials are minted with.
+    let identity_key = kubeconfig.with_file_name("identity.key");
+    std::fs::write(&identity_key, "fedcba9876543210fedcba9876543210").unwrap();
     let env = [
+        ("SANDBOLT_TOKEN_KEY_FILE", token_key.display().to_string()),
+        (
+            "SANDBOLT_IDENTITY_KEY_FILE",
+            identity_key.display().to_string(),
+        ),
         ("SANDBOLT_STORE", "kubernetes".to_string()),
         ("SANDBOLT_POD_NAMESPACE", CONTROLLER_NAMESPACE.to_string()),
         ("SANDBOLT_POD_NAME", "controller-rig".to_string()),

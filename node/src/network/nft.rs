@@ -1,5 +1,8 @@
-//! The agent's nftables table: rendered as `nft -f -` scripts, one
-//! transaction each (all or nothing).
+//! nftables rules of sandboxes, rendered as `nft -f -` scripts, one
+//! transaction each (all or nothing). The agent's table is [`Table`]; the
+//! lifecycle's Docker backend declares its own base chains (dispatching by
+//! source address rather than by veth) and shares the per-sandbox part:
+//! [`Table::sandbox_chain`], [`Table::allow_resolved`], [`Table::set_denied`].
 //!
 //! Layout (one table per agent, named after its subnet so it is unique on
 //! the host): `sandbox_ifaces` holds every host-side veth of the agent;
@@ -20,7 +23,7 @@ use std::time::Duration;
 
 use sandbolt_proto::egress::{Action, ISOLATED_RANGES, NetworkPolicy};
 
-use super::subnet::Ipv4Net;
+use super::Ipv4Net;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -86,8 +89,15 @@ pub fn table_name(subnet: Ipv4Net) -> String {
 
 impl Table {
     pub fn new(subnet: Ipv4Net, gateway: Ipv4Addr, allow: Vec<Ipv4Net>) -> Self {
+        Self::named(table_name(subnet), subnet, gateway, allow)
+    }
+
+    /// A table of another name (the Docker backend's). Its base chains are
+    /// its owner's; the per-sandbox chains reference the sets `blocked` and
+    /// `pool_allowed`, which the owner must declare.
+    pub fn named(name: String, subnet: Ipv4Net, gateway: Ipv4Addr, allow: Vec<Ipv4Net>) -> Self {
         Self {
-            name: table_name(subnet),
+            name,
             subnet,
             gateway,
             allow,
@@ -202,6 +212,21 @@ impl Table {
     /// attachment, a policy change).
     pub fn attach(&self, r: &SandboxRules<'_>, flush_sets: bool) -> String {
         let t = &self.name;
+        let mut s = self.sandbox_chain(r, flush_sets);
+        let _ = writeln!(
+            s,
+            "add element inet {t} sandbox_ifaces {{ \"{v}\" }}\nadd element inet {t} dispatch {{ \"{v}\" : jump sb_{m} }}",
+            v = r.veth,
+            m = r.member_id
+        );
+        s
+    }
+
+    /// The sets `a_<m>`, `d_<m>` and the chain `sb_<m>` of one sandbox,
+    /// without anything that sends traffic to the chain. Existing sets
+    /// keep their elements unless `flush_sets`.
+    pub fn sandbox_chain(&self, r: &SandboxRules<'_>, flush_sets: bool) -> String {
+        let t = &self.name;
         let m = r.member_id;
         let mut s = String::new();
         for set in [format!("a_{m}"), format!("d_{m}")] {
@@ -218,12 +243,17 @@ impl Table {
         for rule in sandbox_rules(r) {
             let _ = writeln!(s, "add rule inet {t} sb_{m} {rule}");
         }
-        let _ = writeln!(
-            s,
-            "add element inet {t} sandbox_ifaces {{ \"{v}\" }}\nadd element inet {t} dispatch {{ \"{v}\" : jump sb_{m} }}",
-            v = r.veth
-        );
         s
+    }
+
+    /// Removes what [`Self::sandbox_chain`] made (nothing may jump to the
+    /// chain any more: remove that first, in the same script).
+    pub fn remove_sandbox_chain(&self, member_id: &str) -> String {
+        let t = &self.name;
+        let m = member_id;
+        format!(
+            "flush chain inet {t} sb_{m}\ndelete chain inet {t} sb_{m}\ndelete set inet {t} a_{m}\ndelete set inet {t} d_{m}\n"
+        )
     }
 
     /// Removes what [`Self::add_iface`] and (when `attached`)
@@ -239,10 +269,7 @@ impl Table {
             let _ = writeln!(s, "delete element inet {t} sandbox_ifaces {{ \"{v}\" }}");
         }
         if attached {
-            let _ = writeln!(
-                s,
-                "flush chain inet {t} sb_{m}\ndelete chain inet {t} sb_{m}\ndelete set inet {t} a_{m}\ndelete set inet {t} d_{m}"
-            );
+            s.push_str(&self.remove_sandbox_chain(m));
         }
         s
     }
