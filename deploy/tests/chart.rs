@@ -1300,3 +1300,55 @@ fn the_grafana_dashboard_is_a_valid_dashboard() {
         assert!(read.contains(name), "no panel reads {name}: {read:?}");
     }
 }
+
+/// The listener limits reach the controller, the lifecycle and every agent
+/// as the environment their listener flags read (each name is one the
+/// binaries declare), with the binaries' defaults unless set, and numbers
+/// rendered as plain integers.
+#[test]
+fn listener_limits_reach_every_server_as_their_flags_environment() {
+    let source = std::fs::read_to_string(repo().join("telemetry/src/listener.rs")).unwrap();
+    let names = [
+        "SANDBOLT_MAX_CONNECTIONS",
+        "SANDBOLT_HEADER_READ_TIMEOUT",
+        "SANDBOLT_IDLE_TIMEOUT",
+        "SANDBOLT_HTTP2_KEEPALIVE_INTERVAL",
+        "SANDBOLT_MAX_BODY_BYTES",
+    ];
+    for name in names {
+        assert!(
+            source.contains(&format!("env = \"{name}\"")),
+            "{name} is not a listener flag's environment"
+        );
+    }
+    let servers = |objs: &[Value]| -> Vec<Value> {
+        let ctl = find(objs, "Deployment", "sb-sandbolt-controller");
+        let agent = find(objs, "DaemonSet", "sb-sandbolt-agent-default");
+        vec![
+            container(ctl, "controller").clone(),
+            container(ctl, "lifecycle").clone(),
+            container(agent, "agent").clone(),
+        ]
+    };
+    let (objs, _) = check(None, &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let defaults = ["10000", "10s", "120s", "30s", "2097152"];
+    for c in servers(&objs) {
+        for (name, want) in names.iter().zip(defaults) {
+            assert_eq!(env(&c, name)["value"], want, "{name} of {}", c["name"]);
+        }
+    }
+    let values = json!({"listenerLimits": {
+        "maxConnections": 50000,
+        "headerReadTimeout": "5s",
+        "idleTimeout": "1m",
+        "http2KeepaliveInterval": "15s",
+        "maxBodyBytes": 16777216,
+    }});
+    let (objs, _) = check(Some(values), &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let set = ["50000", "5s", "1m", "15s", "16777216"];
+    for c in servers(&objs) {
+        for (name, want) in names.iter().zip(set) {
+            assert_eq!(env(&c, name)["value"], want, "{name} of {}", c["name"]);
+        }
+    }
+}

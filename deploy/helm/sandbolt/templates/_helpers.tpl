@@ -84,6 +84,25 @@ default
 {{- end }}
 {{- end -}}
 
+{{/* The limits of every listener of the controller, agents and lifecycle
+     (README "Timeouts and caps on every listener"), as the environment
+     their listener flags read. Numbers go through int64: a large YAML number
+     would otherwise render in exponent form. */}}
+{{- define "sandbolt.listenerEnv" -}}
+{{- with .Values.listenerLimits }}
+- name: SANDBOLT_MAX_CONNECTIONS
+  value: {{ .maxConnections | int64 | quote }}
+- name: SANDBOLT_HEADER_READ_TIMEOUT
+  value: {{ .headerReadTimeout | quote }}
+- name: SANDBOLT_IDLE_TIMEOUT
+  value: {{ .idleTimeout | quote }}
+- name: SANDBOLT_HTTP2_KEEPALIVE_INTERVAL
+  value: {{ .http2KeepaliveInterval | quote }}
+- name: SANDBOLT_MAX_BODY_BYTES
+  value: {{ .maxBodyBytes | int64 | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "sandbolt.agentTokenEnv" -}}
 - name: SANDBOLT_AGENT_TOKEN
   valueFrom:
