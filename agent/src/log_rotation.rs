@@ -63,13 +63,17 @@ pub fn spawn(
     tasks
 }
 
-/// Checks every sandbox's log every `interval` until shutdown.
-pub async fn run(
-    sandboxes: Arc<Sandboxes>,
+/// Runs `step` every `interval` until shutdown; a step that overruns the
+/// interval delays the next one instead of bunching them. Both growth
+/// checks (this log cap and the ephemeral-storage limit) tick through it.
+pub(crate) async fn each_interval<F, Fut>(
     interval: Duration,
-    max_bytes: u64,
     mut shutdown: watch::Receiver<bool>,
-) {
+    mut step: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -77,6 +81,18 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
+        step().await;
+    }
+}
+
+/// Checks every sandbox's log every `interval` until shutdown.
+pub async fn run(
+    sandboxes: Arc<Sandboxes>,
+    interval: Duration,
+    max_bytes: u64,
+    shutdown: watch::Receiver<bool>,
+) {
+    each_interval(interval, shutdown, || async {
         let logs: Vec<PathBuf> = sandboxes
             .ids()
             .iter()
@@ -86,7 +102,8 @@ pub async fn run(
         if let Err(e) = rotated {
             tracing::warn!(error = %e, "log rotation task failed");
         }
-    }
+    })
+    .await;
 }
 
 fn rotate_all(logs: &[PathBuf], max_bytes: u64) {

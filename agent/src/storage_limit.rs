@@ -53,21 +53,16 @@ pub async fn run(
     sandboxes: Arc<Sandboxes>,
     snapshotter: String,
     interval: Duration,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
+    crate::log_rotation::each_interval(interval, shutdown, || async {
         for (id, limit) in sandboxes.storage_limited() {
             if let Err(e) = check(&sandboxes, &snapshotter, &id, limit).await {
                 tracing::warn!(sandbox = %id, error = %e, "measuring the writable layer failed");
             }
         }
-    }
+    })
+    .await;
 }
 
 /// Measures one sandbox; stops it when over `limit`.
