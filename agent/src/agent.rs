@@ -86,6 +86,7 @@ impl Agent {
         let sandboxes = recover_sandboxes(&cfg, &instance_id).await?;
         sandboxes.metrics().register(registry, &sandboxes);
         let listeners = Listeners::bind(&cfg).await?;
+        let api_tls = api_tls_identity(&cfg)?;
         let network = start_network(&cfg, &sandboxes).await?;
 
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -120,7 +121,7 @@ impl Agent {
             .map(|_| crate::heartbeat::Credentials::load(&cfg));
         let api = Arc::new(AgentApi {
             sandboxes: sandboxes.clone(),
-            identity: identity(&cfg, &instance_id, &listeners),
+            identity: identity(&cfg, &instance_id, &listeners, api_tls.as_ref()),
             warm_pool,
         });
         let (grpc_addr, proxy_addr) = (listeners.grpc_addr, listeners.proxy_addr);
@@ -131,6 +132,7 @@ impl Agent {
                 api.clone(),
                 grpc_metrics,
                 CappedListener::new(listeners.grpc, "agent-grpc", &cfg.listener_limits),
+                api_tls.map(|t| t.server_config()),
                 cfg.listener_limits,
                 shutdown_rx.clone(),
             ),
@@ -290,8 +292,12 @@ async fn recover_sandboxes(cfg: &Arc<AgentConfig>, instance_id: &str) -> Result<
         tracing::info!(runtime = %r.name, available = r.available, reason = %r.reason, "OCI runtime");
     }
     // Before recovery: recovered sandboxes hold their volumes again.
-    let volumes =
-        Arc::new(VolumeMounts::open(cfg.volumes.as_ref(), &cfg.agent_id, &cfg.node_name).await?);
+    let volumes = Arc::new(
+        VolumeMounts::open(cfg.volumes.as_ref(), &cfg.agent_id, &cfg.node_name)
+            .await?
+            .with_juicefs(cfg.juicefs.as_ref())
+            .await?,
+    );
     let sandboxes = Arc::new(Sandboxes::new(
         cfg.clone(),
         ctrd,
@@ -340,8 +346,30 @@ impl Listeners {
     }
 }
 
+/// The AgentService's TLS identity when `api_tls` is on: made at the first
+/// start, then the same (its fingerprint is what the controller pins).
+fn api_tls_identity(cfg: &AgentConfig) -> Result<Option<sandbolt_proto::tls::SelfSignedIdentity>> {
+    if !cfg.api_tls {
+        return Ok(None);
+    }
+    let dir = cfg.state_dir.join("identity");
+    let tls = sandbolt_proto::tls::SelfSignedIdentity::load_or_create(&dir)
+        .map_err(|e| AgentError::InvalidArgument(format!("--api-tls: {e}")))?;
+    // Checked here so a bad stored pair stops the start, not the server task.
+    tonic::transport::Server::builder()
+        .tls_config(tls.server_config())
+        .map_err(|e| AgentError::InvalidArgument(format!("--api-tls: {}: {e}", dir.display())))?;
+    tracing::info!(sha256 = ?tls, dir = %dir.display(), "AgentService serves TLS with this agent's self-signed certificate");
+    Ok(Some(tls))
+}
+
 /// What the inventory says about this agent.
-fn identity(cfg: &AgentConfig, instance_id: &str, listeners: &Listeners) -> Identity {
+fn identity(
+    cfg: &AgentConfig,
+    instance_id: &str,
+    listeners: &Listeners,
+    api_tls: Option<&sandbolt_proto::tls::SelfSignedIdentity>,
+) -> Identity {
     let advertise = |a: SocketAddr| {
         let host = cfg.advertise_host.clone().unwrap_or_else(|| {
             if a.ip().is_unspecified() {
@@ -359,7 +387,12 @@ fn identity(cfg: &AgentConfig, instance_id: &str, listeners: &Listeners) -> Iden
         pool: cfg.pool.clone(),
         namespace: cfg.pool_namespace.clone(),
         max_sandboxes: cfg.max_sandboxes as i32,
-        api_endpoint: advertise(listeners.grpc_addr),
+        // With TLS: `https://host:port#sha256=...`, the pin the controller
+        // dials with (it arrives in the authenticated heartbeat).
+        api_endpoint: match api_tls {
+            Some(tls) => tls.advertise(&advertise(listeners.grpc_addr)),
+            None => advertise(listeners.grpc_addr),
+        },
         proxy_endpoint: advertise(listeners.proxy_addr),
         pod: crate::heartbeat::agent_pod(cfg),
     }
@@ -373,6 +406,7 @@ fn serve_grpc(
     api: Arc<AgentApi>,
     metrics: GrpcMetrics,
     listener: CappedListener,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     limits: ListenerLimits,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
@@ -386,7 +420,17 @@ fn serve_grpc(
         // each (a response written in two segments would otherwise wait for
         // the controller's delayed ACK, 40 ms).
         let incoming = sandbolt_telemetry::listener::capped_incoming(listener, &limits);
-        let res = sandbolt_telemetry::listener::tonic_server(&limits)
+        let mut server = sandbolt_telemetry::listener::tonic_server(&limits);
+        if let Some(tls) = tls {
+            server = match server.tls_config(tls) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "agent gRPC server: TLS configuration refused");
+                    return;
+                }
+            };
+        }
+        let res = server
             .layer(sandbolt_telemetry::grpc_layer(metrics))
             .add_service(health_service)
             .add_service(svc)
@@ -576,6 +620,7 @@ impl AgentHandle {
         // it; the root itself stays mounted while sandboxes mount volumes.
         self.sandboxes.volumes().close();
         self.sandboxes.volumes().unmount_unused_root().await;
+        self.sandboxes.volumes().stop_juicefs().await;
         tracing::info!("agent stopped");
     }
 }

@@ -65,6 +65,11 @@ pub struct AgentConfig {
     /// CA certificate (PEM) the controller's TLS certificate must chain to;
     /// the endpoint is then `https://`. `None`: plaintext.
     pub controller_ca: Option<PathBuf>,
+    /// Serve the AgentService over TLS with this agent's self-signed
+    /// certificate (made at first start in `<state_dir>/identity/`) and
+    /// advertise its SHA-256 in the API endpoint, which the controller pins
+    /// (see `sandbolt_proto::tls::SelfSignedIdentity`). False: plaintext.
+    pub api_tls: bool,
     pub heartbeat_interval: Duration,
     /// Roots that host-path volume bindings must lie under.
     pub allowed_host_paths: Vec<PathBuf>,
@@ -114,6 +119,10 @@ pub struct AgentConfig {
     /// volume root, and every volume call (and a create that mounts a named
     /// volume) answers UNAVAILABLE. Opened at start, before recovery.
     pub volumes: Option<crate::volume_store::VolumeStoreConfig>,
+    /// The cluster's JuiceFS filesystem (see [`crate::juicefs_mount`]):
+    /// mounted at start, its volumes shared with every agent mounting it;
+    /// `None`: volumes with `backend: "juicefs"` are refused.
+    pub juicefs: Option<crate::juicefs_mount::JuiceFsConfig>,
     /// Sandboxes' user namespaces (see [`crate::userns`]): `Off`, or `Node`
     /// (container ids 0..65535 mapped to host ids from `userns_base`).
     pub user_namespace: crate::userns::UserNamespaceMode,
@@ -124,6 +133,8 @@ pub struct AgentConfig {
     pub runtime_check: crate::runtime_check::RuntimeCheckMode,
     /// OCI runtime binaries by name (`runc` → path) instead of a PATH lookup.
     pub runtime_binaries: Vec<(String, PathBuf)>,
+    /// runsc's flags, written into its wrapper at start (see [`crate::gvisor`]).
+    pub runsc: crate::gvisor::RunscConfig,
 }
 
 /// How the agent networks its sandboxes (see [`crate::network`]).
@@ -262,6 +273,7 @@ impl AgentConfig {
             controller_endpoint: None,
             controller_token: None,
             controller_ca: None,
+            api_tls: false,
             heartbeat_interval: Duration::from_secs(5),
             allowed_host_paths: Vec::new(),
             max_sandboxes: 256,
@@ -280,10 +292,12 @@ impl AgentConfig {
             pool_max_limits: PoolLimits::default(),
             network: None,
             volumes: None,
+            juicefs: None,
             user_namespace: crate::userns::UserNamespaceMode::Off,
             userns_base: crate::userns::DEFAULT_BASE,
             runtime_check: crate::runtime_check::RuntimeCheckMode::Enforce,
             runtime_binaries: Vec::new(),
+            runsc: crate::gvisor::RunscConfig::default(),
         }
     }
 

@@ -67,6 +67,15 @@ pub enum AgentError {
         "node {node} has no volume root (its agent runs with --volume-backend none): named volumes are unavailable there"
     )]
     VolumesUnavailable { node: String },
+    /// A `backend: "juicefs"` volume asked of an agent without JuiceFS.
+    #[error(
+        "backend \"juicefs\": node {node} has no JuiceFS configured (its agent runs without --juicefs-meta-url); create the volume through an agent that mounts the cluster's JuiceFS"
+    )]
+    JuiceFsNotConfigured { node: String },
+    /// The agent's JuiceFS mount is down or its metadata engine does not
+    /// answer: juicefs volumes cannot be touched from this node now.
+    #[error("JuiceFS on node {node} is unavailable: {reason}")]
+    JuiceFsUnavailable { node: String, reason: String },
     /// The access mode (or "once per sandbox") forbids this mount now.
     #[error("volume {volume:?} cannot be mounted: {reason}")]
     VolumeAccess { volume: String, reason: String },
@@ -149,6 +158,8 @@ impl AgentError {
             AgentError::Network(e) => network_code(e),
             AgentError::VolumeStore(e) => e.grpc_code(),
             AgentError::VolumesUnavailable { .. } => Code::Unavailable,
+            AgentError::JuiceFsNotConfigured { .. } => Code::FailedPrecondition,
+            AgentError::JuiceFsUnavailable { .. } => Code::Unavailable,
             AgentError::VolumeAccess { .. } | AgentError::VolumeInUse { .. } => {
                 Code::FailedPrecondition
             }

@@ -25,7 +25,6 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -249,18 +248,20 @@ fn annotate(e: io::Error, path: &str) -> io::Error {
     io::Error::new(e.kind(), format!("opening {path}: {e}"))
 }
 
-/// `GET <path>` over a fresh in-namespace connection; returns the status code.
+/// `GET <path>` over a fresh connection to the sandbox (in its namespace,
+/// or at its address: see [`crate::proxy::Upstream`]); returns the status
+/// code.
 pub async fn http_get_status(
-    netns: &Arc<NetnsHandle>,
+    upstream: &crate::proxy::Upstream,
     port: u16,
     path: &str,
     headers: &[(&str, &str)],
     timeout: Duration,
 ) -> io::Result<u16> {
     let fut = async {
-        let mut s = crate::proxy::dial_in_sandbox(netns, port).await?;
-        let mut req =
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+        let mut s = crate::proxy::dial(upstream, port).await?;
+        let host = upstream.host(port);
+        let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -292,12 +293,12 @@ pub async fn http_get_status(
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "HTTP GET timed out"))?
 }
 
-/// `POST <path>` with a JSON body over a fresh in-namespace connection;
+/// `POST <path>` with a JSON body over a fresh connection to the sandbox;
 /// returns the status code and the response body (execd's
 /// `/sandbolt/claim`). The connection is closed by the server after one
 /// answer, so the body is everything after the headers.
 pub async fn http_post_json(
-    netns: &Arc<NetnsHandle>,
+    upstream: &crate::proxy::Upstream,
     port: u16,
     path: &str,
     headers: &[(&str, &str)],
@@ -305,9 +306,10 @@ pub async fn http_post_json(
     timeout: Duration,
 ) -> io::Result<(u16, Vec<u8>)> {
     let fut = async {
-        let mut s = crate::proxy::dial_in_sandbox(netns, port).await?;
+        let mut s = crate::proxy::dial(upstream, port).await?;
         let mut req = format!(
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            upstream.host(port),
             body.len()
         );
         for (k, v) in headers {

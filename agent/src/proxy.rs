@@ -12,6 +12,15 @@
 //! exits, taking its changed namespace with it — a tokio worker (or a pooled
 //! blocking thread) is never moved into a sandbox's namespace.
 //!
+//! A gVisor (runsc) sandbox is the exception: gVisor's netstack owns its
+//! interfaces, so the namespace's kernel loopback is not the sandbox's and
+//! nothing inside listens there. Its route dials the sandbox's own address
+//! from the node instead ([`Upstream::Address`]; see [`crate::gvisor`]):
+//! the node's nftables rules let the node open connections to its
+//! sandboxes (only the answers come back in) while a sandbox still cannot
+//! open one to the node. A server inside a runsc sandbox is reachable only
+//! when it listens on the sandbox's address or `0.0.0.0` (execd does).
+//!
 //! Every request carries the sandbox's access token in
 //! `X-Sandbolt-Access-Token`; the proxy compares its SHA-256 with the one the
 //! agent stored, in constant time, and removes the header before forwarding
@@ -23,7 +32,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::{SocketAddr, TcpStream as StdTcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream as StdTcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,11 +58,32 @@ pub use sandbolt_proto::wire::PROXY_TOKEN_HEADER as TOKEN_HEADER;
 /// are refused at once; this only bounds a pathological namespace.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How a connection to a port of a sandbox is opened.
+#[derive(Debug, Clone)]
+pub enum Upstream {
+    /// `127.0.0.1:<port>` inside this network namespace (held open since
+    /// the sandbox's task started): runc and crun sandboxes.
+    Namespace(Arc<NetnsHandle>),
+    /// `<address>:<port>` from the node: gVisor sandboxes, whose netstack
+    /// owns their veth and loopback.
+    Address(Ipv4Addr),
+}
+
+impl Upstream {
+    /// The `Host` header a server inside expects for `port`.
+    pub fn host(&self, port: u16) -> String {
+        match self {
+            Upstream::Namespace(_) => format!("127.0.0.1:{port}"),
+            Upstream::Address(ip) => format!("{ip}:{port}"),
+        }
+    }
+}
+
 /// Where a sandbox lives, as the proxy needs it.
 #[derive(Debug, Clone)]
 pub struct Route {
-    /// The sandbox's network namespace, held open since its task started.
-    pub netns: Arc<NetnsHandle>,
+    /// How to reach it.
+    pub upstream: Upstream,
     /// SHA-256 of the sandbox's access token.
     pub token_sha256: [u8; 32],
 }
@@ -118,6 +148,42 @@ pub async fn serve_with_limits(
     .await;
     tracing::info!("data-plane proxy stopped");
     Ok(())
+}
+
+/// Opens a TCP connection to `port` of a sandbox, the way its upstream says.
+pub async fn dial(upstream: &Upstream, port: u16) -> io::Result<TcpStream> {
+    match upstream {
+        Upstream::Namespace(netns) => dial_in_sandbox(netns, port).await,
+        Upstream::Address(ip) => {
+            let addr = SocketAddr::from((*ip, port));
+            let stream = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(addr))
+                .await
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {addr}"))
+                })??;
+            let _ = stream.set_nodelay(true);
+            notice_a_dead_sandbox(&stream);
+            Ok(stream)
+        }
+    }
+}
+
+/// A gVisor sandbox that dies takes its network stack with it: nothing
+/// answers for its address any more, not even with a reset, so a
+/// connection to it would wait for ever. Keepalive probes (and a bound on
+/// unacknowledged data) end such a connection within about half a minute.
+fn notice_a_dead_sandbox(stream: &TcpStream) {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(3);
+    let sock = socket2::SockRef::from(stream);
+    if let Err(e) = sock
+        .set_tcp_keepalive(&keepalive)
+        .and_then(|()| sock.set_tcp_user_timeout(Some(Duration::from_secs(30))))
+    {
+        tracing::debug!(error = %e, "cannot set keepalive on a sandbox connection");
+    }
 }
 
 /// Opens a TCP connection to `127.0.0.1:<port>` inside the network namespace
@@ -271,10 +337,11 @@ async fn forward(
     span.record("port", port);
     let route = authorize(&req, lookup.as_ref(), sandbox_id, peer)?;
     let upgrade = wants_upgrade(req.headers());
-    rewrite_for_upstream(&mut req, sandbox_id, port, rest, peer, upgrade)?;
+    let host = route.upstream.host(port);
+    rewrite_for_upstream(&mut req, sandbox_id, (port, &host), rest, peer, upgrade)?;
     // Take the client side of a possible upgrade before the request moves on.
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let mut resp = send_upstream(req, &route.netns, sandbox_id, port).await?;
+    let mut resp = send_upstream(req, &route.upstream, sandbox_id, port).await?;
     let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     if switched {
         let Some(client_upgrade) = client_upgrade else {
@@ -331,7 +398,7 @@ fn authorize(
 fn rewrite_for_upstream(
     req: &mut Request<Incoming>,
     sandbox_id: &str,
-    port: u16,
+    (port, host): (u16, &str),
     rest: &str,
     peer: SocketAddr,
     upgrade: bool,
@@ -350,10 +417,7 @@ fn rewrite_for_upstream(
     let headers = req.headers_mut();
     headers.remove(TOKEN_HEADER);
     strip_hop_by_hop(headers, upgrade);
-    headers.insert(
-        header::HOST,
-        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("ascii"),
-    );
+    headers.insert(header::HOST, HeaderValue::from_str(host).expect("ascii"));
     if let Some(h) = original_host {
         headers.insert("x-forwarded-host", h);
     }
@@ -375,13 +439,13 @@ fn rewrite_for_upstream(
 /// HTTP/1 connection (kept alive for an upgrade).
 async fn send_upstream(
     req: Request<Incoming>,
-    netns: &Arc<NetnsHandle>,
+    upstream: &Upstream,
     sandbox_id: &str,
     port: u16,
 ) -> Result<Response<Incoming>, Rejection> {
     let unavailable =
         |msg: String| Rejection::new(StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", msg);
-    let stream = dial_in_sandbox(netns, port).await.map_err(|e| {
+    let stream = dial(upstream, port).await.map_err(|e| {
         tracing::debug!(error = %e, "dial inside sandbox failed");
         unavailable(if e.kind() == io::ErrorKind::ConnectionRefused {
             format!("nothing is listening on port {port} in sandbox {sandbox_id:?}")

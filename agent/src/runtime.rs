@@ -8,10 +8,9 @@ use prost::Message;
 
 use crate::runtime_check::{self, Mitigation, RuntimeCheckMode};
 
-/// containerd's shim for runc-compatible runtimes (runc, crun).
+/// containerd's shim for runc-compatible runtimes (runc, crun, and runsc
+/// through the agent's wrapper: see [`crate::gvisor`]).
 pub const RUNC_SHIM: &str = "io.containerd.runc.v2";
-/// gVisor's shim.
-pub const RUNSC_SHIM: &str = "io.containerd.runsc.v1";
 
 /// The runc shim's options message (`containerd.runc.v1.Options`); only the
 /// fields the agent sets are declared, with their wire numbers.
@@ -19,6 +18,9 @@ pub const RUNSC_SHIM: &str = "io.containerd.runsc.v1";
 pub struct RuncOptions {
     #[prost(string, tag = "6")]
     pub binary_name: String,
+    /// The runtime's state root (the shim appends the containerd namespace).
+    #[prost(string, tag = "7")]
+    pub root: String,
     #[prost(bool, tag = "9")]
     pub systemd_cgroup: bool,
 }
@@ -31,6 +33,16 @@ pub struct RuntimeInfo {
     pub name: String,
     pub shim: &'static str,
     pub binary: Option<PathBuf>,
+    /// What the shim runs instead of `binary`: runsc's wrapper carrying the
+    /// agent's runsc flags (see [`crate::gvisor`]); `None` for runc and crun.
+    pub wrapper: Option<PathBuf>,
+    /// The runtime's own state root, when not the shim's default
+    /// (`/run/containerd/runc`, shared by every containerd on the node):
+    /// runsc's is the agent's (see [`crate::gvisor::state_root`]).
+    pub root: Option<PathBuf>,
+    /// The version line the runtime printed at start (runsc; empty when not
+    /// read).
+    pub version: String,
     pub available: bool,
     /// Why not, when not available.
     pub reason: String,
@@ -49,10 +61,16 @@ impl RuntimeInfo {
                 type_url: RUNC_OPTIONS_TYPE.to_string(),
                 value: RuncOptions {
                     binary_name: self
-                        .binary
+                        .wrapper
                         .as_ref()
+                        .or(self.binary.as_ref())
                         .map(|p| p.to_string_lossy().into_owned())
                         .unwrap_or_else(|| self.name.clone()),
+                    root: self
+                        .root
+                        .as_ref()
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
                     systemd_cgroup: false,
                 }
                 .encode_to_vec(),
@@ -74,6 +92,12 @@ pub struct ProbeOptions {
     pub check: RuntimeCheckMode,
     /// Sandboxes run in user namespaces (a mitigation of some escapes).
     pub user_namespaces: bool,
+    /// The agent has sandbox networking (runsc needs it, see
+    /// [`crate::gvisor`]).
+    pub network: bool,
+    /// Where runsc's wrapper is written, with which flags; `None`: runsc is
+    /// probed but never made available (nowhere to write the wrapper).
+    pub runsc: Option<(PathBuf, crate::gvisor::RunscConfig)>,
 }
 
 /// Probes runc, crun and runsc on this host (PATH lookup, version check
@@ -89,7 +113,6 @@ pub fn probe_with(opts: &ProbeOptions) -> Vec<RuntimeInfo> {
     ["runc", "crun", "runsc"]
         .into_iter()
         .map(|name| {
-            let shim = if name == "runsc" { RUNSC_SHIM } else { RUNC_SHIM };
             let binary = opts
                 .binaries
                 .iter()
@@ -106,27 +129,74 @@ pub fn probe_with(opts: &ProbeOptions) -> Vec<RuntimeInfo> {
                      cgroup v2 hierarchy with controllers): \"cgroups in hybrid mode not supported\""
                         .to_string(),
                 ),
-                (Some(_), "runsc") if which_shim("containerd-shim-runsc-v1").is_none() => (
-                    false,
-                    "runsc is installed but containerd-shim-runsc-v1 is not".to_string(),
-                ),
                 _ => (true, String::new()),
             };
             let mut info = RuntimeInfo {
                 name: name.to_string(),
-                shim,
+                shim: RUNC_SHIM,
                 binary,
+                wrapper: None,
+                root: None,
+                version: String::new(),
                 available,
                 reason,
                 findings: Vec::new(),
                 check_refusal: None,
             };
-            if info.available && shim == RUNC_SHIM {
+            if info.available && name == crate::gvisor::RUNSC {
+                prepare_runsc(&mut info, opts);
+            } else if info.available {
                 check_version(&mut info, opts);
             }
             info
         })
         .collect()
+}
+
+/// Makes an installed runsc usable, or says why it is not: it needs the
+/// agent's sandbox networking and no node user namespace, and it must
+/// really run here (`runsc --version`); then its wrapper is written.
+fn prepare_runsc(info: &mut RuntimeInfo, opts: &ProbeOptions) {
+    let Some(binary) = info.binary.clone() else {
+        return;
+    };
+    let refuse = |info: &mut RuntimeInfo, reason: String| {
+        info.available = false;
+        info.reason = reason;
+    };
+    if !opts.network {
+        return refuse(
+            info,
+            "runsc needs sandbox networking (gVisor's netstack takes the sandbox's veth, and \
+             the agent reaches execd at the sandbox's address): this agent runs with \
+             --network none"
+                .into(),
+        );
+    }
+    if opts.user_namespaces {
+        return refuse(
+            info,
+            "runsc is not supported with --user-namespace node: gVisor runs the sandbox's \
+             user ids in its own kernel, and the shifted image snapshots and id mapping are \
+             runc's; run runsc pools with --user-namespace off"
+                .into(),
+        );
+    }
+    let Some((state_dir, cfg)) = &opts.runsc else {
+        return refuse(
+            info,
+            "runsc: the agent has no state dir for its wrapper".into(),
+        );
+    };
+    match crate::gvisor::prepare(state_dir, &binary, cfg) {
+        Ok((wrapper, version)) => {
+            tracing::info!(runtime = "runsc", %version, wrapper = %wrapper.display(), platform = cfg.platform.as_str(), "gVisor ready");
+            info.wrapper = Some(wrapper);
+            info.root = Some(crate::gvisor::state_root(state_dir));
+            info.version = version;
+        }
+        Err(e) => refuse(info, format!("runsc cannot run here: {e}")),
+    }
 }
 
 /// Reads the runtime's version and applies the check's rule: a refusal
@@ -166,6 +236,8 @@ pub fn probe_for(cfg: &crate::AgentConfig) -> crate::Result<Vec<RuntimeInfo>> {
         binaries: cfg.runtime_binaries.clone(),
         check: cfg.runtime_check,
         user_namespaces: cfg.user_namespace.enabled(),
+        network: cfg.network.is_some(),
+        runsc: Some((cfg.state_dir.clone(), cfg.runsc)),
     });
     match runtimes.iter().find(|r| r.name == cfg.default_runtime) {
         Some(r) if r.check_refusal.is_some() => Err(crate::AgentError::RuntimeUnavailable {
@@ -174,10 +246,6 @@ pub fn probe_for(cfg: &crate::AgentConfig) -> crate::Result<Vec<RuntimeInfo>> {
         }),
         _ => Ok(runtimes),
     }
-}
-
-fn which_shim(name: &str) -> Option<PathBuf> {
-    find_in_path(name)
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
@@ -216,6 +284,7 @@ mod tests {
     fn runc_options_encode_binary_name_as_field_6() {
         let opts = RuncOptions {
             binary_name: "crun".into(),
+            root: String::new(),
             systemd_cgroup: false,
         };
         // tag 6, wire type 2 → 0x32, then length and bytes.

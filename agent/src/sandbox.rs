@@ -622,6 +622,12 @@ impl Sandboxes {
         lock: &Arc<tokio::sync::Mutex<()>>,
     ) -> Result<Created> {
         let id = spec.sandbox_id.clone();
+        // What the runtime refuses (e.g. volumes under runsc) is said
+        // before volumes are looked up.
+        if let Err(e) = self.runtime_for(spec) {
+            self.release_lock(&id, lock);
+            return Err(e);
+        }
         self.reserve_entry(spec)?;
         if let Err(e) = self
             .reserve_volumes(&id, &spec.volume_mounts, "volume_mounts")
@@ -731,7 +737,11 @@ impl Sandboxes {
         progress: &mut CreateProgress,
     ) -> Result<u32> {
         let runtime = self.runtime_for(spec)?;
-        let limits = self.limits_for(spec.resources.clone().unwrap_or_default())?;
+        let mut limits = self.limits_for(spec.resources.clone().unwrap_or_default())?;
+        if runtime.name == crate::gvisor::RUNSC {
+            limits.pids_limit = crate::gvisor::host_pids_limit(limits.pids_limit);
+            self.check_runsc_id(&spec.sandbox_id)?;
+        }
         // Held open until the task exists, then mounted into it (see
         // `crate::live_mount`): what was checked is what gets mounted.
         let held = self.bind_mounts(spec)?;
@@ -893,7 +903,30 @@ impl Sandboxes {
                 reason: runtime.reason.clone(),
             });
         }
+        if runtime.name == crate::gvisor::RUNSC {
+            crate::gvisor::check_spec(spec, &self.cfg.runsc)?;
+        }
         Ok(runtime)
+    }
+
+    /// runsc finds containers by id prefix and refuses an id that is a
+    /// prefix of another's as ambiguous (after the container exists), so
+    /// such an id is refused up front. The controller's ids have one fixed
+    /// length and never clash.
+    fn check_runsc_id(&self, id: &str) -> Result<()> {
+        let table = self.table.read();
+        let clash = table.values().find(|e| {
+            e.id != id
+                && e.runtime == crate::gvisor::RUNSC
+                && (e.id.starts_with(id) || id.starts_with(&e.id))
+        });
+        match clash {
+            Some(e) => Err(AgentError::InvalidArgument(format!(
+                "sandbox_id {id:?}: runsc cannot run it beside runsc sandbox {:?} on this node (runsc finds containers by id prefix); use ids of one length",
+                e.id
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The hardening options: the request's limits parsed, the agent's
@@ -1248,9 +1281,21 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// The network namespace a sandbox dials through, while it has one.
-    fn netns_of(&self, id: &str) -> Option<Arc<crate::netns::NetnsHandle>> {
-        self.table.read().get(id).and_then(|e| e.netns.clone())
+    /// How the agent reaches sandbox `id` while it is alive.
+    fn upstream(&self, id: &str) -> Option<proxy::Upstream> {
+        let e = self.table.read().get(id).cloned()?;
+        self.upstream_of(&e)
+    }
+
+    /// How the agent reaches a live sandbox (see [`proxy::Upstream`]):
+    /// through the namespace held since its task started, or, under gVisor,
+    /// at its address (see [`crate::gvisor`]). None once its task exited.
+    pub(crate) fn upstream_of(&self, e: &Entry) -> Option<proxy::Upstream> {
+        let netns = e.netns.clone()?;
+        if crate::gvisor::dials_by_address(&e.runtime) {
+            return self.network()?.ip_of(&e.id).map(proxy::Upstream::Address);
+        }
+        Some(proxy::Upstream::Namespace(netns))
     }
 
     /// Records the started task's pid and turns the entry Running.
@@ -1309,10 +1354,10 @@ impl Sandboxes {
 
     /// One `/ping`; an exited sandbox is final, anything else is retried.
     async fn ping_execd(&self, id: &str, token: &str) -> Result<(), ExecdProbe> {
-        let answer = match self.netns_of(id) {
-            Some(netns) => {
+        let answer = match self.upstream(id) {
+            Some(upstream) => {
                 crate::netns::http_get_status(
-                    &netns,
+                    &upstream,
                     self.cfg.execd_port,
                     "/ping",
                     &[(EXECD_TOKEN_HEADER, token)],
@@ -1777,6 +1822,13 @@ impl Sandboxes {
                 action,
             });
         }
+        if e.runtime == crate::gvisor::RUNSC {
+            return Err(crate::gvisor::unsupported(
+                id,
+                action,
+                "its file system is gVisor's, served by its gofer; mounts cannot be moved into it",
+            ));
+        }
         Ok((e.pid, e.volume_mounts.clone()))
     }
 
@@ -1975,6 +2027,15 @@ impl Sandboxes {
             .get(id)
             .filter(|e| e.warm.is_none())
             .ok_or_else(|| AgentError::SandboxNotFound(id.to_string()))?;
+        if e.runtime == crate::gvisor::RUNSC {
+            // gVisor caches file data in its sentry: the writable layer on
+            // the node is not a consistent image of the sandbox's files.
+            return Err(crate::gvisor::unsupported(
+                id,
+                "snapshot",
+                "gVisor keeps file data in its own kernel, so the writable layer on the node is not a consistent copy; snapshots are for runc sandboxes",
+            ));
+        }
         let running = match e.phase {
             SandboxPhase::Running => true,
             SandboxPhase::Paused => false,
@@ -2095,7 +2156,7 @@ impl proxy::SandboxLookup for Sandboxes {
             return None;
         }
         Some(proxy::Route {
-            netns: e.netns.clone()?,
+            upstream: self.upstream_of(e)?,
             token_sha256: e.token_sha256,
         })
     }

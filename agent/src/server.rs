@@ -72,6 +72,7 @@ impl AgentApi {
                     name: r.name.clone(),
                     available: r.available,
                     reason: r.reason.clone(),
+                    version: r.version.clone(),
                 })
                 .collect(),
             generated_at_unix_ms: now_ms(),
@@ -86,6 +87,7 @@ impl AgentApi {
             warm,
             warm_starting,
             snapshots: self.sandboxes.snapshots().inventory(),
+            juicefs: self.volumes().juicefs_status(),
         })
     }
 

@@ -711,7 +711,9 @@ impl Snapshots {
         if !self.volumes.enabled() {
             return;
         }
-        let volumes = match self.volumes.list().await {
+        // The node's own volumes only: JuiceFS volumes are every agent's,
+        // and another agent's snapshots are not in `ids`.
+        let volumes = match self.volumes.list_local().await {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(error = %e, "could not list volumes to remove orphan snapshot volume snapshots");

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::error::{AgentError, Result};
+use crate::juicefs_mount::{JuiceFsConfig, JuiceFsMount};
 use crate::labels;
 use crate::volume_store::{
     AccessMode, Capabilities, NewVolume, Volume, VolumeStore, VolumeStoreConfig, VolumeStoreError,
@@ -287,6 +288,104 @@ fn size_of(spec: &pb::VolumeSpec, field: &str) -> Result<Option<u64>> {
     }
 }
 
+/// Which store holds a volume: the node's volume root or the cluster's
+/// JuiceFS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Local,
+    JuiceFs,
+}
+
+impl Backend {
+    /// From a spec's `backend` ("" and "local": the volume root).
+    pub fn parse(value: &str, field: &str) -> Result<Self> {
+        match value {
+            "" | "local" => Ok(Self::Local),
+            "juicefs" => Ok(Self::JuiceFs),
+            other => Err(AgentError::InvalidArgument(format!(
+                "{field}.backend: unknown backend {other:?} (expected \"local\" (the default) or \"juicefs\")"
+            ))),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::JuiceFs => "juicefs",
+        }
+    }
+}
+
+/// Where a call goes: a new volume's backend, or wherever an existing
+/// volume is (the volume root first, then JuiceFS).
+enum Target {
+    New(Backend, String),
+    Existing(String),
+}
+
+/// The stores a call may use, taken out of [`VolumeMounts`] so that the
+/// choice (which touches the filesystems) runs off the async runtime.
+#[derive(Clone)]
+struct Stores {
+    local: Option<Arc<VolumeStore>>,
+    juicefs: Option<Arc<JuiceFsMount>>,
+    node_name: String,
+}
+
+impl Stores {
+    fn of(&self, backend: Backend) -> Result<Arc<VolumeStore>> {
+        match backend {
+            Backend::Local => self
+                .local
+                .clone()
+                .ok_or_else(|| AgentError::VolumesUnavailable {
+                    node: self.node_name.clone(),
+                }),
+            Backend::JuiceFs => match &self.juicefs {
+                None => Err(AgentError::JuiceFsNotConfigured {
+                    node: self.node_name.clone(),
+                }),
+                Some(m) => m.store(),
+            },
+        }
+    }
+
+    /// The store for `target`. A new volume's name must be free in the
+    /// other store too (a sandbox names the volumes it mounts by name
+    /// only); JuiceFS is only asked when it is available.
+    fn pick(&self, target: &Target) -> Result<(Backend, Arc<VolumeStore>)> {
+        match target {
+            Target::New(backend, name) => {
+                let store = self.of(*backend)?;
+                let other = match backend {
+                    Backend::Local => Backend::JuiceFs,
+                    Backend::JuiceFs => Backend::Local,
+                };
+                if let Ok(o) = self.of(other)
+                    && o.contains(name)
+                {
+                    return Err(AgentError::VolumeStore(VolumeStoreError::AlreadyExists {
+                        volume: name.clone(),
+                        snapshot: None,
+                    }));
+                }
+                Ok((*backend, store))
+            }
+            Target::Existing(name) => {
+                if let Some(local) = &self.local
+                    && (self.juicefs.is_none() || local.contains(name))
+                {
+                    return Ok((Backend::Local, local.clone()));
+                }
+                match &self.juicefs {
+                    Some(m) => Ok((Backend::JuiceFs, m.store()?)),
+                    None => self.of(Backend::Local).map(|s| (Backend::Local, s)),
+                }
+            }
+        }
+    }
+}
+
 fn new_volume(spec: &pb::VolumeSpec, field: &str) -> Result<NewVolume> {
     let access_mode = AccessMode::from_proto(spec.access_mode)
         .map_err(|e| AgentError::InvalidArgument(format!("{field}.access_mode: {e}")))?;
@@ -357,6 +456,8 @@ pub struct VolumeMounts {
     table: Mutex<Table>,
     /// Per-volume gates, see the module docs.
     gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The cluster's JuiceFS, when configured (see [`Self::with_juicefs`]).
+    juicefs: Option<Arc<JuiceFsMount>>,
 }
 
 impl VolumeMounts {
@@ -392,6 +493,36 @@ impl VolumeMounts {
             node_name: node_name.to_string(),
             table: Mutex::new(Table::default()),
             gates: Mutex::new(HashMap::new()),
+            juicefs: None,
+        }
+    }
+
+    /// Mounts the cluster's JuiceFS (when configured) and serves its
+    /// volumes beside the node's. A metadata engine that is down does not
+    /// fail this: the mount is reported down until it answers.
+    pub async fn with_juicefs(mut self, cfg: Option<&JuiceFsConfig>) -> Result<Self> {
+        if let Some(cfg) = cfg {
+            let mount = JuiceFsMount::start(cfg.clone(), &self.agent_id, &self.node_name).await?;
+            self.juicefs = Some(mount);
+        }
+        Ok(self)
+    }
+
+    /// The JuiceFS mount, when configured.
+    pub fn juicefs(&self) -> Option<&Arc<JuiceFsMount>> {
+        self.juicefs.as_ref()
+    }
+
+    /// The JuiceFS mount's state for the inventory (None: not configured).
+    pub fn juicefs_status(&self) -> Option<pb::JuiceFsStatus> {
+        self.juicefs.as_ref().map(|m| m.status())
+    }
+
+    /// Unmounts JuiceFS (at agent stop; sandboxes' mounts of its volumes
+    /// stop working with it).
+    pub async fn stop_juicefs(&self) {
+        if let Some(m) = self.juicefs.clone() {
+            let _ = tokio::task::spawn_blocking(move || m.stop()).await;
         }
     }
 
@@ -435,8 +566,18 @@ impl VolumeMounts {
         self.capabilities.map(Into::into)
     }
 
+    /// Whether this agent serves named volumes at all (a volume root or
+    /// JuiceFS).
     pub fn enabled(&self) -> bool {
-        self.store.read().is_some()
+        self.store.read().is_some() || self.juicefs.is_some()
+    }
+
+    fn stores(&self) -> Stores {
+        Stores {
+            local: self.store.read().clone(),
+            juicefs: self.juicefs.clone(),
+            node_name: self.node_name.clone(),
+        }
     }
 
     fn store(&self) -> Result<Arc<VolumeStore>> {
@@ -459,6 +600,24 @@ impl VolumeMounts {
             .await
             .map_err(|e| AgentError::io("volume store call")(e.into()))?
             .map_err(AgentError::VolumeStore)
+    }
+
+    /// Runs a (blocking) store call on the store `target` picks, off the
+    /// async runtime; says which backend it was.
+    async fn call_on<T, F>(&self, target: Target, f: F) -> Result<(Backend, T)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&VolumeStore) -> Result<T, VolumeStoreError> + Send + 'static,
+    {
+        let stores = self.stores();
+        tokio::task::spawn_blocking(move || {
+            let (backend, store) = stores.pick(&target)?;
+            f(&store)
+                .map(|t| (backend, t))
+                .map_err(AgentError::VolumeStore)
+        })
+        .await
+        .map_err(|e| AgentError::io("volume store call")(e.into()))?
     }
 
     /// Takes the gates of `volumes` (sorted, so two callers never wait on
@@ -485,7 +644,7 @@ impl VolumeMounts {
         held
     }
 
-    fn info(&self, v: Volume) -> pb::VolumeInfo {
+    fn info(&self, (backend, v): (Backend, Volume)) -> pb::VolumeInfo {
         let mounts = self
             .table
             .lock()
@@ -493,15 +652,22 @@ impl VolumeMounts {
             .iter()
             .map(Into::into)
             .collect();
+        let capabilities = match backend {
+            Backend::Local => self.capabilities(),
+            Backend::JuiceFs => Some(JuiceFsMount::capabilities().into()),
+        };
         pb::VolumeInfo {
-            spec: Some(v.spec()),
+            spec: Some(pb::VolumeSpec {
+                backend: backend.as_str().into(),
+                ..v.spec()
+            }),
             agent_id: self.agent_id.clone(),
             node_name: self.node_name.clone(),
             created_at_unix_ms: v.created_at_ms,
             used_bytes: v
                 .used_bytes
                 .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)),
-            capabilities: self.capabilities(),
+            capabilities,
             snapshots: v.snapshots.iter().map(Into::into).collect(),
             mounts,
             forked_from: v.forked_from.unwrap_or_default(),
@@ -511,32 +677,62 @@ impl VolumeMounts {
     pub async fn create(&self, spec: Option<pb::VolumeSpec>) -> Result<pb::VolumeInfo> {
         let spec = spec.ok_or_else(|| AgentError::InvalidArgument("spec is required".into()))?;
         let new = new_volume(&spec, "spec")?;
-        let v = self.call(move |s| s.create(&new)).await?;
-        tracing::info!(volume = %v.name, access_mode = %v.access_mode, size_bytes = v.size_bytes, "volume created");
+        let backend = Backend::parse(&spec.backend, "spec")?;
+        let target = Target::New(backend, new.name.clone());
+        let v = self.call_on(target, move |s| s.create(&new)).await?;
+        tracing::info!(volume = %v.1.name, backend = backend.as_str(), access_mode = %v.1.access_mode, size_bytes = v.1.size_bytes, "volume created");
         Ok(self.info(v))
     }
 
     pub async fn get(&self, name: &str) -> Result<pb::VolumeInfo> {
         let name = name.to_string();
-        let v = self.call(move |s| s.get(&name)).await?;
+        let v = self
+            .call_on(Target::Existing(name.clone()), move |s| s.get(&name))
+            .await?;
         Ok(self.info(v))
     }
 
+    /// Every volume of the volume root, then every volume on JuiceFS.
     pub async fn list(&self) -> Result<Vec<pb::VolumeInfo>> {
-        let vols = self.call(VolumeStore::list).await?;
-        Ok(vols.into_iter().map(|v| self.info(v)).collect())
+        let mut out = self.list_local().await?;
+        if self.juicefs.is_some() {
+            let target = Target::New(Backend::JuiceFs, String::new());
+            let (b, vols) = self.call_on(target, VolumeStore::list).await?;
+            out.extend(vols.into_iter().map(|v| self.info((b, v))));
+        }
+        Ok(out)
     }
 
-    /// Every volume for the inventory; empty without a volume root (a
-    /// failure is logged: it must not stop the heartbeat).
-    pub async fn inventory(&self) -> Vec<pb::VolumeInfo> {
-        if !self.enabled() {
-            return Vec::new();
+    /// Every volume of the node's volume root (none without one): what is
+    /// this agent's alone (JuiceFS volumes are every agent's).
+    pub async fn list_local(&self) -> Result<Vec<pb::VolumeInfo>> {
+        if self.store.read().is_none() {
+            return Ok(Vec::new());
         }
-        self.list().await.unwrap_or_else(|e| {
+        let vols = self.call(VolumeStore::list).await?;
+        Ok(vols
+            .into_iter()
+            .map(|v| self.info((Backend::Local, v)))
+            .collect())
+    }
+
+    /// Every volume for the inventory; a failure is logged (it must not
+    /// stop the heartbeat), and JuiceFS failing leaves the node's own.
+    pub async fn inventory(&self) -> Vec<pb::VolumeInfo> {
+        let mut out = self.list_local().await.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "listing volumes for the inventory failed");
             Vec::new()
-        })
+        });
+        if self.juicefs.as_ref().is_some_and(|m| m.mounted()) {
+            let target = Target::New(Backend::JuiceFs, String::new());
+            match self.call_on(target, VolumeStore::list).await {
+                Ok((b, vols)) => out.extend(vols.into_iter().map(|v| self.info((b, v)))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing JuiceFS volumes for the inventory failed")
+                }
+            }
+        }
+        out
     }
 
     /// Deletes a volume and its snapshots; refused while mounted.
@@ -544,7 +740,9 @@ impl VolumeMounts {
         let _gate = self.gates([name]).await;
         refuse_if_mounted(&self.table.lock(), name, "delete")?;
         let owned = name.to_string();
-        let existed = self.call(move |s| s.delete(&owned)).await?;
+        let (_, existed) = self
+            .call_on(Target::Existing(owned.clone()), move |s| s.delete(&owned))
+            .await?;
         if existed {
             tracing::info!(volume = %name, "volume deleted");
         }
@@ -553,14 +751,22 @@ impl VolumeMounts {
 
     pub async fn snapshot(&self, volume: &str, name: &str) -> Result<pb::VolumeSnapshot> {
         let (volume, name) = (volume.to_string(), name.to_string());
-        let snap = self.call(move |s| s.snapshot(&volume, &name)).await?;
+        let (_, snap) = self
+            .call_on(Target::Existing(volume.clone()), move |s| {
+                s.snapshot(&volume, &name)
+            })
+            .await?;
         tracing::info!(volume = %snap.volume, snapshot = %snap.name, "volume snapshot created");
         Ok((&snap).into())
     }
 
     pub async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<bool> {
         let (volume, name) = (volume.to_string(), name.to_string());
-        self.call(move |s| s.delete_snapshot(&volume, &name)).await
+        let target = Target::Existing(volume.clone());
+        let (_, existed) = self
+            .call_on(target, move |s| s.delete_snapshot(&volume, &name))
+            .await?;
+        Ok(existed)
     }
 
     /// Replaces the volume's data with a snapshot's; refused while mounted.
@@ -568,7 +774,9 @@ impl VolumeMounts {
         let _gate = self.gates([volume]).await;
         refuse_if_mounted(&self.table.lock(), volume, "restore")?;
         let (v, s) = (volume.to_string(), snapshot.to_string());
-        let restored = self.call(move |st| st.restore(&v, &s)).await?;
+        let restored = self
+            .call_on(Target::Existing(v.clone()), move |st| st.restore(&v, &s))
+            .await?;
         tracing::info!(volume, snapshot, "volume restored");
         Ok(self.info(restored))
     }
@@ -585,12 +793,29 @@ impl VolumeMounts {
             AgentError::InvalidArgument("spec is required (at least the new volume's name)".into())
         })?;
         let new = new_volume(&spec, "spec")?;
+        let asked = (!spec.backend.is_empty())
+            .then(|| Backend::parse(&spec.backend, "spec"))
+            .transpose()?;
         let source = source.to_string();
         let snapshot = (!snapshot.is_empty()).then(|| snapshot.to_string());
-        let v = self
-            .call(move |s| s.fork(&source, snapshot.as_deref(), &new))
-            .await?;
-        tracing::info!(volume = %v.name, forked_from = v.forked_from.as_deref().unwrap_or(""), "volume forked");
+        let stores = self.stores();
+        let v = tokio::task::spawn_blocking(move || {
+            let (backend, _) = stores.pick(&Target::Existing(source.clone()))?;
+            if asked.is_some_and(|a| a != backend) {
+                return Err(AgentError::InvalidArgument(format!(
+                    "spec.backend: a fork stays on its source's backend ({}); omit backend or ask for {0:?}",
+                    backend.as_str()
+                )));
+            }
+            let (backend, store) = stores.pick(&Target::New(backend, new.name.clone()))?;
+            store
+                .fork(&source, snapshot.as_deref(), &new)
+                .map(|v| (backend, v))
+                .map_err(AgentError::VolumeStore)
+        })
+        .await
+        .map_err(|e| AgentError::io("volume store call")(e.into()))??;
+        tracing::info!(volume = %v.1.name, backend = v.0.as_str(), forked_from = v.1.forked_from.as_deref().unwrap_or(""), "volume forked");
         Ok(self.info(v))
     }
 
@@ -608,14 +833,18 @@ impl VolumeMounts {
         }
         let _gates = self.gates(mounts.iter().map(|m| m.volume.as_str())).await;
         let names: Vec<String> = mounts.iter().map(|m| m.volume.clone()).collect();
-        let modes = self
-            .call(move |s| {
-                Ok(names
-                    .iter()
-                    .map(|n| s.get(n).map(|v| v.access_mode))
-                    .collect::<Vec<_>>())
-            })
-            .await?;
+        let stores = self.stores();
+        let modes = tokio::task::spawn_blocking(move || {
+            names
+                .iter()
+                .map(|n| {
+                    let (_, store) = stores.pick(&Target::Existing(n.clone()))?;
+                    Ok(store.get(n).map(|v| v.access_mode))
+                })
+                .collect::<Result<Vec<_>>>()
+        })
+        .await
+        .map_err(|e| AgentError::io("volume store call")(e.into()))??;
         let mut table = self.table.lock();
         for (i, (m, mode)) in mounts.iter().zip(modes).enumerate() {
             let field = format!("{field}[{i}]");
@@ -682,8 +911,10 @@ impl VolumeMounts {
     /// created when missing) and holds it for mounting.
     pub async fn open_mount(&self, m: &pb::NamedVolumeMount, field: &str) -> Result<HeldMount> {
         let (volume, sub_path) = (m.volume.clone(), m.sub_path.clone());
-        let fd = self
-            .call(move |s| s.open_data(&volume, &sub_path))
+        let (_, fd) = self
+            .call_on(Target::Existing(volume.clone()), move |s| {
+                s.open_data(&volume, &sub_path)
+            })
             .await
             .map_err(about(field.to_string()))?;
         volumes::held_from_fd(fd, &m.mount_path, m.read_only)
@@ -803,6 +1034,34 @@ mod tests {
         let e = vm.get("v").await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
         assert!(vm.inventory().await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn backends_are_named_and_juicefs_needs_configuring() {
+        let vm = VolumeMounts::new(None, "agent", "node-1");
+        let create = |backend: &str| pb::VolumeSpec {
+            name: "v".into(),
+            backend: backend.into(),
+            ..Default::default()
+        };
+        let e = vm.create(Some(create("nfs"))).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+        assert!(
+            e.to_string().contains("spec.backend") && e.to_string().contains("nfs"),
+            "{e}"
+        );
+        let e = vm.create(Some(create("juicefs"))).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(
+            e.to_string().contains("node-1") && e.to_string().contains("--juicefs-meta-url"),
+            "{e}"
+        );
+        // "" and "local" are the volume root (there is none here).
+        for local in ["", "local"] {
+            let e = vm.create(Some(create(local))).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+        }
+        assert!(vm.juicefs_status().is_none());
     }
 
     #[test]

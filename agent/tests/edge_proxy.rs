@@ -139,7 +139,9 @@ impl SandboxLookup for Table {
 /// A route into the namespace `pid` is in now.
 fn route(pid: u32, token: &str) -> Route {
     Route {
-        netns: Arc::new(NetnsHandle::of_process(pid).expect("open the namespace")),
+        upstream: proxy::Upstream::Namespace(Arc::new(
+            NetnsHandle::of_process(pid).expect("open the namespace"),
+        )),
         token_sha256: Sha256::digest(token.as_bytes()).into(),
     }
 }

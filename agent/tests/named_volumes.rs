@@ -26,6 +26,7 @@ fn volume_spec(name: &str, mode: AccessMode, size_bytes: i64) -> VolumeSpec {
         name: name.into(),
         access_mode: mode as i32,
         size_bytes,
+        backend: String::new(),
     }
 }
 

@@ -180,7 +180,7 @@ async fn pid_reuse_never_reaches_the_new_process() {
     let handle = Arc::new(NetnsHandle::of_process(pid).unwrap());
     assert_eq!(handle.inode(), inode(&na));
     let route = Route {
-        netns: handle.clone(),
+        upstream: proxy::Upstream::Namespace(handle.clone()),
         token_sha256: Sha256::digest(SANDBOX_TOKEN.as_bytes()).into(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -250,7 +250,10 @@ async fn ping_through_proxy(agent: &AgentHandle, id: &str) -> StatusCode {
 /// The namespace the agent's table routes `id` through, as an inode.
 fn routed_inode(agent: &AgentHandle, id: &str) -> Option<u64> {
     let sandboxes: &dyn SandboxLookup = agent.sandboxes().as_ref();
-    sandboxes.lookup(id).map(|r| r.netns.inode())
+    sandboxes.lookup(id).map(|r| match r.upstream {
+        proxy::Upstream::Namespace(netns) => netns.inode(),
+        proxy::Upstream::Address(ip) => panic!("runc sandbox {id} routed by address {ip}"),
+    })
 }
 
 #[tokio::test(flavor = "multi_thread")]

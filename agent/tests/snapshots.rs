@@ -382,6 +382,7 @@ async fn create_volume(env: &mut Env, name: &str, mode: AccessMode) {
                 name: name.into(),
                 access_mode: mode as i32,
                 size_bytes: 0,
+                backend: String::new(),
             }),
         })
         .await

@@ -235,7 +235,7 @@ async fn claim_two(env: &mut Env, warm: &BTreeSet<String>) -> ((String, u32), (S
         for (token, want) in [(format!("token-{id}"), 200), ("warm-or-wrong".into(), 401)] {
             let netns = sandbolt_agent::netns::NetnsHandle::of_process(st.pid).unwrap();
             let code = sandbolt_agent::netns::http_get_status(
-                &Arc::new(netns),
+                &sandbolt_agent::proxy::Upstream::Namespace(Arc::new(netns)),
                 sandbolt_proto::wire::EXECD_PORT,
                 "/files/info?path=/",
                 &[(sandbolt_proto::wire::EXECD_TOKEN_HEADER, &token)],

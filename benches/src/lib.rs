@@ -11,6 +11,8 @@ pub mod chart;
 pub mod machine;
 pub mod progress;
 pub mod report;
+pub mod runtimes;
+pub mod scale;
 pub mod scenarios;
 pub mod sdk;
 pub mod snapshot;
@@ -69,7 +71,7 @@ impl BenchError {
 pub type Result<T> = std::result::Result<T, BenchError>;
 
 /// The scenarios a run can be limited to (`--scenario`).
-pub const SCENARIOS: [&str; 7] = [
+pub const SCENARIOS: [&str; 8] = [
     "sequential",
     "burst",
     "churn",
@@ -77,6 +79,7 @@ pub const SCENARIOS: [&str; 7] = [
     "warm",
     "snapshots",
     "telemetry",
+    "runtimes",
 ];
 
 /// How much to measure.
@@ -107,6 +110,10 @@ pub struct Options {
     /// Rounds of the telemetry scenario (issue 20: creates with OTLP export
     /// and scraping on vs off, interleaved); 0 leaves it out.
     pub telemetry_rounds: u32,
+    /// Rounds of the runtimes scenario (issue 24: runc vs runsc, each on a
+    /// pool of its own: create, exec, 1 MiB file, idle memory); 0 leaves
+    /// it out.
+    pub runtime_rounds: u32,
     /// The scenarios to run (names as [`Options::runs`] knows them); empty:
     /// all of them.
     pub scenarios: Vec<String>,
@@ -130,6 +137,8 @@ impl Options {
             snapshot_rounds: 3,
             snapshot_sizes_mib: vec![1],
             telemetry_rounds: 3,
+            // Off in the quick run: it needs runsc and sandbox networking.
+            runtime_rounds: 0,
             scenarios: Vec::new(),
             runtime: "runc".into(),
             out_dir,
@@ -148,6 +157,7 @@ impl Options {
             snapshot_rounds: 10,
             snapshot_sizes_mib: vec![1, 100, 1024],
             telemetry_rounds: 50,
+            runtime_rounds: 20,
             scenarios: Vec::new(),
             runtime: "runc".into(),
             out_dir,

@@ -10,8 +10,14 @@ use sandbolt_benches::{Options, report, scenarios};
 /// `ctr run -d`, Docker) on a private test bed, interleaved in one run.
 /// Writes results.md, samples.csv, samples.json and latency.png.
 #[derive(Debug, Parser)]
-#[command(name = "sandbolt-bench", version)]
+#[command(
+    name = "sandbolt-bench",
+    version,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Small run (about a minute) that proves the harness works; it says
     /// nothing about speed.
     #[arg(long)]
@@ -47,8 +53,15 @@ struct Args {
     /// scraping on vs off, interleaved (0 leaves it out).
     #[arg(long)]
     telemetry_rounds: Option<u32>,
+    /// Rounds of the runtimes scenario: runc vs runsc (gVisor), each on a
+    /// pool of its own with sandbox networking — create → READY, exec and
+    /// 1 MiB file round trips, idle memory per sandbox (default: 0 with
+    /// --quick, else 20; 0 leaves it out).
+    #[arg(long)]
+    runtime_rounds: Option<u32>,
     /// Run only these scenarios (sequential, burst, churn, sdk, warm,
-    /// snapshots, telemetry; repeatable or comma-separated); default all.
+    /// snapshots, telemetry, runtimes; repeatable or comma-separated);
+    /// default all.
     #[arg(long = "scenario", value_delimiter = ',')]
     scenarios: Vec<String>,
     /// OCI runtime of sandbolt's agents: runc, crun or runsc (one that
@@ -60,12 +73,23 @@ struct Args {
     out: PathBuf,
 }
 
+/// Harnesses other than the latency one.
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// The controller at scale against simulated agents (issue 25); see
+    /// `sandbolt-bench scale --help`.
+    Scale(sandbolt_benches::scale::cli::ScaleArgs),
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // The telemetry scenario switches OTLP span export on and off in this
     // process's subscriber, so the harness installs it.
     sandbolt_benches::telemetry::init_tracing();
     let args = Args::parse();
+    if let Some(Command::Scale(scale)) = args.command {
+        return sandbolt_benches::scale::cli::main(scale).await;
+    }
     let mut opts = if args.quick {
         Options::quick(args.out.clone())
     } else {
@@ -82,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
         opts.snapshot_sizes_mib = sizes;
     }
     opts.telemetry_rounds = args.telemetry_rounds.unwrap_or(opts.telemetry_rounds);
+    opts.runtime_rounds = args.runtime_rounds.unwrap_or(opts.runtime_rounds);
     if let Some(unknown) = args
         .scenarios
         .iter()

@@ -60,6 +60,7 @@ pub fn ratios(out: &RunOutput) -> Vec<(String, f64)> {
     ratios.extend(crate::warm::ratios(&out.samples));
     ratios.extend(crate::snapshot::ratios(&out.samples));
     ratios.extend(crate::telemetry::ratios(&out.samples));
+    ratios.extend(crate::runtimes::ratios(&out.samples));
     ratios
 }
 

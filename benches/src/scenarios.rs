@@ -51,7 +51,8 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
         + steps("sdk", u64::from(opts.sdk_rounds > 0))
         + steps("warm", u64::from(opts.warm_rounds > 0))
         + steps("snapshots", u64::from(opts.snapshot_rounds > 0))
-        + steps("telemetry", u64::from(opts.telemetry_rounds > 0));
+        + steps("telemetry", u64::from(opts.telemetry_rounds > 0))
+        + steps("runtimes", u64::from(opts.runtime_rounds > 0));
     let mut run = Run {
         bench,
         enabled,
@@ -83,12 +84,15 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
     if opts.runs("telemetry") {
         run.telemetry(opts.telemetry_rounds).await;
     }
+    if opts.runs("runtimes") {
+        run.runtimes(opts.runtime_rounds).await;
+    }
     run.progress.finish();
     run.bench.shutdown().await;
     Ok(RunOutput {
         machine,
         options: format!(
-            "iterations={} burst={} churn={} sdk_rounds={} warm_rounds={} warm_burst={} snapshot_rounds={} snapshot_sizes_mib={:?} telemetry_rounds={} scenarios={} runtime={}",
+            "iterations={} burst={} churn={} sdk_rounds={} warm_rounds={} warm_burst={} snapshot_rounds={} snapshot_sizes_mib={:?} telemetry_rounds={} runtime_rounds={} scenarios={} runtime={}",
             opts.iterations,
             opts.burst,
             opts.churn,
@@ -98,6 +102,7 @@ pub async fn run(opts: &Options) -> Result<RunOutput> {
             opts.snapshot_rounds,
             opts.snapshot_sizes_mib,
             opts.telemetry_rounds,
+            opts.runtime_rounds,
             if opts.scenarios.is_empty() {
                 "all".to_string()
             } else {
@@ -343,6 +348,22 @@ impl Run {
         self.samples.extend(telemetry.samples);
         self.skipped.extend(telemetry.skipped);
         self.notes.extend(telemetry.notes);
+    }
+}
+
+impl Run {
+    /// OCI runtimes (issue 24): runc vs runsc on pools of their own,
+    /// interleaved round by round.
+    async fn runtimes(&mut self, rounds: u32) {
+        if rounds == 0 {
+            return;
+        }
+        self.progress
+            .step(&format!("runtimes runc vs runsc x{rounds}"));
+        let out = crate::runtimes::run(&self.bench, rounds).await;
+        self.samples.extend(out.samples);
+        self.skipped.extend(out.skipped);
+        self.notes.extend(out.notes);
     }
 }
 

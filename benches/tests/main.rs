@@ -3,3 +3,4 @@
 //! and link time in bounds (nextest still runs every test in its own process).
 
 mod quick_run;
+mod scale_quick;

@@ -3,7 +3,7 @@
 //! asserts that the harness works — never a speed.
 
 use sandbolt_benches::systems::System;
-use sandbolt_benches::{Options, report, scenarios, sdk, snapshot, telemetry, warm};
+use sandbolt_benches::{Options, report, runtimes, scenarios, sdk, snapshot, telemetry, warm};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_run_measures_every_system_and_writes_results() {
@@ -20,6 +20,7 @@ async fn quick_run_measures_every_system_and_writes_results() {
     opts.snapshot_rounds = 2;
     opts.snapshot_sizes_mib = vec![1];
     opts.telemetry_rounds = 2;
+    opts.runtime_rounds = 1;
     let out = scenarios::run(&opts).await.expect("harness runs");
     assert!(
         out.skipped.is_empty(),
@@ -107,6 +108,21 @@ async fn quick_run_measures_every_system_and_writes_results() {
         assert_eq!(count(telemetry::DELETE, system), 2, "{system}");
     }
     assert_eq!(count(telemetry::FLUSH, telemetry::ON), 2);
+    // Runtimes (issue 24): runc and runsc each created, ran commands,
+    // moved a MiB both ways, and had their idle memory read.
+    for runtime in runtimes::RUNTIMES {
+        let system = runtimes::system(runtime);
+        assert_eq!(count(runtimes::SCENARIO_CREATE, &system), 1, "{system}");
+        assert_eq!(count(runtimes::SCENARIO_EXEC, &system), 5, "{system}");
+        assert_eq!(count(runtimes::SCENARIO_FILE, &system), 1, "{system}");
+        assert!(
+            out.notes.iter().any(|n| n
+                .starts_with(&format!("idle memory per sandbox, {runtime} ("))
+                && n.contains("PSS median")),
+            "{:?}",
+            out.notes
+        );
+    }
     // The SDK scenario: every lifecycle server, the OpenSandbox server 1.1.1
     // included, answers every round (skipped is empty, checked above).
     for system in sdk::SYSTEMS {

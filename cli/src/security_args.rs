@@ -1,9 +1,10 @@
 //! Sandbox isolation flags of `sandbolt agent` and `sandbolt up`: user
-//! namespaces and the OCI runtime version check.
+//! namespaces, the OCI runtime version check and gVisor's flags.
 
 use std::path::PathBuf;
 
 use sandbolt_agent::AgentConfig;
+use sandbolt_agent::gvisor::{RunscConfig, RunscOverlay, RunscPlatform};
 use sandbolt_agent::runtime_check::RuntimeCheckMode;
 use sandbolt_agent::userns::UserNamespaceMode;
 
@@ -42,6 +43,36 @@ pub(crate) struct SecurityArgs {
         value_parser = parse_runtime_binary
     )]
     pub runtime_binary: Vec<(String, PathBuf)>,
+    /// How gVisor (runsc) sandboxes intercept system calls: `ptrace` works
+    /// everywhere, also inside a VM; `kvm` is faster on bare metal but hangs
+    /// under nested virtualisation (a VM inside a VM). Default: ptrace.
+    #[arg(
+        long,
+        env = "SANDBOLT_RUNSC_PLATFORM",
+        default_value = "ptrace",
+        value_parser = parse_runsc_platform
+    )]
+    pub runsc_platform: RunscPlatform,
+    /// Where a gVisor (runsc) sandbox's root filesystem writes go: `none`
+    /// (default) writes through to the sandbox's snapshot on the node, as
+    /// with runc; `memory` keeps them in an overlay in gVisor's memory
+    /// (counted against the memory limit; `ephemeral_storage` is then
+    /// refused for runsc sandboxes).
+    #[arg(
+        long,
+        env = "SANDBOLT_RUNSC_OVERLAY",
+        default_value = "none",
+        value_parser = parse_runsc_overlay
+    )]
+    pub runsc_overlay: RunscOverlay,
+}
+
+fn parse_runsc_platform(s: &str) -> Result<RunscPlatform, String> {
+    s.parse()
+}
+
+fn parse_runsc_overlay(s: &str) -> Result<RunscOverlay, String> {
+    s.parse()
 }
 
 fn parse_user_namespace(s: &str) -> Result<UserNamespaceMode, String> {
@@ -69,6 +100,10 @@ impl SecurityArgs {
         config.userns_base = self.userns_base;
         config.runtime_check = self.runtime_check;
         config.runtime_binaries = self.runtime_binary.clone();
+        config.runsc = RunscConfig {
+            platform: self.runsc_platform,
+            overlay: self.runsc_overlay,
+        };
     }
 }
 
@@ -111,5 +146,18 @@ mod tests {
         assert!(parse(&["--runtime-check=off"]).is_err());
         assert!(parse(&["--runtime-binary=docker=/x"]).is_err());
         assert!(parse(&["--runtime-binary=runc=relative"]).is_err());
+    }
+
+    #[test]
+    fn runsc_flags() {
+        let d = parse(&[]).unwrap();
+        assert_eq!(d.runsc_platform, RunscPlatform::Ptrace);
+        assert_eq!(d.runsc_overlay, RunscOverlay::None);
+        let s = parse(&["--runsc-platform=kvm", "--runsc-overlay=memory"]).unwrap();
+        assert_eq!(s.runsc_platform, RunscPlatform::Kvm);
+        assert_eq!(s.runsc_overlay, RunscOverlay::Memory);
+        let e = parse(&["--runsc-platform=xen"]).unwrap_err().to_string();
+        assert!(e.contains("--runsc-platform"), "{e}");
+        assert!(parse(&["--runsc-overlay=disk"]).is_err());
     }
 }

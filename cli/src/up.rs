@@ -38,6 +38,13 @@ pub(crate) struct UpArgs {
     /// Engine that runs sandboxes.
     #[arg(long, env = "SANDBOLT_RUNTIME", value_enum, default_value = "auto")]
     runtime: RuntimeChoice,
+    /// OCI runtime of sandboxes whose request names none (the pool's
+    /// runtime, reported as its `runtime` by GetPool): runc (default), crun,
+    /// or runsc (gVisor: a second kernel between the sandbox and this node;
+    /// needs --network egress). containerd engine only: the Docker
+    /// fallback runs runc and refuses anything else.
+    #[arg(long, env = "SANDBOLT_OCI_RUNTIME", default_value = "runc", value_parser = ["runc", "crun", "runsc"])]
+    oci_runtime: String,
     /// containerd (when nothing answers on its socket and containerd is
     /// installed, `up` starts and supervises one).
     #[command(flatten)]
@@ -59,6 +66,14 @@ pub(crate) struct UpArgs {
         default_value = "127.0.0.1:9090"
     )]
     fastpath_listen: SocketAddr,
+    /// TLS on the --fastpath-listen port, with a CA and a certificate made
+    /// once in <data-dir>/tls/ (clients trust <data-dir>/tls/ca.crt and call
+    /// https://): `auto` turns it on when --fastpath-listen is not a loopback
+    /// address (on loopback the traffic never leaves this host), `on` always,
+    /// `off` never. The agent's API serves TLS with its own certificate,
+    /// pinned by the controller, in every case.
+    #[arg(long, env = "SANDBOLT_UP_TLS", value_enum, default_value = "auto")]
+    tls: UpTls,
     /// OpenSandbox Lifecycle REST API address.
     #[arg(
         long,
@@ -123,6 +138,76 @@ pub(crate) struct UpArgs {
     listener: sandbolt_telemetry::listener::ListenerArgs,
 }
 
+/// `up --tls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum UpTls {
+    /// On unless --fastpath-listen is a loopback address.
+    Auto,
+    On,
+    Off,
+}
+
+/// How `up`'s own parts reach its controller: the URL and the CA to trust
+/// (with TLS on).
+struct ControllerLink {
+    url: String,
+    ca: Option<PathBuf>,
+}
+
+/// The controller port's certificate when `--tls` says TLS (made or kept in
+/// `<data-dir>/tls/`), for the names its clients dial.
+fn controller_pki(args: &UpArgs) -> anyhow::Result<Option<sandbolt_proto::tls::LocalPki>> {
+    let ip = args.fastpath_listen.ip();
+    let on = match args.tls {
+        UpTls::On => true,
+        UpTls::Off => false,
+        UpTls::Auto => !ip.is_loopback(),
+    };
+    if !on {
+        return Ok(None);
+    }
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    if !ip.is_unspecified() && !ip.is_loopback() {
+        names.push(ip.to_string());
+    }
+    let dir = args.data_dir.join("tls");
+    sandbolt_proto::tls::LocalPki::load_or_create(&dir, &names)
+        .map(Some)
+        .with_context(|| {
+            format!(
+                "--tls: making the controller's certificate in {}",
+                dir.display()
+            )
+        })
+}
+
+fn controller_link(
+    fastpath: SocketAddr,
+    pki: Option<&sandbolt_proto::tls::LocalPki>,
+) -> ControllerLink {
+    let Some(pki) = pki else {
+        return ControllerLink {
+            url: format!("http://{fastpath}"),
+            ca: None,
+        };
+    };
+    // A name the certificate carries: localhost for loopback and wildcard
+    // binds, else the bound address itself.
+    let ip = fastpath.ip();
+    let host = if ip.is_unspecified() || ip.is_loopback() {
+        "localhost".to_string()
+    } else {
+        SocketAddr::new(ip, 0)
+            .to_string()
+            .trim_end_matches(":0")
+            .to_string()
+    };
+    ControllerLink {
+        url: format!("https://{host}:{}", fastpath.port()),
+        ca: Some(pki.ca.clone()),
+    }
+}
+
 enum Engine {
     Containerd { supervised: Option<Supervised> },
     Docker,
@@ -149,13 +234,54 @@ pub(crate) async fn run(args: UpArgs) -> anyhow::Result<()> {
                     return Err(e);
                 }
             };
-            let result = run_on_containerd(&args, execd, network).await;
+            let result = match check_oci_runtime(&args, network.is_some()) {
+                Ok(()) => run_on_containerd(&args, execd, network).await,
+                Err(e) => Err(e),
+            };
             if let Some(s) = supervised {
                 s.shutdown().await;
             }
             result
         }
-        Engine::Docker => run_on_docker(&args, execd).await,
+        Engine::Docker => {
+            anyhow::ensure!(
+                args.oci_runtime == "runc",
+                "--oci-runtime {}: the Docker fallback runs the engine's runc only; use --runtime containerd (containerd must be installed or answer on {})",
+                args.oci_runtime,
+                args.containerd.socket.display()
+            );
+            run_on_docker(&args, execd).await
+        }
+    }
+}
+
+/// Refuses an OCI runtime this configuration can never run, before
+/// anything starts: under gVisor the sandbox's netstack runs on its own
+/// veth, so runsc needs sandbox networking.
+fn check_oci_runtime(args: &UpArgs, networking: bool) -> anyhow::Result<()> {
+    if args.oci_runtime == "runsc" && !networking {
+        bail!(
+            "--oci-runtime runsc needs --network egress: gVisor runs its own network stack on the sandbox's veth, and the agent reaches execd at the sandbox's address (drop --network none)"
+        );
+    }
+    Ok(())
+}
+
+/// Fails `up` when the agent cannot run its default runtime here (not
+/// installed, refused by the version check, ...), with the agent's reason:
+/// every create without a runtime would fail otherwise.
+async fn check_default_runtime(agent: &AgentHandle, runtime: &str) -> anyhow::Result<()> {
+    let inventory = agent
+        .inventory()
+        .await
+        .context("reading the agent's runtimes")?;
+    match inventory.runtimes.iter().find(|r| r.name == runtime) {
+        Some(r) if r.available => {
+            tracing::info!(runtime, "default OCI runtime of this node's sandboxes");
+            Ok(())
+        }
+        Some(r) => bail!("--oci-runtime {runtime}: not available here: {}", r.reason),
+        None => bail!("--oci-runtime {runtime}: the agent does not know this runtime"),
     }
 }
 
@@ -219,6 +345,8 @@ struct Started {
     janitor: Option<JanitorHandle>,
     ops: Option<OpsServer>,
     fastpath_token: Option<crate::secrets::FastPathToken>,
+    /// The CA FastPath clients trust, with `--tls` on.
+    controller_ca: Option<PathBuf>,
 }
 
 impl Started {
@@ -280,6 +408,14 @@ async fn start_on_containerd(
     controller_config.fastpath_token = Some(fastpath_token.value.clone());
     controller_config.default_consistency = args.consistency.into();
     controller_config.listener_limits = args.listener.limits()?;
+    let pki = controller_pki(args)?;
+    controller_config.tls = pki
+        .as_ref()
+        .map(|p| sandbolt_controller::config::ServerTlsFiles {
+            cert: p.cert.clone(),
+            key: p.key.clone(),
+            client_ca: None,
+        });
     let controller_metrics = sandbolt_controller::register_metrics(&mut registry);
     let controller_ready = controller_metrics.readiness();
     // One set of gRPC families for the whole process: the agent counts into
@@ -291,18 +427,24 @@ async fn start_on_containerd(
         .with_context(|| format!("starting the controller on {}", args.fastpath_listen))?;
     let fastpath = controller.local_addr();
     started.controller = Some(controller);
+    let link = controller_link(fastpath, pki.as_ref());
+    started.controller_ca = link.ca.clone();
 
-    let agent_config = agent_config(args, execd, network, &agent_token, fastpath);
+    let agent_config = agent_config(args, execd, network, &agent_token, &link);
     let context = crate::agent_cmd::agent_start_context(agent_config.volumes.as_ref());
     let agent = Agent::start_with_grpc_metrics(agent_config, &mut registry, agent_grpc)
         .await
         .context(context)?;
     let agent_ready = agent.readiness();
     started.agent = Some(agent);
+    if let Some(agent) = &started.agent {
+        check_default_runtime(agent, &args.oci_runtime).await?;
+    }
 
     // The lifecycle speaks the controller's native API, behind the same token.
-    let mut backend = sandbolt_lifecycle::ControllerConfig::new(format!("http://{fastpath}"));
+    let mut backend = sandbolt_lifecycle::ControllerConfig::new(link.url.clone());
     backend.token = Some(fastpath_token.value.clone());
+    backend.ca = link.ca.clone();
     let mut lifecycle_config = lifecycle_cmd::config(
         args.lifecycle_listen,
         &args.access,
@@ -319,7 +461,7 @@ async fn start_on_containerd(
     started.lifecycle = Some(lifecycle);
     started.fastpath_token = Some(fastpath_token);
 
-    let janitor = sandbolt_janitor::Janitor::start(janitor_config(args, fastpath, agent_token))
+    let janitor = sandbolt_janitor::Janitor::start(janitor_config(args, &link, agent_token))
         .await
         .context("starting the janitor")?;
     janitor.metrics().register(&mut registry);
@@ -340,16 +482,17 @@ async fn start_on_containerd(
 /// janitor does, with the agent token.
 fn janitor_config(
     args: &UpArgs,
-    fastpath: SocketAddr,
+    link: &ControllerLink,
     agent_token: String,
 ) -> sandbolt_janitor::JanitorConfig {
     let mut janitor_config = sandbolt_janitor::JanitorConfig::new(
         crate::secrets::hostname(),
         &args.containerd.socket,
-        format!("http://{fastpath}"),
+        link.url.clone(),
         agent_token,
         args.data_dir.join("janitor"),
     );
+    janitor_config.controller_ca = link.ca.clone();
     janitor_config.containerd_namespace = args.containerd.namespace.clone();
     janitor_config.interval = args.janitor_interval;
     janitor_config.agent_state_dir = Some(args.data_dir.join("agent"));
@@ -395,6 +538,7 @@ fn announce_containerd(started: &Started) {
         agent = %agent.grpc_addr(),
         proxy = %agent.proxy_addr(),
         metrics = ?started.ops.as_ref().map(OpsServer::local_addr),
+        fastpath_tls_ca = ?started.controller_ca,
         runtime = "containerd",
         fastpath_token_file = %token.file.display(),
         "sandbolt is up"
@@ -408,7 +552,7 @@ fn agent_config(
     execd: PathBuf,
     network: Option<sandbolt_agent::config::NetworkConfig>,
     agent_token: &str,
-    fastpath: SocketAddr,
+    link: &ControllerLink,
 ) -> AgentConfig {
     let host = crate::secrets::hostname();
     let mut agent_config = AgentConfig::new(
@@ -424,12 +568,17 @@ fn agent_config(
     agent_config.proxy_listen = args.proxy_listen;
     // Checked before the controller started (it refuses the same values).
     agent_config.listener_limits = args.listener.limits().unwrap_or_default();
-    agent_config.controller_endpoint = Some(format!("http://{fastpath}"));
+    agent_config.controller_endpoint = Some(link.url.clone());
+    agent_config.controller_ca = link.ca.clone();
+    // Only the controller calls the agent: TLS with the agent's own
+    // certificate, which the controller pins, costs no client anything.
+    agent_config.api_tls = true;
     agent_config.controller_token = Some(agent_token.to_string());
     agent_config.max_sandboxes = args.max_sandboxes;
     agent_config.allowed_host_paths = args.allow_host_path.clone();
     args.growth.apply(&mut agent_config);
     args.security.apply(&mut agent_config);
+    agent_config.default_runtime = args.oci_runtime.clone();
     agent_config.network = network;
     agent_config.volumes = args
         .volumes
@@ -471,4 +620,47 @@ async fn run_on_docker(args: &UpArgs, execd: PathBuf) -> anyhow::Result<()> {
     drop(ops);
     lifecycle.shutdown().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        up: UpArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<UpArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("up").chain(args.iter().copied())).map(|c| c.up)
+    }
+
+    #[test]
+    fn oci_runtime_defaults_to_runc_and_reaches_the_agent() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.oci_runtime, "runc");
+        let args = parse(&["--oci-runtime", "runsc"]).unwrap();
+        let link = ControllerLink {
+            url: "http://127.0.0.1:1".into(),
+            ca: None,
+        };
+        let cfg = agent_config(&args, "/x/execd".into(), None, "t", &link);
+        assert_eq!(cfg.default_runtime, "runsc");
+        assert!(parse(&["--oci-runtime", "kata"]).is_err());
+    }
+
+    #[test]
+    fn runsc_without_sandbox_networking_is_refused_naming_both_flags() {
+        let args = parse(&["--oci-runtime", "runsc", "--network", "none"]).unwrap();
+        let err = check_oci_runtime(&args, false).unwrap_err().to_string();
+        assert!(
+            err.contains("--oci-runtime runsc") && err.contains("--network egress"),
+            "{err}"
+        );
+        assert!(check_oci_runtime(&args, true).is_ok());
+        let runc = parse(&["--network", "none"]).unwrap();
+        assert!(check_oci_runtime(&runc, false).is_ok());
+    }
 }

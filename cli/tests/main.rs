@@ -11,3 +11,4 @@ mod janitor_faults;
 mod people_cli;
 mod readme_quickstart;
 mod up_e2e;
+mod up_tls;

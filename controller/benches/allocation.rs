@@ -84,6 +84,7 @@ fn bench(c: &mut Criterion) {
         runtime: None,
         pin: None,
         volume_root: false,
+        shared_volumes: false,
     };
     for n in [100usize, 1_000, 10_000] {
         let reg = setup_registry(n);

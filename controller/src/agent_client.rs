@@ -1,7 +1,9 @@
 //! Calls into agents (`sandbolt.agent.v1.AgentService`), one lazily connected
 //! HTTP/2 channel per agent endpoint, authenticated with that agent's own
 //! credential (see [`crate::identity`]): the only token an enrolled agent
-//! accepts, so a holder of the bootstrap token cannot call agents.
+//! accepts, so a holder of the bootstrap token cannot call agents. An
+//! agent that serves TLS is called over TLS trusting only the certificate
+//! whose fingerprint it reported in its (authenticated) heartbeat.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,8 +14,9 @@ use parking_lot::Mutex;
 use sandbolt_proto::agent::v1 as pb;
 use sandbolt_proto::agent::v1::agent_service_client::AgentServiceClient;
 use sandbolt_proto::auth::BearerToken;
+use sandbolt_proto::tls::AgentEndpoint;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Response, Status};
 
 use crate::error::{Error, Result};
@@ -52,16 +55,12 @@ impl AgentClients {
         if let Some(c) = g.get(&key) {
             return Ok(c.clone());
         }
-        let uri = if endpoint.contains("://") {
-            endpoint.to_string()
-        } else {
-            format!("http://{endpoint}")
-        };
-        let ch = Endpoint::from_shared(uri)
-            .map_err(|e| Error::Unavailable(format!("bad agent endpoint {endpoint}: {e}")))?
-            .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true)
-            .connect_lazy();
+        // An agent serving TLS advertised its certificate's fingerprint in
+        // the endpoint (see `sandbolt_proto::tls`): the channel accepts only
+        // that certificate.
+        let ch = AgentEndpoint::parse(endpoint)
+            .and_then(|ep| ep.channel(Duration::from_secs(3)))
+            .map_err(|e| Error::Unavailable(format!("bad agent endpoint {endpoint}: {e}")))?;
         let bearer = BearerToken::new(&self.identity.credential(&key.0))
             .map_err(|e| Error::Internal(format!("credential of agent {agent}: {e}")))?;
         let c = AgentServiceClient::with_interceptor(ch, bearer);

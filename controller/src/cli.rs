@@ -119,6 +119,12 @@ pub struct ControllerArgs {
     /// The --tls-cert certificate's private key (PEM).
     #[arg(long, env = "SANDBOLT_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// With --tls-cert: PEM CA certificate(s) for FastPath clients'
+    /// certificates. A client presenting one signed by it needs no FastPath
+    /// token; clients without one (agents, janitors, the lifecycle) still
+    /// connect and use their tokens. Default: no client certificates.
+    #[arg(long, env = "SANDBOLT_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Key sandboxes' access tokens are derived from and secret env values
     /// sealed with (at least 32 bytes; mount a Secret here so HA
     /// controllers share it). Default: `<data-dir>/token.key`, created
@@ -293,7 +299,11 @@ impl ControllerArgs {
             .tls_cert
             .clone()
             .zip(self.tls_key.clone())
-            .map(|(cert, key)| crate::config::ServerTlsFiles { cert, key });
+            .map(|(cert, key)| crate::config::ServerTlsFiles {
+                cert,
+                key,
+                client_ca: self.tls_client_ca.clone(),
+            });
         c.token_key_file = self.token_key_file.clone();
         c.fastpath_token = self.fastpath_token.clone().filter(|t| !t.is_empty());
         c.open_fastpath_listen = self.open_fastpath_listen;

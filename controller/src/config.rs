@@ -95,7 +95,8 @@ pub struct ControllerConfig {
     pub identity_key_file: Option<PathBuf>,
     /// TLS only on the main port (plaintext refused): agents and janitors
     /// connect with `https://` and `--controller-ca`. Exclusive with
-    /// `fastpath_tls` (which keeps plaintext beside mutual TLS).
+    /// `fastpath_tls` (which keeps plaintext beside mutual TLS); its
+    /// `client_ca` gives FastPath clients the certificate login instead.
     pub tls: Option<ServerTlsFiles>,
 }
 
@@ -104,6 +105,11 @@ pub struct ControllerConfig {
 pub struct ServerTlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// CA certificate(s) a client certificate must chain to. A client may
+    /// present one (it then stands in for the FastPath token) or none
+    /// (agents, janitors, the lifecycle: tokens). `None`: no client
+    /// certificates asked for.
+    pub client_ca: Option<PathBuf>,
 }
 
 impl ControllerConfig {

@@ -105,6 +105,10 @@ impl From<Error> for Status {
             // when it is back (it is never moved without its data).
             Error::Placement(PlacementError::PinnedUnavailable(_)) => Code::Unavailable,
             Error::Placement(PlacementError::PinnedPool { .. }) => Code::FailedPrecondition,
+            // No agent has the JuiceFS mount up now (mounts are remounted):
+            // retry; a pinned node without one will never have it.
+            Error::Placement(PlacementError::NoSharedVolumes(..)) => Code::Unavailable,
+            Error::Placement(PlacementError::PinnedNoSharedVolumes(_)) => Code::FailedPrecondition,
             Error::Placement(_) => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,

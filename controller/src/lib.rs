@@ -114,18 +114,14 @@ impl Controller {
         // request can add new ones (those have their own capture task).
         let pending_snapshots = core.pending_snapshots()?;
         // TLS files first: a bad certificate fails the start, not a client.
-        let tls = config
-            .fastpath_tls
-            .as_ref()
-            .map(listeners::server_tls_config)
-            .transpose()?;
+        let tls = listeners::main_port_tls(&config)?;
         let (listener, addr) = bind(config.listen).await?;
         let open = match config.open_fastpath_listen {
             Some(open) => Some(bind(open).await?),
             None => None,
         };
         let (stop, stop_rx) = watch::channel(false);
-        let router = main_router(&core, &config, server_tls(&config)?).await?;
+        let router = main_router(&core, &config).await?;
         let mut tasks = vec![match tls {
             Some(tls) => serve(
                 router,
@@ -267,39 +263,13 @@ where
     })
 }
 
-/// The main port's server-only TLS (`ControllerConfig::tls`), its files
-/// read now so a bad one fails the start.
-fn server_tls(config: &ControllerConfig) -> Result<Option<tonic::transport::ServerTlsConfig>> {
-    let Some(files) = &config.tls else {
-        return Ok(None);
-    };
-    if config.fastpath_tls.is_some() {
-        return Err(Error::InvalidArgument(
-            "--tls-cert and --fastpath-tls-cert exclude each other: the first makes the main \
-             port TLS only, the second keeps plaintext beside mutual TLS"
-                .into(),
-        ));
-    }
-    sandbolt_proto::tls::server_config(&files.cert, &files.key)
-        .map(Some)
-        .map_err(|e| Error::InvalidArgument(e.to_string()))
-}
-
 /// Everything, on the main port: FastPath and the native API behind the
 /// FastPath token (or a client certificate), RegistryService behind the
 /// bootstrap token and per-agent credentials, health open.
-async fn main_router(
-    core: &Arc<Core>,
-    config: &ControllerConfig,
-    tls: Option<tonic::transport::ServerTlsConfig>,
-) -> Result<Layered> {
+async fn main_router(core: &Arc<Core>, config: &ControllerConfig) -> Result<Layered> {
     let fp_auth = listeners::FastPathAuth::new(config);
-    let mut server = sandbolt_telemetry::listener::tonic_server(&config.listener_limits);
-    if let Some(tls) = tls {
-        server = server
-            .tls_config(tls)
-            .map_err(|e| Error::InvalidArgument(format!("--tls-cert/--tls-key: {e}")))?;
-    }
+    // TLS, when on, is done by the accept loop (`listeners::main_port_tls`).
+    let server = sandbolt_telemetry::listener::tonic_server(&config.listener_limits);
     Ok(server
         .layer(core.metrics.grpc_layer())
         .add_service(serving_health().await)

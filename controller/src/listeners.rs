@@ -15,6 +15,7 @@
 //!   NetworkPolicy), and nothing on it can register an agent.
 
 use std::io;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -60,9 +61,11 @@ pub(crate) struct FastPathAuth {
 impl FastPathAuth {
     pub(crate) fn new(config: &ControllerConfig) -> Self {
         let token = config.fastpath_token.as_deref().filter(|t| !t.is_empty());
+        let client_ca = config.fastpath_tls.is_some()
+            || config.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
         Self {
             bearer: RequireBearer::new(token, "fastpath"),
-            certificate_only: config.fastpath_tls.is_some() && token.is_none(),
+            certificate_only: client_ca && token.is_none(),
         }
     }
 }
@@ -159,21 +162,72 @@ impl AsyncWrite for MainPortConn {
     }
 }
 
+/// The main port with TLS on, as [`main_port_tls`] decided it.
+pub(crate) struct MainPortTls {
+    config: Arc<rustls::ServerConfig>,
+    /// `--fastpath-tls-*`: plaintext beside mutual TLS. Otherwise
+    /// (`--tls-cert`) TLS only.
+    plaintext_too: bool,
+}
+
+/// The main port's one TLS configuration, read now so a bad file fails the
+/// start:
+/// - `--tls-cert/--tls-key` ([`ControllerConfig::tls`]): TLS only, the
+///   server certificate always; with `--tls-client-ca` a client may present
+///   a certificate (verified against it), which then stands in for the
+///   FastPath token; clients without one (agents, janitors, the lifecycle)
+///   still connect and use their tokens.
+/// - `--fastpath-tls-*` ([`ControllerConfig::fastpath_tls`]): plaintext and
+///   mutual TLS side by side, a certificate required on TLS connections.
+///
+/// Both at once would be two TLS setups on one port: refused.
+pub(crate) fn main_port_tls(config: &ControllerConfig) -> Result<Option<MainPortTls>> {
+    match (&config.tls, &config.fastpath_tls) {
+        (Some(_), Some(_)) => Err(Error::InvalidArgument(
+            "--tls-cert and --fastpath-tls-cert exclude each other: with --tls-cert the main \
+             port is TLS only; give the FastPath client CA as --tls-client-ca instead of \
+             --fastpath-tls-*"
+                .into(),
+        )),
+        (Some(files), None) => Ok(Some(MainPortTls {
+            config: build_server_config(
+                &files.cert,
+                &files.key,
+                files.client_ca.as_deref().map(|ca| (ca, false)),
+                "--tls-cert",
+            )?,
+            plaintext_too: false,
+        })),
+        (None, Some(files)) => Ok(Some(MainPortTls {
+            config: server_tls_config(files)?,
+            plaintext_too: true,
+        })),
+        (None, None) => Ok(None),
+    }
+}
+
 /// The main port's connections with TLS on: each accepted socket gets
-/// TCP_NODELAY, then is handed over as plaintext or after a completed
-/// mutual-TLS handshake. Ends when the gRPC server drops the stream.
+/// TCP_NODELAY, then is handed over after a completed TLS handshake, or as
+/// plaintext where [`MainPortTls`] allows it (refused otherwise). Ends when
+/// the gRPC server drops the stream.
 pub(crate) fn plaintext_or_tls(
     listener: CappedListener,
-    tls: Arc<rustls::ServerConfig>,
+    tls: MainPortTls,
 ) -> ReceiverStream<io::Result<MainPortConn>> {
     let (tx, rx) = mpsc::channel(ACCEPT_BACKLOG);
-    tokio::spawn(accept_loop(listener, TlsAcceptor::from(tls), tx));
+    tokio::spawn(accept_loop(
+        listener,
+        TlsAcceptor::from(tls.config),
+        tls.plaintext_too,
+        tx,
+    ));
     ReceiverStream::new(rx)
 }
 
 async fn accept_loop(
     listener: CappedListener,
     acceptor: TlsAcceptor,
+    plaintext_too: bool,
     tx: mpsc::Sender<io::Result<MainPortConn>>,
 ) {
     loop {
@@ -190,7 +244,7 @@ async fn accept_loop(
         tokio::spawn(async move {
             match tokio::time::timeout(
                 FIRST_BYTES_TIMEOUT,
-                plaintext_or_handshake(stream, &acceptor),
+                plaintext_or_handshake(stream, &acceptor, plaintext_too),
             )
             .await
             {
@@ -211,13 +265,19 @@ async fn accept_loop(
 async fn plaintext_or_handshake(
     stream: CappedStream,
     acceptor: &TlsAcceptor,
+    plaintext_too: bool,
 ) -> io::Result<MainPortConn> {
     let mut first = [0u8; 1];
     let n = stream.get_ref().peek(&mut first).await?;
     if n == 1 && first[0] == TLS_HANDSHAKE_RECORD {
         Ok(MainPortConn::Tls(Box::new(acceptor.accept(stream).await?)))
-    } else {
+    } else if plaintext_too {
         Ok(MainPortConn::Plain(stream))
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "plaintext on a TLS-only port (--tls-cert): connect with https:// and --controller-ca",
+        ))
     }
 }
 
@@ -225,35 +285,62 @@ async fn plaintext_or_handshake(
 /// certificate required and verified against `client_ca`, HTTP/2 by ALPN
 /// (gRPC clients, grpcio among them, insist on it).
 pub(crate) fn server_tls_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let bad = |what: &str, path: &std::path::Path, e: &dyn std::fmt::Display| {
-        Error::InvalidArgument(format!("FastPath TLS {what} {}: {e}", path.display()))
-    };
-    let chain = CertificateDer::pem_file_iter(&files.cert)
-        .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|e| bad("certificate", &files.cert, &e))?;
-    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| bad("key", &files.key, &e))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_file_iter(&files.client_ca)
-        .map_err(|e| bad("client CA", &files.client_ca, &e))?
-    {
-        let ca = ca.map_err(|e| bad("client CA", &files.client_ca, &e))?;
-        roots
-            .add(ca)
-            .map_err(|e| bad("client CA", &files.client_ca, &e))?;
-    }
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
+    build_server_config(
+        &files.cert,
+        &files.key,
+        Some((&files.client_ca, true)),
+        "FastPath TLS",
     )
-    .build()
-    .map_err(|e| bad("client CA", &files.client_ca, &e))?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+}
+
+/// A server presenting `cert`/`key`; with `client_ca` = (CA file,
+/// required), client certificates are verified against that CA, and
+/// required or only accepted when presented.
+fn build_server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<(&Path, bool)>,
+    flag: &str,
+) -> Result<Arc<rustls::ServerConfig>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let bad = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
+        Error::InvalidArgument(format!("{flag} {what} {}: {e}", path.display()))
+    };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| bad("certificate", cert, &e))?;
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| bad("key", key, &e))?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Internal(format!("TLS protocol versions: {e}")))?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .map_err(|e| bad("certificate/key pair", &files.cert, &e))?;
+        .map_err(|e| Error::Internal(format!("TLS protocol versions: {e}")))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some((ca_file, required)) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in
+                CertificateDer::pem_file_iter(ca_file).map_err(|e| bad("client CA", ca_file, &e))?
+            {
+                let ca = ca.map_err(|e| bad("client CA", ca_file, &e))?;
+                roots.add(ca).map_err(|e| bad("client CA", ca_file, &e))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            );
+            // Optional: agents, janitors and the lifecycle hold no client
+            // certificate and authenticate with their tokens instead.
+            let verifier = if required {
+                verifier.build()
+            } else {
+                verifier.allow_unauthenticated().build()
+            }
+            .map_err(|e| bad("client CA", ca_file, &e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(chain, key_der)
+        .map_err(|e| bad("certificate/key pair", cert, &e))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
 }

@@ -62,6 +62,9 @@ pub struct AgentState {
     pub runtimes: HashSet<String>,
     /// The agent has a volume root (it can hold named volumes).
     pub volume_root: bool,
+    /// The agent's shared volume filesystem (JuiceFS) is mounted: it can
+    /// run sandboxes that mount shared volumes.
+    pub shared_volumes: bool,
 }
 
 impl Default for PoolKey {
@@ -119,6 +122,9 @@ pub struct PlacementRequest<'a> {
     /// Only agents with a volume root (a named volume is to be created on
     /// the chosen agent).
     pub volume_root: bool,
+    /// Only agents whose shared volume filesystem (JuiceFS) is mounted: the
+    /// sandbox mounts a shared volume (never an agent whose mount died).
+    pub shared_volumes: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,6 +153,16 @@ pub enum PlacementError {
     NoRuntime(String, String, String),
     #[error("no live agent in pool {0}/{1} has a volume root for named volumes")]
     NoVolumeRoot(String, String),
+    #[error(
+        "no live agent in pool {0}/{1} has the shared volume filesystem (JuiceFS) mounted; the sandbox mounts a juicefs volume"
+    )]
+    NoSharedVolumes(String, String),
+    /// The pinned agent (its node holds the sandbox's local volumes) has no
+    /// JuiceFS mount, and the sandbox also mounts a juicefs volume.
+    #[error(
+        "agent {0}, whose node holds the sandbox's local volumes, has no JuiceFS mount for its juicefs volumes"
+    )]
+    PinnedNoSharedVolumes(String),
     /// The pinned agent (its node holds the sandbox's volumes) is not
     /// heartbeating.
     #[error("agent {0}, whose node holds the sandbox's volumes, is not heartbeating")]
@@ -345,6 +361,7 @@ impl PlacementIndex {
         let usable = |name: &Name| -> bool {
             !req.exclude.contains(&name.as_ref())
                 && (!req.volume_root || self.slots[name].state.volume_root)
+                && (!req.shared_volumes || self.slots[name].state.shared_volumes)
                 && (req.ports.is_empty() || !self.slots[name].port_conflict(req.ports))
                 && req
                     .runtime
@@ -390,6 +407,17 @@ impl PlacementIndex {
                     && self.live_per_pool.get(req.pool).copied().unwrap_or(0) > 0
                 {
                     return Err(PlacementError::NoVolumeRoot(
+                        req.pool.namespace.clone(),
+                        req.pool.pool.clone(),
+                    ));
+                }
+                if req.shared_volumes
+                    && !self.slots.values().any(|s| {
+                        &s.state.pool == req.pool && s.schedulable && s.state.shared_volumes
+                    })
+                    && self.live_per_pool.get(req.pool).copied().unwrap_or(0) > 0
+                {
+                    return Err(PlacementError::NoSharedVolumes(
                         req.pool.namespace.clone(),
                         req.pool.pool.clone(),
                     ));
@@ -446,6 +474,9 @@ impl PlacementIndex {
                 req.pool.pool.clone(),
                 rt.to_string(),
             ));
+        }
+        if req.shared_volumes && !slot.state.shared_volumes {
+            return Err(PlacementError::PinnedNoSharedVolumes(pin.to_string()));
         }
         if !slot.has_room() || (!req.ports.is_empty() && slot.port_conflict(req.ports)) {
             return Err(PlacementError::PinnedFull(pin.to_string()));
@@ -586,6 +617,7 @@ mod tests {
             runtime: None,
             pin: None,
             volume_root: false,
+            shared_volumes: false,
         }
     }
 
@@ -638,6 +670,7 @@ mod tests {
             runtime: None,
             pin: None,
             volume_root: false,
+            shared_volumes: false,
         };
         assert_eq!(
             ix.choose(&r),
@@ -657,6 +690,7 @@ mod tests {
             runtime: None,
             pin: None,
             volume_root: false,
+            shared_volumes: false,
         };
         assert_eq!(ix.allocate(&r, "s2").unwrap().agent, "d");
         assert!(ix.choose(&r).is_err());
@@ -753,6 +787,48 @@ mod tests {
         assert_eq!(
             ix.choose(&r),
             Err(PlacementError::NoVolumeRoot("default".into(), "p".into()))
+        );
+    }
+
+    #[test]
+    fn a_shared_volume_needs_a_live_juicefs_mount_and_pins_nothing() {
+        let mut ix = PlacementIndex::new();
+        // a: the image, no mount; b, c: mounts (c's died: reported false).
+        ix.upsert("a", state("p", 5, &["img"]));
+        let mut mounted = state("p", 5, &[]);
+        mounted.shared_volumes = true;
+        ix.upsert("b", mounted.clone());
+        ix.upsert("c", mounted);
+        let pool = PoolKey::new("", "p");
+        let r = PlacementRequest {
+            shared_volumes: true,
+            ..req(&pool, "img")
+        };
+        assert_eq!(ix.choose(&req(&pool, "img")).unwrap().agent, "a");
+        // Any mounted agent will do: load spreads them over b and c.
+        assert_eq!(ix.allocate(&r, "s1").unwrap().agent, "b");
+        assert_eq!(ix.allocate(&r, "s2").unwrap().agent, "c");
+        // c's mount dies: it gets nothing that needs it.
+        ix.upsert("c", state("p", 5, &[]));
+        for i in 3..6 {
+            assert_eq!(ix.allocate(&r, &format!("s{i}")).unwrap().agent, "b");
+        }
+        ix.set_schedulable("b", false);
+        assert_eq!(
+            ix.choose(&r),
+            Err(PlacementError::NoSharedVolumes(
+                "default".into(),
+                "p".into()
+            ))
+        );
+        // A local volume pins to a; a has no mount for the shared one.
+        let pinned = PlacementRequest {
+            pin: Some("a"),
+            ..r.clone()
+        };
+        assert_eq!(
+            ix.choose(&pinned),
+            Err(PlacementError::PinnedNoSharedVolumes("a".into()))
         );
     }
 

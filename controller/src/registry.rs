@@ -59,6 +59,8 @@ pub struct AgentInfo {
     /// What its volume root can do; `None` without one (or until it
     /// heartbeats).
     pub volume_capabilities: Option<pb::VolumeCapabilities>,
+    /// Its JuiceFS mount (shared volumes); `None` without one.
+    pub juicefs: Option<pb::JuiceFsStatus>,
 }
 
 #[derive(Debug, Default)]
@@ -168,6 +170,8 @@ pub struct VolumeNode {
     /// Heard from since this controller started: its volumes are known.
     pub heartbeated: bool,
     pub volume_root: bool,
+    /// Its JuiceFS mount is up: it can serve shared volumes.
+    pub shared_volumes: bool,
     pub free_slots: u32,
 }
 
@@ -226,6 +230,7 @@ impl Registry {
             used_ports: inv.used_ports.iter().copied().collect(),
             runtimes: available_runtimes(inv).collect(),
             volume_root: inv.volume_capabilities.is_some(),
+            shared_volumes: juicefs_mounted(inv.juicefs.as_ref()),
         };
         let mut g = self.inner.lock();
         g.index.upsert(&inv.agent_id, state);
@@ -264,6 +269,7 @@ impl Registry {
                 a.pool_policy = inv.pool_policy.clone();
                 a.runtimes = available_runtimes(inv).collect();
                 a.volume_capabilities = inv.volume_capabilities.clone();
+                a.juicefs = inv.juicefs.clone();
                 HeartbeatOutcome { persist, came_back }
             }
             None => {
@@ -286,6 +292,7 @@ impl Registry {
                         pool_policy: inv.pool_policy.clone(),
                         runtimes: available_runtimes(inv).collect(),
                         volume_capabilities: inv.volume_capabilities.clone(),
+                        juicefs: inv.juicefs.clone(),
                     },
                 );
                 HeartbeatOutcome {
@@ -330,6 +337,7 @@ impl Registry {
                 pool_policy: None,
                 runtimes: Vec::new(),
                 volume_capabilities: None,
+                juicefs: None,
             });
     }
 
@@ -366,6 +374,11 @@ impl Registry {
 
     pub fn is_live(&self, agent: &AgentId) -> bool {
         self.inner.lock().agents.get(agent).is_some_and(|a| !a.lost)
+    }
+
+    /// `sandbox_id` still holds its slot on `agent` (placed, not released).
+    pub fn is_reserved(&self, agent: &AgentId, sandbox_id: &str) -> bool {
+        self.inner.lock().index.is_reserved(agent, sandbox_id)
     }
 
     /// What a status answer needs about one sandbox's agent, under one lock
@@ -412,6 +425,22 @@ impl Registry {
             g.index.set_schedulable(id, false);
         }
         lost
+    }
+
+    /// Takes a live agent out of placement at once, as if lost, because a
+    /// call could not reach it (see `Core::avoid_unreachable`); its next
+    /// heartbeat brings it back. True when it was live.
+    pub fn mark_unreachable(&self, agent: &AgentId) -> bool {
+        let mut g = self.inner.lock();
+        let Some(a) = g.agents.get_mut(agent) else {
+            return false;
+        };
+        if a.lost {
+            return false;
+        }
+        a.lost = true;
+        g.index.set_schedulable(agent, false);
+        true
     }
 
     /// Whether every agent known at startup has heartbeated since.
@@ -515,6 +544,7 @@ impl Registry {
                 live: !a.lost,
                 heartbeated: a.heartbeated,
                 volume_root: a.volume_capabilities.is_some(),
+                shared_volumes: juicefs_mounted(a.juicefs.as_ref()),
                 free_slots: a
                     .capacity
                     .saturating_sub(g.index.allocated(&a.agent_id).unwrap_or(0)),
@@ -1027,6 +1057,11 @@ impl AgentPresence for KubeAgentPresence {
         }
         Ok(Presence::Gone(why))
     }
+}
+
+/// An agent's JuiceFS mount is up (it can serve shared volumes).
+pub fn juicefs_mounted(j: Option<&pb::JuiceFsStatus>) -> bool {
+    j.is_some_and(|j| j.mounted)
 }
 
 /// The runtimes an inventory says the agent can run.

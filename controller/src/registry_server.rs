@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::Error;
 use crate::sandbox::Core;
-use crate::store::{ListRange, Phase};
+use crate::store::Phase;
 
 pub struct RegistryServer {
     core: Arc<Core>,
@@ -77,12 +77,12 @@ impl RegistryService for RegistryServer {
                 .registry()
                 .release(&q.agent_id.as_str().into(), &q.sandbox_id.as_str().into());
         }
-        // Reaps are rare: a scan is fine, and it finds the record whichever
-        // agent the janitor thinks it belonged to.
-        let records = self
+        // By container id, whichever agent the janitor thinks it belonged
+        // to (the store's index: a reap costs one lookup at any size).
+        let record = self
             .core
             .store()
-            .list(&ListRange::all())
+            .get_by_sandbox_id(&q.sandbox_id)
             .map_err(Error::from)?;
         let may_touch = |agent: &crate::ids::AgentId| {
             if q.agent_id.is_empty() {
@@ -91,10 +91,7 @@ impl RegistryService for RegistryServer {
                 agent.as_str() == q.agent_id
             }
         };
-        if let Some(r) = records
-            .into_iter()
-            .find(|r| r.sandbox_id == q.sandbox_id)
-            .filter(|r| {
+        if let Some(r) = record.filter(|r| {
                 let ok = may_touch(&r.agent_id);
                 if !ok {
                     tracing::warn!(record_agent = %r.agent_id, "reap report for a sandbox of another agent: record left alone");

@@ -15,8 +15,19 @@
 //! Names are unique across the cluster. Should two agents ever report the
 //! same name (a volume created while its agent's node was unknown), the
 //! entry that was there first keeps the name and the other is logged once.
+//!
+//! A shared volume (`capabilities.shared`: the cluster's JuiceFS) is
+//! reported by every agent that mounts the filesystem, each with its own
+//! mount holders: it is one entry whose holders are merged per agent, and
+//! it is gone only when no agent reports it any more. Its `agent` is one of
+//! the agents that reported it (any of them can serve it).
+//!
+//! The index also keeps the writers the controller has placed but no
+//! heartbeat lists yet ([`VolumeIndex::claim_writer`]): a ReadWriteOnce
+//! shared volume has one writer in the whole cluster, and two creates on
+//! two nodes must not both pass the check before either is reported.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -28,17 +39,86 @@ use crate::ids::AgentId;
 #[derive(Debug, Clone, PartialEq)]
 pub struct VolumeEntry {
     pub agent: AgentId,
+    /// `mounts`: every agent's holders (a local volume has one agent).
     pub info: pb::VolumeInfo,
+    /// The holders in `info.mounts`, each with the agent that reported it.
+    pub holders: Vec<(AgentId, pb::VolumeMountHolder)>,
+}
+
+impl VolumeEntry {
+    /// Reachable from every agent that mounts the shared filesystem.
+    pub fn shared(&self) -> bool {
+        is_shared(&self.info)
+    }
+}
+
+/// A volume info of a shared (cluster filesystem) volume.
+pub fn is_shared(info: &pb::VolumeInfo) -> bool {
+    info.capabilities.as_ref().is_some_and(|c| c.shared)
 }
 
 #[derive(Debug)]
 struct Slot {
     agent: AgentId,
     /// `None`: deleted by an RPC (a tombstone until `touched` is older than
-    /// the hold).
+    /// the hold). Its `mounts` are not used: see `holders`.
     info: Option<pb::VolumeInfo>,
     /// When an RPC answer last set this entry.
     touched: Option<Instant>,
+    /// Mount holders by the agent that reported them; for a shared volume,
+    /// also the set of agents that report it.
+    holders: BTreeMap<AgentId, Vec<pb::VolumeMountHolder>>,
+}
+
+impl Slot {
+    fn new(agent: &AgentId, info: &pb::VolumeInfo, touched: Option<Instant>) -> Self {
+        Self {
+            agent: agent.clone(),
+            info: Some(info.clone()),
+            touched,
+            holders: BTreeMap::from([(agent.clone(), info.mounts.clone())]),
+        }
+    }
+
+    fn shared(&self) -> bool {
+        self.info.as_ref().is_some_and(is_shared)
+    }
+
+    /// `agent` reports the shared volume with its own holders.
+    fn merge(&mut self, agent: &AgentId, info: &pb::VolumeInfo) {
+        self.holders.insert(agent.clone(), info.mounts.clone());
+        self.info = Some(info.clone());
+    }
+
+    fn entry(&self) -> Option<VolumeEntry> {
+        let mut info = self.info.clone()?;
+        let holders: Vec<(AgentId, pb::VolumeMountHolder)> = self
+            .holders
+            .iter()
+            .flat_map(|(a, hs)| hs.iter().map(move |h| (a.clone(), h.clone())))
+            .collect();
+        info.mounts = holders.iter().map(|(_, h)| h.clone()).collect();
+        Some(VolumeEntry {
+            agent: self.agent.clone(),
+            info,
+            holders,
+        })
+    }
+}
+
+/// A read-write mount the controller placed (see
+/// [`VolumeIndex::claim_writer`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Claim {
+    agent: AgentId,
+    sandbox_id: String,
+}
+
+/// Another sandbox that writes to a ReadWriteOnce volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Writer {
+    pub agent: AgentId,
+    pub sandbox_id: String,
 }
 
 #[derive(Debug, Default)]
@@ -46,6 +126,8 @@ struct Inner {
     slots: HashMap<String, Slot>,
     /// (name, agent) pairs already logged as duplicates.
     duplicates: HashSet<(String, AgentId)>,
+    /// Volume name → writers placed and not yet seen as holders.
+    claims: HashMap<String, Vec<Claim>>,
 }
 
 #[derive(Debug)]
@@ -78,41 +160,68 @@ impl VolumeIndex {
     pub fn apply_inventory(&self, agent: &AgentId, volumes: &[pb::VolumeInfo]) {
         let now = Instant::now();
         let mut g = self.inner.lock();
-        let Inner { slots, duplicates } = &mut *g;
         let reported: HashSet<&str> = volumes.iter().map(volume_name).collect();
-        slots.retain(|name, s| {
+        g.slots.retain(|name, s| {
             let recent = self.recent(s.touched, now);
             if s.info.is_none() {
                 // Tombstones outlive the heartbeats that could still be stale.
                 return recent;
             }
+            if s.shared() {
+                // Gone from this agent's view only; gone when nobody has it.
+                if !reported.contains(name.as_str()) {
+                    forget_reporter(s, agent);
+                }
+                return recent || !s.holders.is_empty();
+            }
             s.agent != *agent || recent || reported.contains(name.as_str())
         });
         for v in volumes {
-            let name = volume_name(v);
-            if name.is_empty() {
-                continue;
+            self.apply_one(&mut g, agent, v, now);
+        }
+        // A claim its agent now reports as a holder is covered by it.
+        let Inner { slots, claims, .. } = &mut *g;
+        claims.retain(|name, cs| {
+            let held: HashSet<&str> = slots
+                .get(name)
+                .map(|s| {
+                    s.holders
+                        .values()
+                        .flatten()
+                        .map(|h| h.sandbox_id.as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            cs.retain(|c| !held.contains(c.sandbox_id.as_str()));
+            !cs.is_empty()
+        });
+    }
+
+    fn apply_one(&self, g: &mut Inner, agent: &AgentId, v: &pb::VolumeInfo, now: Instant) {
+        let name = volume_name(v);
+        if name.is_empty() {
+            return;
+        }
+        let Inner {
+            slots, duplicates, ..
+        } = g;
+        match slots.get_mut(name) {
+            None => {
+                slots.insert(name.to_string(), Slot::new(agent, v, None));
             }
-            match slots.get_mut(name) {
-                None => {
-                    slots.insert(
-                        name.to_string(),
-                        Slot {
-                            agent: agent.clone(),
-                            info: Some(v.clone()),
-                            touched: None,
-                        },
-                    );
+            // A recent answer outranks the info; another agent's holders of
+            // a shared volume are still news.
+            Some(s) if self.recent(s.touched, now) => {
+                if s.shared() && is_shared(v) {
+                    s.holders.insert(agent.clone(), v.mounts.clone());
                 }
-                Some(s) if self.recent(s.touched, now) => {}
-                Some(s) if s.agent == *agent || s.info.is_none() => {
-                    s.agent = agent.clone();
-                    s.info = Some(v.clone());
-                }
-                Some(s) => {
-                    if duplicates.insert((name.to_string(), agent.clone())) {
-                        tracing::warn!(volume = %name, holder = %s.agent, duplicate_on = %agent, "two agents report a volume of the same name; the first one keeps the name");
-                    }
+            }
+            Some(s) if s.info.is_none() => *s = Slot::new(agent, v, None),
+            Some(s) if s.shared() && is_shared(v) => s.merge(agent, v),
+            Some(s) if s.agent == *agent => *s = Slot::new(agent, v, None),
+            Some(s) => {
+                if duplicates.insert((name.to_string(), agent.clone())) {
+                    tracing::warn!(volume = %name, holder = %s.agent, duplicate_on = %agent, "two agents report a volume of the same name; the first one keeps the name");
                 }
             }
         }
@@ -126,38 +235,48 @@ impl VolumeIndex {
         }
         let mut g = self.inner.lock();
         g.duplicates.retain(|(n, _)| n != name);
-        g.slots.insert(
-            name.to_string(),
-            Slot {
-                agent: agent.clone(),
-                info: Some(info.clone()),
-                touched: Some(Instant::now()),
-            },
-        );
+        let now = Some(Instant::now());
+        match g.slots.get_mut(name) {
+            Some(s) if s.shared() && is_shared(info) => {
+                s.merge(agent, info);
+                s.agent = agent.clone();
+                s.touched = now;
+            }
+            _ => {
+                g.slots
+                    .insert(name.to_string(), Slot::new(agent, info, now));
+            }
+        }
     }
 
-    /// `agent` deleted (or does not have) `name`.
+    /// `agent` deleted (or does not have) `name`. A shared volume is gone
+    /// for every agent.
     pub fn removed(&self, agent: &AgentId, name: &str) {
         let mut g = self.inner.lock();
-        if g.slots.get(name).is_some_and(|s| s.agent != *agent) {
+        if g.slots
+            .get(name)
+            .is_some_and(|s| s.agent != *agent && !s.shared())
+        {
             return;
         }
+        g.claims.remove(name);
         g.slots.insert(
             name.to_string(),
             Slot {
                 agent: agent.clone(),
                 info: None,
                 touched: Some(Instant::now()),
+                holders: BTreeMap::new(),
             },
         );
     }
 
     /// Changes the cached info of `name` on `agent` (a snapshot added or
-    /// removed), as an RPC answer.
+    /// removed), as an RPC answer. Any agent may change a shared volume.
     pub fn update(&self, agent: &AgentId, name: &str, f: impl FnOnce(&mut pb::VolumeInfo)) {
         let mut g = self.inner.lock();
         if let Some(s) = g.slots.get_mut(name)
-            && s.agent == *agent
+            && (s.agent == *agent || s.shared())
             && let Some(info) = s.info.as_mut()
         {
             f(info);
@@ -166,39 +285,78 @@ impl VolumeIndex {
     }
 
     pub fn get(&self, name: &str) -> Option<VolumeEntry> {
-        let g = self.inner.lock();
-        let s = g.slots.get(name)?;
-        Some(VolumeEntry {
-            agent: s.agent.clone(),
-            info: s.info.clone()?,
-        })
+        self.inner.lock().slots.get(name)?.entry()
     }
 
     /// Every volume, by name.
     pub fn list(&self) -> Vec<VolumeEntry> {
         let g = self.inner.lock();
-        let mut out: Vec<VolumeEntry> = g
-            .slots
-            .values()
-            .filter_map(|s| {
-                Some(VolumeEntry {
-                    agent: s.agent.clone(),
-                    info: s.info.clone()?,
-                })
-            })
-            .collect();
+        let mut out: Vec<VolumeEntry> = g.slots.values().filter_map(Slot::entry).collect();
         out.sort_by(|a, b| volume_name(&a.info).cmp(volume_name(&b.info)));
         out
     }
 
-    /// How many volumes each agent holds.
+    /// How many volumes each agent holds on its own node (shared volumes
+    /// take no node's room and are not counted).
     pub fn count_by_agent(&self) -> HashMap<AgentId, usize> {
         let g = self.inner.lock();
         let mut out = HashMap::new();
-        for s in g.slots.values().filter(|s| s.info.is_some()) {
+        for s in g.slots.values().filter(|s| s.info.is_some() && !s.shared()) {
             *out.entry(s.agent.clone()).or_default() += 1;
         }
         out
+    }
+
+    /// Registers `sandbox_id` on `agent` as the writer of `name` unless
+    /// another sandbox writes to it: a read-write holder any agent
+    /// reported, or a writer claimed earlier and not yet reported.
+    /// `live(agent, sandbox_id)`: that sandbox still holds its slot (the
+    /// controller has not deleted it); other writers are stale and
+    /// dropped. Check and claim are one step under the index's lock.
+    pub fn claim_writer(
+        &self,
+        name: &str,
+        agent: &AgentId,
+        sandbox_id: &str,
+        live: impl Fn(&AgentId, &str) -> bool,
+    ) -> Result<(), Writer> {
+        let mut g = self.inner.lock();
+        let Inner { slots, claims, .. } = &mut *g;
+        let claimed = claims.entry(name.to_string()).or_default();
+        claimed.retain(|c| live(&c.agent, &c.sandbox_id));
+        let reported = slots.get(name).into_iter().flat_map(|s| {
+            s.holders.iter().flat_map(|(a, hs)| {
+                hs.iter()
+                    .filter(|h| !h.read_only)
+                    .map(move |h| (a, h.sandbox_id.as_str()))
+            })
+        });
+        let other = reported
+            .chain(claimed.iter().map(|c| (&c.agent, c.sandbox_id.as_str())))
+            .find(|(a, sid)| *sid != sandbox_id && live(a, sid));
+        if let Some((a, sid)) = other {
+            return Err(Writer {
+                agent: a.clone(),
+                sandbox_id: sid.to_string(),
+            });
+        }
+        if !claimed.iter().any(|c| c.sandbox_id == sandbox_id) {
+            claimed.push(Claim {
+                agent: agent.clone(),
+                sandbox_id: sandbox_id.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `agent` no longer reports the shared volume of `s`.
+fn forget_reporter(s: &mut Slot, agent: &AgentId) {
+    s.holders.remove(agent);
+    if s.agent == *agent
+        && let Some(other) = s.holders.keys().next()
+    {
+        s.agent = other.clone();
     }
 }
 
@@ -276,6 +434,104 @@ mod tests {
         ix.apply_inventory(&"a".into(), &[]);
         ix.apply_inventory(&"b".into(), &[vol("x")]);
         assert_eq!(names(&ix), pairs(&[("x", "b")]));
+    }
+
+    fn shared(name: &str, holders: &[(&str, bool)]) -> pb::VolumeInfo {
+        let mut v = vol(name);
+        v.capabilities = Some(pb::VolumeCapabilities {
+            backend: "juicefs".into(),
+            shared: true,
+            ..Default::default()
+        });
+        v.mounts = holders
+            .iter()
+            .map(|(sid, ro)| pb::VolumeMountHolder {
+                sandbox_id: sid.to_string(),
+                mount_path: "/data".into(),
+                read_only: *ro,
+            })
+            .collect();
+        v
+    }
+
+    fn holders(ix: &VolumeIndex, name: &str) -> Vec<(String, String)> {
+        ix.get(name)
+            .unwrap()
+            .holders
+            .iter()
+            .map(|(a, h)| (a.to_string(), h.sandbox_id.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_shared_volume_is_one_entry_with_every_agents_holders() {
+        let ix = VolumeIndex::new(Duration::ZERO);
+        ix.apply_inventory(&"a".into(), &[shared("s", &[("sa", false)]), vol("x")]);
+        ix.apply_inventory(&"b".into(), &[shared("s", &[("sb", true)])]);
+        // One entry, no duplicate: b's report merged into it.
+        assert_eq!(names(&ix), pairs(&[("s", "a"), ("x", "a")]));
+        assert!(ix.inner.lock().duplicates.is_empty());
+        assert_eq!(holders(&ix, "s"), pairs(&[("a", "sa"), ("b", "sb")]));
+        assert_eq!(ix.get("s").unwrap().info.mounts.len(), 2);
+        assert!(ix.get("s").unwrap().shared());
+        // Shared volumes take no node's room.
+        assert_eq!(ix.count_by_agent()[&AgentId::from("a")], 1);
+        assert!(!ix.count_by_agent().contains_key(&AgentId::from("b")));
+        // a's mount died (it reports none): b still has it, a's holders go.
+        ix.apply_inventory(&"a".into(), &[vol("x")]);
+        assert_eq!(names(&ix), pairs(&[("s", "b"), ("x", "a")]));
+        assert_eq!(holders(&ix, "s"), pairs(&[("b", "sb")]));
+        // Nobody reports it: gone.
+        ix.apply_inventory(&"b".into(), &[]);
+        assert!(ix.get("s").is_none());
+    }
+
+    #[test]
+    fn any_agent_answers_for_a_shared_volume_and_a_delete_is_for_all() {
+        let ix = VolumeIndex::new(Duration::from_secs(3600));
+        ix.apply_inventory(&"a".into(), &[shared("s", &[("sa", false)])]);
+        // b answers (a snapshot, say): a's holders stay.
+        ix.answered(&"b".into(), &shared("s", &[]));
+        ix.update(&"b".into(), "s", |v| v.used_bytes = 5);
+        assert_eq!(ix.get("s").unwrap().info.used_bytes, 5);
+        assert_eq!(holders(&ix, "s"), pairs(&[("a", "sa")]));
+        // b deletes it: gone everywhere, and a's stale heartbeat does not
+        // bring it back.
+        ix.removed(&"b".into(), "s");
+        ix.apply_inventory(&"a".into(), &[shared("s", &[("sa", false)])]);
+        assert!(ix.get("s").is_none());
+    }
+
+    #[test]
+    fn one_writer_of_a_shared_volume_in_the_whole_cluster() {
+        let ix = VolumeIndex::new(Duration::ZERO);
+        let all = |_: &AgentId, _: &str| true;
+        ix.apply_inventory(&"a".into(), &[shared("s", &[("r1", true)])]);
+        // Readers do not count; the first writer claims it before any
+        // heartbeat lists it, the second (another node) is refused.
+        assert!(ix.claim_writer("s", &"a".into(), "w1", all).is_ok());
+        let e = ix.claim_writer("s", &"b".into(), "w2", all).unwrap_err();
+        assert_eq!(
+            e,
+            Writer {
+                agent: "a".into(),
+                sandbox_id: "w1".into()
+            }
+        );
+        // The same sandbox may claim again (a retry).
+        assert!(ix.claim_writer("s", &"a".into(), "w1", all).is_ok());
+        // Its agent reports it: the holder takes over from the claim.
+        ix.apply_inventory(&"a".into(), &[shared("s", &[("w1", false)])]);
+        assert!(ix.inner.lock().claims.is_empty());
+        assert!(ix.claim_writer("s", &"b".into(), "w2", all).is_err());
+        // w1 is deleted (its slot released): a stale holder does not block.
+        let gone = |_: &AgentId, sid: &str| sid != "w1";
+        assert!(ix.claim_writer("s", &"b".into(), "w2", gone).is_ok());
+        // A writer that never got reported (its create failed) is dropped.
+        let ix = VolumeIndex::new(Duration::ZERO);
+        assert!(ix.claim_writer("t", &"a".into(), "x1", all).is_ok());
+        let failed = |_: &AgentId, sid: &str| sid != "x1";
+        assert!(ix.claim_writer("t", &"b".into(), "x2", failed).is_ok());
     }
 
     #[test]

@@ -371,3 +371,77 @@ async fn unreadable_tls_files_fail_the_start() {
         }
     }
 }
+
+/// One TLS setup on the main port (issue 21): `--tls-cert` with
+/// `--tls-client-ca`. The port is TLS only; a FastPath client presenting a
+/// certificate from the client CA needs no token, a client without one
+/// (an agent, a janitor, the lifecycle) still connects and uses its token,
+/// and plaintext is refused. Before, `tls` took no client CA (so the chart's
+/// FastPath mutual TLS could not be kept once TLS was on: the two were
+/// refused together), and a certificate alone got UNAUTHENTICATED there.
+#[tokio::test]
+async fn server_tls_with_a_client_ca_takes_certificates_and_tokens_but_no_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let mut cfg = config(dir.path());
+    cfg.tls = Some(sandbolt_controller::config::ServerTlsFiles {
+        cert: pki.files.cert.clone(),
+        key: pki.files.key.clone(),
+        client_ca: Some(pki.files.client_ca.clone()),
+    });
+    let h = Controller::start(cfg).await.unwrap();
+    let addr = h.local_addr();
+
+    // A certificate from the client CA: FastPath and native without a token.
+    tls_list_pools(addr, &pki, Some(&pki.client)).await.unwrap();
+    let ch = tls(addr, &pki, Some(&pki.client)).await.unwrap();
+    assert_eq!(code(native_list(ch.clone(), None).await), Code::Ok);
+    assert_eq!(code(agent_heartbeat(ch, None).await), Code::Unauthenticated);
+
+    // No certificate: the handshake passes, the tokens decide.
+    let ch = tls(addr, &pki, None).await.unwrap();
+    assert_eq!(
+        code(v2_list_pools(ch.clone(), None).await),
+        Code::Unauthenticated
+    );
+    assert_eq!(
+        code(v2_list_pools(ch.clone(), Some(FASTPATH_TOKEN)).await),
+        Code::Ok
+    );
+    assert_ne!(
+        code(agent_heartbeat(ch.clone(), Some(AGENT_TOKEN)).await),
+        Code::Unauthenticated
+    );
+    assert_eq!(health(ch, "").await.unwrap(), ServingStatus::Serving);
+    // A certificate from another CA is refused at the handshake.
+    let e = tls_list_pools(addr, &pki, Some(&pki.stranger))
+        .await
+        .unwrap_err();
+    assert!(e.contains("UnknownCA"), "{e}");
+    // Plaintext is refused.
+    let plain = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    assert_ne!(
+        code(v2_list_pools(plain, Some(FASTPATH_TOKEN)).await),
+        Code::Ok
+    );
+    h.shutdown().await;
+
+    // Both TLS setups at once are refused, naming the way out.
+    let mut cfg = config(dir.path());
+    cfg.tls = Some(sandbolt_controller::config::ServerTlsFiles {
+        cert: pki.files.cert.clone(),
+        key: pki.files.key.clone(),
+        client_ca: None,
+    });
+    cfg.fastpath_tls = Some(pki.files.clone());
+    match Controller::start(cfg).await {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("--tls-client-ca"), "{m}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(h) => {
+            h.shutdown().await;
+            panic!("started with two TLS setups on one port");
+        }
+    }
+}

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod agent_tls;
 mod fastpath_listeners;
 mod fastpath_v2_restore;
 mod identity;
@@ -20,7 +21,9 @@ mod secrets;
 mod snapshot_restore;
 mod snapshots;
 mod standin_logic;
+mod store_indexes;
 mod tls;
+mod unreachable_agents;
 mod volumes;
 mod volumes_real_agents;
 mod warm_pools;

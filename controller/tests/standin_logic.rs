@@ -238,6 +238,7 @@ fn thousand_threads_allocate_each_slot_once() {
                         runtime: None,
                         pin: None,
                         volume_root: false,
+                        shared_volumes: false,
                     },
                     &format!("s{i}").into(),
                 )

@@ -56,6 +56,7 @@ fn pki(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, ServerTlsFiles) {
         ServerTlsFiles {
             cert: write("tls.crt", &cert.pem()),
             key: write("tls.key", &key.serialize_pem()),
+            client_ca: None,
         },
     )
 }

@@ -28,7 +28,7 @@ fn python() -> PathBuf {
 }
 
 /// Lints, renders and validates; Ok(objects, notes) or Err(stderr).
-fn check(values: Option<Value>, extra: &[&str]) -> Result<(Vec<Value>, String), String> {
+pub(crate) fn check(values: Option<Value>, extra: &[&str]) -> Result<(Vec<Value>, String), String> {
     let dir = tempfile::tempdir().unwrap();
     let deploy = repo().join("deploy");
     let mut cmd = Command::new(python());
@@ -56,7 +56,7 @@ fn check(values: Option<Value>, extra: &[&str]) -> Result<(Vec<Value>, String), 
     ))
 }
 
-fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+pub(crate) fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objs.iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind}/{name} among {}", names(objs).join(", ")))
@@ -74,7 +74,7 @@ fn names(objs: &[Value]) -> Vec<String> {
         .collect()
 }
 
-fn container<'a>(obj: &'a Value, name: &str) -> &'a Value {
+pub(crate) fn container<'a>(obj: &'a Value, name: &str) -> &'a Value {
     obj["spec"]["template"]["spec"]["containers"]
         .as_array()
         .unwrap()
@@ -83,7 +83,7 @@ fn container<'a>(obj: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no container {name}"))
 }
 
-fn args(c: &Value) -> Vec<String> {
+pub(crate) fn args(c: &Value) -> Vec<String> {
     c["command"]
         .as_array()
         .unwrap()
@@ -106,7 +106,7 @@ fn field_ref<'a>(c: &'a Value, name: &str) -> &'a Value {
     &env(c, name)["valueFrom"]["fieldRef"]["fieldPath"]
 }
 
-fn mounts(c: &Value) -> Vec<String> {
+pub(crate) fn mounts(c: &Value) -> Vec<String> {
     c["volumeMounts"]
         .as_array()
         .unwrap()
@@ -121,7 +121,7 @@ fn mounts(c: &Value) -> Vec<String> {
 /// groups it flattens from `cli/src/containerd.rs` or from another command
 /// (`#[command(flatten)] x: crate::<module>::<Group>`: that struct only),
 /// or, for a component with its own entry point, in `<sub>/src/cli.rs`.
-fn assert_real_flags(c: &Value) {
+pub(crate) fn assert_real_flags(c: &Value) {
     let a = args(c);
     let sub = &a[1];
     let sources = [
@@ -263,9 +263,10 @@ fn default_values_lint_render_and_validate() {
     assert!(args(c).contains(&"--token-key-file=/etc/sandbolt/token-key/token.key".into()));
     assert!(mounts(c).contains(&"/etc/sandbolt/token-key".into()));
     assert!(c.get("livenessProbe").is_none());
-    // Readiness asks grpc.health.v1 on the FastPath port (served without a
-    // token), not merely whether the port is open.
-    assert_eq!(c["readinessProbe"]["grpc"]["port"], 9090);
+    // Readiness asks /readyz of the ops port (503 on a standby), not merely
+    // whether the port is open; TLS on the main port (the default) rules out
+    // the kubelet's gRPC probe there.
+    assert_http_probe(&c["readinessProbe"], "/readyz", "metrics");
     assert!(!objs.iter().any(|o| o["kind"] == "PersistentVolumeClaim"));
     // The store's API calls are granted: Sandboxes cluster-wide (they live
     // in the requests' namespaces), Leases in the release namespace.
@@ -289,7 +290,8 @@ fn default_values_lint_render_and_validate() {
     );
     let l = container(ctl, "lifecycle");
     assert_real_flags(l);
-    assert!(args(l).contains(&"--controller=http://127.0.0.1:9090".into()));
+    // Over loopback, TLS on by default (the certificate names localhost).
+    assert!(args(l).contains(&"--controller=https://localhost:9090".into()));
     // FastPath requires a token by default, and the bundled lifecycle API
     // sends it: both from the same Secret key.
     for c in [c, l] {
@@ -322,11 +324,13 @@ fn default_values_lint_render_and_validate() {
     assert_real_flags(a);
     // The image has no nftables or CNI plugins (see values.yaml).
     assert!(args(a).contains(&"--network=none".into()), "{:?}", args(a));
-    let ready = &a["readinessProbe"]["grpc"];
-    assert_eq!(ready["port"], a["ports"][0]["containerPort"]);
-    assert_eq!(ready["service"], "sandbolt.agent.v1.AgentService");
+    // TLS on its API by default: probed on its ops port (see
+    // `tls_is_on_by_default_...` for the gRPC probe with TLS off).
+    assert_http_probe(&a["readinessProbe"], "/healthz", "metrics");
     assert_eq!(a["securityContext"]["privileged"], true);
-    assert!(args(a).contains(&"--controller=http://sb-sandbolt-fastpath.sandbolt.svc:9090".into()));
+    assert!(
+        args(a).contains(&"--controller=https://sb-sandbolt-fastpath.sandbolt.svc:9090".into())
+    );
     assert!(args(a).contains(&"--pool=default".into()));
     assert_eq!(field_ref(a, "SANDBOLT_NODE_NAME"), "spec.nodeName");
     assert_eq!(field_ref(a, "SANDBOLT_POD_UID"), "metadata.uid");
@@ -358,8 +362,12 @@ fn default_values_lint_render_and_validate() {
     );
     assert!(!args(a).iter().any(|f| f.starts_with("--volume-root")));
     assert!(!mounts(a).contains(&"/var/lib/sandbolt/named-volumes".into()));
-    // Host paths keep their host path inside the pod (containerd resolves them).
-    for m in mounts(a) {
+    // Host paths keep their host path inside the pod (containerd resolves
+    // them); the controller's CA is the one Secret mount.
+    for m in mounts(a)
+        .into_iter()
+        .filter(|m| m != "/etc/sandbolt/tls-ca")
+    {
         assert!(
             vols.iter().any(|v| v["hostPath"]["path"] == m.as_str()),
             "{m} mounted elsewhere than on the host"
@@ -374,7 +382,8 @@ fn default_values_lint_render_and_validate() {
         [
             "/run/containerd",
             "/var/lib/sandbolt/agent",
-            "/var/lib/sandbolt/janitor"
+            "/var/lib/sandbolt/janitor",
+            "/etc/sandbolt/tls-ca"
         ]
     );
     // The agent-pod rule: this node's agent pods, read in the release's
@@ -466,8 +475,10 @@ fn non_default_values_lint_render_and_validate() {
         check(Some(values), &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
 
     assert!(
-        !objs.iter().any(|o| o["kind"] == "Secret"),
-        "existingSecret: no Secret rendered"
+        !objs
+            .iter()
+            .any(|o| o["kind"] == "Secret" && o["metadata"]["name"] != "sb-sandbolt-tls"),
+        "existingSecret: no Secret rendered but the TLS one (values \"tls\")"
     );
     assert_tokens_from_secret(&objs, "my-tokens");
     assert_least_privilege(&objs);
@@ -496,7 +507,7 @@ fn non_default_values_lint_render_and_validate() {
     assert!(args(c).contains(&"--store=embedded".into()));
     assert!(args(c).contains(&"--data-dir=/var/lib/sandbolt/controller".into()));
     assert_eq!(ctl["spec"]["strategy"]["type"], "Recreate");
-    assert_eq!(c["livenessProbe"]["grpc"]["port"], 9090);
+    assert_http_probe(&c["livenessProbe"], "/healthz", "metrics");
     let pvc = find(&objs, "PersistentVolumeClaim", "sb-sandbolt-controller");
     assert_eq!(pvc["spec"]["storageClassName"], "fast-ssd");
 
@@ -868,12 +879,12 @@ fn open_fastpath_port_reaches_only_the_opensandbox_server() {
     assert!(c["ports"].as_array().unwrap().contains(&json!(
         {"name": "fastpath-open", "containerPort": 9093, "protocol": "TCP"}
     )));
-    // Still the token on the main port, and the probe stays there.
+    // Still the token on the main port; the probe on the ops port (TLS).
     assert_eq!(
         env(c, "SANDBOLT_FASTPATH_TOKEN")["valueFrom"]["secretKeyRef"]["key"],
         "fastpath-token"
     );
-    assert_eq!(c["readinessProbe"]["grpc"]["port"], 9090);
+    assert_http_probe(&c["readinessProbe"], "/readyz", "metrics");
     let svc = find(&objs, "Service", "sb-sandbolt-fastpath");
     assert_eq!(port_named(svc, "fastpath-open")["port"], 9093);
     assert_eq!(port_named(svc, "fastpath")["port"], 9090);
@@ -914,14 +925,37 @@ fn fastpath_mutual_tls_mounts_the_secret_and_passes_its_files() {
     let (objs, notes) = check(Some(opensandbox_values()), &[]).unwrap_or_else(|e| panic!("{e}"));
     let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
     let c = container(ctl, "controller");
+    // TLS is on by default: one TLS setup on the main port, the chart's
+    // certificate and the FastPath client CA beside it.
+    for flag in [
+        "--tls-cert=/etc/sandbolt/tls/tls.crt",
+        "--tls-key=/etc/sandbolt/tls/tls.key",
+        "--tls-client-ca=/etc/sandbolt/fastpath-tls/ca.crt",
+    ] {
+        assert!(args(c).contains(&flag.into()), "{flag} in {:?}", args(c));
+    }
+    assert!(!args(c).iter().any(|a| a.starts_with("--fastpath-tls")));
+    assert!(mounts(c).contains(&"/etc/sandbolt/fastpath-tls".into()));
+    // With TLS off, mutual TLS beside plaintext, the Secret's own pair.
+    let mut plain = opensandbox_values();
+    plain["tls"] = json!({"enabled": false});
+    let (objs_off, _) = check(Some(plain), &[]).unwrap_or_else(|e| panic!("{e}"));
+    let c_off = container(
+        find(&objs_off, "Deployment", "sb-sandbolt-controller"),
+        "controller",
+    );
     for flag in [
         "--fastpath-tls-cert=/etc/sandbolt/fastpath-tls/tls.crt",
         "--fastpath-tls-key=/etc/sandbolt/fastpath-tls/tls.key",
         "--fastpath-client-ca=/etc/sandbolt/fastpath-tls/ca.crt",
     ] {
-        assert!(args(c).contains(&flag.into()), "{flag} in {:?}", args(c));
+        assert!(
+            args(c_off).contains(&flag.into()),
+            "{flag} in {:?}",
+            args(c_off)
+        );
     }
-    assert!(mounts(c).contains(&"/etc/sandbolt/fastpath-tls".into()));
+    assert!(!args(c_off).iter().any(|a| a.starts_with("--tls-")));
     let volume = ctl["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .unwrap()
@@ -1117,8 +1151,8 @@ fn every_component_serves_metrics_and_pods_say_where() {
     assert_http_probe(&l["readinessProbe"], "/readyz", "lifecycle");
     assert_http_probe(&j["livenessProbe"], "/healthz", "metrics");
     assert_http_probe(&j["readinessProbe"], "/readyz", "metrics");
-    // The controller keeps its gRPC health probe (only the leader serves).
-    assert_eq!(c["readinessProbe"]["grpc"]["port"], 9090);
+    // The controller: /readyz of its ops port (only the leader is ready).
+    assert_http_probe(&c["readinessProbe"], "/readyz", "metrics");
 
     let policy = find(&objs, "NetworkPolicy", "sb-sandbolt-controller");
     let ops = rules_for_port(policy, 9094);
@@ -1351,4 +1385,211 @@ fn listener_limits_reach_every_server_as_their_flags_environment() {
             assert_eq!(env(&c, name)["value"], want, "{name} of {}", c["name"]);
         }
     }
+}
+
+/// A pool whose runtime is runsc (issue 24): its agents get the node's
+/// runsc, mounted read-only at its host path and named by
+/// `--runtime-binary`, which the runc shim (a host process) can run; a runc
+/// pool of the same release gets neither. Without sandbox networking such a
+/// pool is refused, naming the value to change.
+#[test]
+fn runsc_pool_gets_the_nodes_runsc_and_needs_egress() {
+    let values = |network: &str| {
+        json!({
+            "agent": {"hostNetwork": true, "network": network, "runscHostPath": "/opt/gvisor/runsc"},
+            "pools": [
+                {"name": "plain", "runtime": "runc"},
+                {"name": "secure", "runtime": "runsc", "runsc": {"overlay": "memory"}}
+            ]
+        })
+    };
+    let (objs, _) =
+        check(Some(values("egress")), &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let secure = find(&objs, "DaemonSet", "sb-sandbolt-agent-secure");
+    let a = container(secure, "agent");
+    for flag in [
+        "--runtime=runsc",
+        "--runtime-binary=runsc=/opt/gvisor/runsc",
+        "--runsc-platform=ptrace",
+        "--runsc-overlay=memory",
+    ] {
+        assert!(args(a).contains(&flag.into()), "{flag}: {:?}", args(a));
+    }
+    let mount = a["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/opt/gvisor/runsc")
+        .expect("runsc mounted into the agent");
+    assert_eq!(mount["readOnly"], true);
+    let volume = secure["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("runsc volume");
+    assert_eq!(volume["hostPath"]["path"], "/opt/gvisor/runsc");
+    assert_eq!(volume["hostPath"]["type"], "File");
+    assert_eq!(
+        find(&objs, "SandboxPool", "secure")["spec"]["runtime"],
+        "runsc"
+    );
+
+    let plain = container(find(&objs, "DaemonSet", "sb-sandbolt-agent-plain"), "agent");
+    assert!(args(plain).contains(&"--runtime=runc".into()));
+    assert!(
+        !args(plain).iter().any(|f| f.contains("runsc")),
+        "{:?}",
+        args(plain)
+    );
+    assert!(
+        !plain["volumeMounts"]
+            .to_string()
+            .contains("/opt/gvisor/runsc"),
+        "a runc pool mounts no runsc"
+    );
+
+    let err = check(Some(values("none")), &[]).expect_err("runsc without networking");
+    assert!(
+        err.contains("pool \"secure\": runtime runsc needs agent.network=egress"),
+        "{err}"
+    );
+    let mut userns = values("egress");
+    userns["agent"]["userNamespace"] = json!("node");
+    let err = check(Some(userns), &[]).expect_err("runsc with node user namespaces");
+    assert!(
+        err.contains("pool \"secure\": runtime runsc needs agent.userNamespace=off"),
+        "{err}"
+    );
+    let mut platform = values("egress");
+    platform["pools"][1]["runsc"] = json!({"platform": "systrap"});
+    let err = check(Some(platform), &[]).expect_err("an unknown runsc platform");
+    assert!(
+        err.contains("pools[].runsc.platform must be ptrace or kvm"),
+        "{err}"
+    );
+}
+
+fn volume<'a>(workload: &'a Value, name: &str) -> &'a Value {
+    workload["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("volume {name} in {}", workload["metadata"]["name"]))
+}
+
+/// PEM → DER of the first block.
+fn der(pem: &[u8]) -> Vec<u8> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::from_pem_slice(pem).unwrap().to_vec()
+}
+
+/// TLS on by default (issue 21): the chart makes a CA and a certificate
+/// into a Secret, the controller's main port serves it (TLS only), agents,
+/// janitors and the lifecycle get the CA alone and https:// URLs, agents
+/// serve their API with their own pinned certificate, and the probes move
+/// off the TLS ports. The generated certificate is checked the way the
+/// agents' client (rustls/webpki) checks it, for the names they dial.
+/// Before, the chart passed no TLS flag at all and made no certificate.
+#[test]
+fn tls_is_on_by_default_with_a_generated_ca_only_the_ca_reaching_the_nodes() {
+    use base64::Engine;
+    let (objs, _) = check(None, &[]).unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    let secret = find(&objs, "Secret", "sb-sandbolt-tls");
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    let field = |k: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(secret["data"][k].as_str().unwrap())
+            .unwrap()
+    };
+    let (ca, cert) = (der(&field("ca.crt")), der(&field("tls.crt")));
+    assert!(
+        String::from_utf8(field("tls.key"))
+            .unwrap()
+            .contains("PRIVATE KEY")
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.into()).unwrap();
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        std::sync::Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .unwrap();
+    for name in ["sb-sandbolt-fastpath.sandbolt.svc", "localhost"] {
+        use rustls::client::danger::ServerCertVerifier;
+        verifier
+            .verify_server_cert(
+                &cert.clone().into(),
+                &[],
+                &rustls::pki_types::ServerName::try_from(name).unwrap(),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .unwrap_or_else(|e| panic!("the chart's certificate for {name}: {e}"));
+    }
+
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    let c = container(ctl, "controller");
+    assert!(args(c).contains(&"--tls-cert=/etc/sandbolt/tls/tls.crt".into()));
+    assert!(args(c).contains(&"--tls-key=/etc/sandbolt/tls/tls.key".into()));
+    assert_eq!(
+        volume(ctl, "tls")["secret"]["secretName"],
+        "sb-sandbolt-tls"
+    );
+    let l = container(ctl, "lifecycle");
+    assert!(args(l).contains(&"--controller=https://localhost:9090".into()));
+    assert!(args(l).contains(&"--controller-ca=/etc/sandbolt/tls-ca/ca.crt".into()));
+    assert!(mounts(l).contains(&"/etc/sandbolt/tls-ca".into()));
+    assert!(!mounts(l).contains(&"/etc/sandbolt/tls".into()));
+
+    let agent = find(&objs, "DaemonSet", "sb-sandbolt-agent-default");
+    let jan = find(&objs, "DaemonSet", "sb-sandbolt-janitor-default");
+    let a = container(agent, "agent");
+    let j = container(jan, "janitor");
+    for (workload, c) in [(agent, a), (jan, j)] {
+        assert_real_flags(c);
+        assert!(
+            args(c).contains(&"--controller=https://sb-sandbolt-fastpath.sandbolt.svc:9090".into()),
+            "{:?}",
+            args(c)
+        );
+        assert!(args(c).contains(&"--controller-ca=/etc/sandbolt/tls-ca/ca.crt".into()));
+        // The CA alone: a node never holds the controller's key.
+        assert_eq!(
+            volume(workload, "tls-ca")["secret"]["items"],
+            json!([{"key": "ca.crt", "path": "ca.crt"}])
+        );
+    }
+    assert!(args(a).contains(&"--api-tls=self-signed".into()));
+    assert_http_probe(&a["readinessProbe"], "/healthz", "metrics");
+
+    // Turned off: plaintext URLs, no Secret, the gRPC probes back.
+    let (objs, _) = check(Some(json!({"tls": {"enabled": false}})), &[])
+        .unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    assert!(!names(&objs).contains(&"Secret/sb-sandbolt-tls".to_string()));
+    let agent = find(&objs, "DaemonSet", "sb-sandbolt-agent-default");
+    let a = container(agent, "agent");
+    assert!(args(a).contains(&"--controller=http://sb-sandbolt-fastpath.sandbolt.svc:9090".into()));
+    assert!(
+        !args(a)
+            .iter()
+            .any(|x| x.starts_with("--api-tls") || x.starts_with("--controller-ca"))
+    );
+    assert_eq!(a["readinessProbe"]["grpc"]["port"], 9091);
+    let c = container(
+        find(&objs, "Deployment", "sb-sandbolt-controller"),
+        "controller",
+    );
+    assert!(!args(c).iter().any(|x| x.starts_with("--tls-")));
+    assert_eq!(c["readinessProbe"]["grpc"]["port"], 9090);
+
+    // A Secret of the operator's: used, none made.
+    let (objs, _) = check(Some(json!({"tls": {"secretName": "my-tls"}})), &[])
+        .unwrap_or_else(|e| panic!("chart check failed:\n{e}"));
+    assert!(!names(&objs).contains(&"Secret/sb-sandbolt-tls".to_string()));
+    let ctl = find(&objs, "Deployment", "sb-sandbolt-controller");
+    assert_eq!(volume(ctl, "tls")["secret"]["secretName"], "my-tls");
 }

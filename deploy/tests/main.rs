@@ -3,4 +3,5 @@
 //! and link time in bounds (nextest still runs every test in its own process).
 
 mod chart;
+mod chart_juicefs;
 mod crds;

@@ -684,6 +684,10 @@ async fn write_file_part(field: Field<'_>, m: FileMetadata) -> Result<(), ApiErr
     blocking(move || pending.commit(&UserDb::load())).await
 }
 
+/// How long the rest of a file part is read and discarded after its write failed
+/// (a full volume), so that the client, still sending, gets the answer.
+const DISCARD_AFTER_FAILURE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Copies the part's chunks into a [`PendingFile`] on a blocking writer. On a
 /// broken body the pending file is removed and the body's error returned.
 async fn stream_to_pending_file(
@@ -698,7 +702,15 @@ async fn stream_to_pending_file(
         match field.chunk().await {
             Ok(Some(chunk)) => {
                 if tx.send(chunk).await.is_err() {
-                    break; // writer failed; its error is reported below
+                    // The writer failed (its error is reported below). Its answer
+                    // only reaches a client that is still sending if the rest of
+                    // the part is read: answering and closing mid-body makes the
+                    // client's next write fail (EPIPE) before it reads anything.
+                    let _ = tokio::time::timeout(DISCARD_AFTER_FAILURE, async {
+                        while let Ok(Some(_)) = field.chunk().await {}
+                    })
+                    .await;
+                    break;
                 }
             }
             Ok(None) => break,

@@ -299,3 +299,43 @@ async fn refused_expect_continue_is_not_solicited() {
     assert_eq!(a.status, 401);
     assert!(a.closes(), "headers: {:?}", a.headers);
 }
+
+/// An upload that fills its filesystem is answered 507 to a client that goes on
+/// sending: execd reads the rest of the part instead of closing mid-body, so the
+/// client's writes all succeed and it reads the answer (it used to get EPIPE or a
+/// reset once more than the drain limit was left unsent).
+#[tokio::test]
+async fn upload_into_a_full_filesystem_is_answered_to_a_client_still_sending() {
+    let e = Execd::start(&[], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs", &d])
+        .status()
+        .expect("run mount");
+    assert!(mounted.success(), "mounting a 1 MiB tmpfs on {d}");
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(d.clone());
+
+    let body = upload_body(&format!("{d}/big.bin"), &vec![7u8; 48 * 1024 * 1024]);
+    let mut req = upload_head(&e.addr, &format!("Content-Length: {}\r\n", body.len())).into_bytes();
+    req.extend_from_slice(&body);
+    let (mut r, mut w) = connect(&e).await.into_split();
+    // The write half is handed back, not dropped: dropping it half-closes the
+    // connection, and hyper answers nothing to a client that did.
+    let writer = tokio::spawn(async move { (w.write_all(&req).await, w) });
+    let mut buf = Vec::new();
+    let up = read_answer(&mut r, &mut buf).await.expect("upload answer");
+    assert_eq!(up.status, 507, "{}", String::from_utf8_lossy(&up.body));
+    let (written, _w) = writer.await.unwrap();
+    written.expect("every byte of the upload was accepted before the answer");
+    assert!(
+        !std::path::Path::new(&format!("{d}/big.bin")).exists(),
+        "nothing half-written under the target's name"
+    );
+}

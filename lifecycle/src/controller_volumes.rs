@@ -108,6 +108,7 @@ pub(crate) fn to_volume(v: &pb::NamedVolume) -> Volume {
             instant_snapshots: caps.instant_snapshots,
             instant_forks: caps.instant_forks,
             quota: caps.quota,
+            shared: caps.shared,
         },
         snapshots: v.snapshots.iter().map(to_snapshot).collect(),
         mounts: v
@@ -118,6 +119,7 @@ pub(crate) fn to_volume(v: &pb::NamedVolume) -> Volume {
                 namespace: m.namespace.clone(),
                 mount_path: m.mount_path.clone(),
                 read_only: m.read_only,
+                node_name: m.node_name.clone(),
             })
             .collect(),
         forked_from: (!v.forked_from.is_empty()).then(|| v.forked_from.clone()),
@@ -261,7 +263,7 @@ impl ControllerBackend {
             name: req.name.clone(),
             access_mode: to_pb_mode(req.access_mode),
             size: req.size.unwrap_or_default(),
-            backend: BACKEND_LOCAL.into(),
+            backend: req.backend.unwrap_or_else(|| BACKEND_LOCAL.into()),
             node_name: req.node_name.unwrap_or_default(),
             pool: String::new(),
         };
@@ -489,6 +491,7 @@ mod tests {
                 instant_snapshots: true,
                 instant_forks: true,
                 quota: true,
+                shared: false,
             }),
             snapshots: vec![pb::VolumeSnapshot {
                 volume: "data".into(),
@@ -500,6 +503,7 @@ mod tests {
                 sandbox_name: "sbx-1".into(),
                 mount_path: "/data".into(),
                 read_only: true,
+                node_name: String::new(),
             }],
             forked_from: "base@s0".into(),
             available: true,
@@ -520,7 +524,7 @@ mod tests {
                 "nodeName": "node-1",
                 "createdAt": "2027-01-15T08:00:00.123000Z",
                 "usedBytes": null,
-                "capabilities": {"backend": "btrfs", "instantSnapshots": true, "instantForks": true, "quota": true},
+                "capabilities": {"backend": "btrfs", "instantSnapshots": true, "instantForks": true, "quota": true, "shared": false},
                 "snapshots": [{"volume": "data", "name": "s1", "createdAt": "2027-01-15T08:00:00.000000Z"}],
                 "mounts": [{"sandboxId": "sbx-1", "namespace": "default", "mountPath": "/data", "readOnly": true}],
                 "forkedFrom": "base@s0",

@@ -116,6 +116,9 @@ pub struct DockerBackend {
     /// execd packed as a tar once at start; uploaded into each sandbox.
     execd_tar: Bytes,
     pub(crate) data_dir: PathBuf,
+    /// Derives each sandbox's execd token (none is stored; see
+    /// [`crate::docker_token`]).
+    token_key: crate::docker_token::TokenKey,
     /// Held from the host-binding check of a create until its container
     /// exists, so two creates never both pass the check against a world
     /// without the other (see [`crate::docker_volumes::check_bindings`]).
@@ -336,8 +339,9 @@ fn enum_str<T: Serialize>(v: &T) -> String {
 }
 
 /// The labels that make a container a sandbox: the user's metadata, then
-/// id, expiry (or manual cleanup), execd's token and the create-time facts.
-fn container_labels(plan: &CreatePlan, token: &str) -> HashMap<String, String> {
+/// id, expiry (or manual cleanup) and the create-time facts. No token: it
+/// is derived from the id (see [`crate::docker_token`]).
+fn container_labels(plan: &CreatePlan) -> HashMap<String, String> {
     let mut labels: HashMap<String, String> = plan
         .metadata
         .iter()
@@ -348,7 +352,6 @@ fn container_labels(plan: &CreatePlan, token: &str) -> HashMap<String, String> {
         Some(t) => labels.insert(LABEL_EXPIRES_AT.into(), t.to_rfc3339()),
         None => labels.insert(LABEL_MANUAL_CLEANUP.into(), "true".into()),
     };
-    labels.insert(LABEL_TOKEN.into(), token.to_string());
     labels.insert(
         LABEL_ENTRYPOINT.into(),
         serde_json::to_string(&plan.entrypoint).expect("strings serialize"),
@@ -407,15 +410,6 @@ fn pack_execd(binary: &Path) -> Result<Bytes, StartError> {
     Ok(Bytes::from(out))
 }
 
-fn random_token() -> String {
-    // Two v4 UUIDs: 244 random bits from the OS generator.
-    format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    )
-}
-
 /// Reads a JSON file, treating absence as `None`.
 pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
     let bytes = std::fs::read(path).ok()?;
@@ -454,6 +448,7 @@ impl DockerBackend {
         std::fs::create_dir_all(data_dir.join("metadata"))
             .and_then(|_| std::fs::create_dir_all(data_dir.join("expiry")))
             .map_err(|e| StartError::Config(format!("data dir {}: {e}", data_dir.display())))?;
+        let token_key = crate::docker_token::TokenKey::load_or_create(data_dir)?;
         // Before any sandbox can start, so there is never a window.
         let (network_mode, egress) = if config.isolation {
             let network =
@@ -481,6 +476,7 @@ impl DockerBackend {
             config,
             execd_tar,
             data_dir: data_dir.to_path_buf(),
+            token_key,
             binds_lock: tokio::sync::Mutex::new(()),
             reach: Mutex::new(HashMap::new()),
             network_mode,
@@ -636,7 +632,7 @@ impl DockerBackend {
         ))
     }
 
-    fn reach_from_inspect(c: &ContainerInspectResponse) -> Option<Reach> {
+    fn reach_from_inspect(&self, c: &ContainerInspectResponse) -> Option<Reach> {
         let key = format!("{EXECD_PORT}/tcp");
         let host_port = c
             .network_settings
@@ -647,11 +643,14 @@ impl DockerBackend {
             .as_ref()?
             .iter()
             .find_map(|b| b.host_port.as_deref()?.parse().ok())?;
-        let token = c
-            .config
-            .as_ref()
-            .and_then(|cfg| cfg.labels.as_ref())
-            .and_then(|l| l.get(LABEL_TOKEN).cloned());
+        // Derived from the sandbox id; a container of an older sandbolt
+        // carries its random token in a label instead.
+        let labels = c.config.as_ref().and_then(|cfg| cfg.labels.as_ref());
+        let token = labels.and_then(|l| {
+            l.get(LABEL_TOKEN)
+                .cloned()
+                .or_else(|| l.get(LABEL_ID).map(|id| self.token_key.token(id)))
+        });
         let paused = c.state.as_ref().and_then(|s| s.paused).unwrap_or(false);
         Some(Reach {
             host_port,
@@ -725,7 +724,7 @@ impl DockerBackend {
         restore: Option<&Restore>,
     ) -> ApiResult<()> {
         let name = container_name(&plan.id);
-        let mut labels = container_labels(plan, token);
+        let mut labels = container_labels(plan);
         if !delete_volumes.is_empty() {
             labels.insert(
                 crate::docker_volumes::LABEL_DELETE_VOLUMES.into(),
@@ -817,7 +816,7 @@ impl DockerBackend {
             .await
             .map_err(|e| map_docker_err(DockerCall::Start, &plan.id, e))?;
         let c = self.inspect(&plan.id).await?;
-        Self::reach_from_inspect(&c)
+        self.reach_from_inspect(&c)
             .ok_or_else(|| ApiError::internal("the engine published no host port for execd"))
     }
 
@@ -826,7 +825,7 @@ impl DockerBackend {
             return Ok(r);
         }
         let c = self.inspect(id).await?;
-        let r = Self::reach_from_inspect(&c).ok_or_else(|| {
+        let r = self.reach_from_inspect(&c).ok_or_else(|| {
             ApiError::conflict(
                 "DOCKER::SANDBOX_NOT_RUNNING",
                 format!("Sandbox {id} has no published execd port (is it running?)"),
@@ -993,7 +992,7 @@ impl Backend for DockerBackend {
 
     #[tracing::instrument(name = "docker", skip_all, fields(call = "create", sandbox_id = %plan.id, snapshot_id = plan.snapshot_id.as_deref()))]
     async fn create(&self, mut plan: CreatePlan) -> ApiResult<SandboxRecord> {
-        let token = random_token();
+        let token = self.token_key.token(&plan.id);
         let _restoring = match plan.snapshot_id {
             Some(_) => Some(self.snapshot_lock.lock().await),
             None => None,

@@ -14,6 +14,7 @@ pub mod docker;
 pub mod docker_egress;
 pub mod docker_network;
 mod docker_snapshots;
+pub mod docker_token;
 mod docker_volumes;
 pub mod egress;
 pub mod error;

@@ -58,6 +58,10 @@ impl AccessMode {
 /// the node's volume root.
 pub const BACKEND_LOCAL: &str = "local";
 
+/// The shared backend: the cluster's JuiceFS filesystem, reachable from
+/// every node whose agent mounts it (controller runtime only).
+pub const BACKEND_JUICEFS: &str = "juicefs";
+
 fn invalid(code: &'static str, message: String) -> ApiError {
     ApiError::invalid_code(code, message)
 }
@@ -135,15 +139,16 @@ fn check_size(field: &str, size: &str) -> ApiResult<String> {
     Ok(size.to_string())
 }
 
-/// The storage backend a request names: empty or `local`.
+/// The storage backend a request names: empty, `local` or `juicefs`.
 pub fn check_backend(field: &str, backend: Option<&str>) -> ApiResult<()> {
     match backend {
-        None | Some("") | Some(BACKEND_LOCAL) => Ok(()),
+        None | Some("") | Some(BACKEND_LOCAL) | Some(BACKEND_JUICEFS) => Ok(()),
         Some(other) => Err(invalid(
             "VOLUME::UNSUPPORTED_BACKEND",
             format!(
                 "{field} '{other}' is not served: named volumes have the '{BACKEND_LOCAL}' backend \
-                 only (btrfs on the node); omit it or say '{BACKEND_LOCAL}'"
+                 (btrfs on the node) or '{BACKEND_JUICEFS}' (the cluster's JuiceFS); omit it or \
+                 say one of them"
             ),
         )),
     }
@@ -170,6 +175,8 @@ pub struct VolumeCreate {
     pub size: Option<String>,
     /// `None`: the backend picks the node.
     pub node_name: Option<String>,
+    /// `None`: `local`.
+    pub backend: Option<String>,
 }
 
 impl CreateVolumeBody {
@@ -189,6 +196,7 @@ impl CreateVolumeBody {
                 .map(|s| check_size("size", s))
                 .transpose()?,
             node_name: self.node_name.filter(|n| !n.is_empty()),
+            backend: self.backend.filter(|b| !b.is_empty()),
         })
     }
 }
@@ -294,6 +302,8 @@ pub struct Capabilities {
     pub instant_snapshots: bool,
     pub instant_forks: bool,
     pub quota: bool,
+    /// Reachable from every node (juicefs): the volume pins no sandbox.
+    pub shared: bool,
 }
 
 /// `Snapshot`.
@@ -313,6 +323,9 @@ pub struct MountHolder {
     pub namespace: String,
     pub mount_path: String,
     pub read_only: bool,
+    /// The node the holder runs on (a shared volume has holders on several).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub node_name: String,
 }
 
 /// `Volume`. `size`, `usedBytes` and `forkedFrom` are `null` when there is
@@ -457,6 +470,7 @@ mod tests {
                 access_mode: Some(AccessMode::ReadWriteMany),
                 size: Some("1Gi".into()),
                 node_name: Some("n1".into()),
+                backend: Some("local".into()),
             }
         );
         let minimal = body::<CreateVolumeBody>(json!({"name": "a"}))

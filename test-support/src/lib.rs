@@ -12,6 +12,7 @@ pub mod dns;
 pub mod http;
 pub mod nethost;
 mod process;
+pub mod sim_agent;
 
 pub use process::Proc;
 

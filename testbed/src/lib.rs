@@ -16,6 +16,7 @@ mod daemon;
 mod error;
 mod execd;
 mod image;
+mod juicefs;
 mod packages;
 mod registry;
 mod sandbolt_image;
@@ -29,6 +30,7 @@ pub use image::{
     BUSYBOX_REF, MT_OCI_INDEX, MT_OCI_MANIFEST, OciDocuments, OciImage, OciImageBuilder,
     busybox_image,
 };
+pub use juicefs::{JuiceFs, juicefs_binary};
 pub use packages::ensure_packages;
 pub use registry::LocalRegistry;
 pub use sandbolt_image::{

@@ -4,5 +4,6 @@
 
 mod containerd_run;
 mod docker_run;
+mod juicefs_bed;
 mod listing;
 mod local_registry;

@@ -200,6 +200,7 @@ async fn kill_9_during_fork_and_restore_never_leaves_half_a_volume() {
                 name: "src".into(),
                 access_mode: agent::AccessMode::ReadWriteOnce as i32,
                 size_bytes: 1 << 30,
+                backend: String::new(),
             }),
         })
         .await

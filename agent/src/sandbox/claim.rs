@@ -43,8 +43,9 @@ struct Plan<'a> {
 /// W as the claim took it.
 struct Taken {
     pid: u32,
-    /// W's network namespace (execd is dialled through it).
-    netns: Arc<crate::netns::NetnsHandle>,
+    /// How execd in W is dialled (its namespace, or its address under
+    /// gVisor).
+    upstream: proxy::Upstream,
     warm_token: String,
     /// The limits W runs under (its class's); `None` when they cannot be
     /// worked out, and the request's are then applied whatever they are.
@@ -187,13 +188,29 @@ impl Sandboxes {
                 max: self.cfg.max_sandboxes,
             });
         }
+        let Some(upstream) = self.upstream_of(e) else {
+            tracing::info!(sandbox = %id, "warm sandbox is not claimable (no address)");
+            return Ok(None);
+        };
+        let warm_limits = self
+            .limits_for(w.class.resources.clone().unwrap_or_default())
+            .ok();
+        // runsc has no `update`: a gVisor sandbox keeps the limits it was
+        // started with, so only a request for exactly those can claim it.
+        if e.runtime == crate::gvisor::RUNSC
+            && warm_limits
+                != self
+                    .limits_for(spec.resources.clone().unwrap_or_default())
+                    .ok()
+        {
+            tracing::info!(sandbox = %id, "warm runsc sandbox has other limits than the request (runsc cannot change them)");
+            return Ok(None);
+        }
         let taken = Taken {
             pid: e.pid,
-            netns: netns.clone(),
+            upstream,
             warm_token: w.token.clone(),
-            warm_limits: self
-                .limits_for(w.class.resources.clone().unwrap_or_default())
-                .ok(),
+            warm_limits,
         };
         *e = Entry {
             phase: SandboxPhase::Running,
@@ -286,7 +303,7 @@ impl Sandboxes {
     /// and starts the entrypoint.
     async fn post_claim(&self, id: &str, taken: &Taken, body: &[u8]) -> Result<Answer> {
         let (code, answer) = crate::netns::http_post_json(
-            &taken.netns,
+            &taken.upstream,
             self.cfg.execd_port,
             CLAIM_PATH,
             &[(EXECD_TOKEN_HEADER, &taken.warm_token)],

@@ -59,6 +59,7 @@ mod beneath;
 mod btrfs;
 mod directory;
 mod error;
+mod juicefs;
 mod meta;
 mod names;
 mod root;
@@ -75,6 +76,7 @@ use parking_lot::Mutex;
 use sandbolt_proto::agent::v1 as pb;
 
 pub use error::VolumeStoreError;
+pub use juicefs::{JuiceFsStoreConfig, STORE_DIR};
 pub use root::unmount_root;
 
 use meta::{VolumeMeta, now_ms};
@@ -208,8 +210,11 @@ pub struct Capabilities {
     pub instant_snapshots: bool,
     /// Forks take constant time and share blocks until written.
     pub instant_forks: bool,
-    /// `size_bytes` is enforced (qgroups).
+    /// `size_bytes` is enforced (qgroups; JuiceFS directory quotas).
     pub quota: bool,
+    /// Every agent that mounts the same filesystem reaches the volume
+    /// (JuiceFS); false: this node only.
+    pub shared: bool,
 }
 
 impl From<Capabilities> for pb::VolumeCapabilities {
@@ -219,6 +224,7 @@ impl From<Capabilities> for pb::VolumeCapabilities {
             instant_snapshots: c.instant_snapshots,
             instant_forks: c.instant_forks,
             quota: c.quota,
+            shared: c.shared,
         }
     }
 }
@@ -259,6 +265,8 @@ impl Volume {
             name: self.name.clone(),
             access_mode: pb::AccessMode::from(self.access_mode) as i32,
             size_bytes: i64::try_from(self.size_bytes).unwrap_or(i64::MAX),
+            // Which store holds it is the agent's to say (see VolumeMounts).
+            backend: String::new(),
         }
     }
 }
@@ -286,6 +294,9 @@ impl From<&Snapshot> for pb::VolumeSnapshot {
 #[derive(Debug)]
 pub struct VolumeStore {
     root: PathBuf,
+    /// Where operations build their results: `<root>/staging`, or on
+    /// JuiceFS this agent's own `<root>/staging/<agent id>`.
+    staging: PathBuf,
     /// Holds the root's lock for the store's lifetime (and the lifetime
     /// of its cleanups).
     backend: Arc<Backend>,
@@ -315,10 +326,37 @@ impl VolumeStore {
         staging::remove_volumes_without_data(&root, &backend)?;
         tracing::info!(root = %root.display(), capabilities = ?backend.capabilities(), "volume store open");
         Ok(Self {
+            staging: root.join("staging"),
             root,
             backend: Arc::new(backend),
             cleanups: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The store on a mounted JuiceFS filesystem (see [`juicefs`]): takes
+    /// this agent's lock, then deletes what this agent's interrupted
+    /// operations left in its own staging directory (never another
+    /// agent's).
+    pub fn open_juicefs(cfg: &JuiceFsStoreConfig) -> Result<Self, VolumeStoreError> {
+        let root = cfg.root();
+        let staging = cfg.staging();
+        for dir in [root.join("volumes"), staging.clone()] {
+            std::fs::create_dir_all(&dir).map_err(|e| error::io(format!("create {dir:?}"), e))?;
+        }
+        let backend = root::prepare_juicefs(cfg)?;
+        staging::recover(&staging, &backend)?;
+        tracing::info!(root = %root.display(), staging = %staging.display(), "JuiceFS volume store open");
+        Ok(Self {
+            root,
+            staging,
+            backend: Arc::new(backend),
+            cleanups: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Whether a volume of this name exists in this store.
+    pub fn contains(&self, name: &str) -> bool {
+        Label::volume(name).is_ok_and(|n| self.read_meta(n).is_ok())
     }
 
     pub fn capabilities(&self) -> Capabilities {
@@ -360,13 +398,7 @@ impl VolumeStore {
         volume: Label<'_>,
         snapshot: Option<Label<'_>>,
     ) -> Result<Op, VolumeStoreError> {
-        Op::begin(
-            &self.root.join("staging"),
-            self.backend.clone(),
-            kind,
-            volume,
-            snapshot,
-        )
+        Op::begin(&self.staging, self.backend.clone(), kind, volume, snapshot)
     }
 
     /// The volume's `data` directory (the volume must exist). Mount through

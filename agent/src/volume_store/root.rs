@@ -17,6 +17,7 @@ use std::process::Command;
 
 use super::btrfs::Btrfs;
 use super::error::io;
+use super::juicefs::{JuiceFs, JuiceFsStoreConfig};
 use super::{BackendChoice, Capabilities, VolumeStoreConfig, VolumeStoreError, directory};
 
 /// How long open waits for the root's lock: a store killed mid-operation
@@ -43,6 +44,7 @@ pub(super) struct Backend {
 enum Kind {
     Btrfs(Btrfs),
     Directory,
+    JuiceFs(JuiceFs),
 }
 
 impl Backend {
@@ -53,12 +55,21 @@ impl Backend {
                 instant_snapshots: true,
                 instant_forks: true,
                 quota: b.quota(),
+                shared: false,
             },
             Kind::Directory => Capabilities {
                 backend: "directory",
                 instant_snapshots: false,
                 instant_forks: false,
                 quota: false,
+                shared: false,
+            },
+            Kind::JuiceFs(_) => Capabilities {
+                backend: "juicefs",
+                instant_snapshots: true,
+                instant_forks: true,
+                quota: true,
+                shared: true,
             },
         }
     }
@@ -84,6 +95,7 @@ impl Backend {
                 .create(path, limit)
                 .map_err(|e| io(format!("create subvolume {path:?}"), e)),
             Kind::Directory => directory::create(path),
+            Kind::JuiceFs(j) => j.create(path, limit),
         }
     }
 
@@ -102,13 +114,14 @@ impl Backend {
                 .snapshot(src, dst, read_only, limit)
                 .map_err(|e| io(format!("snapshot {src:?} at {dst:?}"), e)),
             Kind::Directory => directory::copy(src, dst),
+            Kind::JuiceFs(j) => j.clone_tree(src, dst, limit),
         }
     }
 
     pub fn used_bytes(&self, path: &Path) -> Option<u64> {
         match &self.kind {
             Kind::Btrfs(b) => b.used_bytes(path),
-            Kind::Directory => None,
+            Kind::Directory | Kind::JuiceFs(_) => None,
         }
     }
 
@@ -116,7 +129,7 @@ impl Backend {
     pub fn created_at_ms(&self, path: &Path) -> Option<i64> {
         match &self.kind {
             Kind::Btrfs(b) => b.created_at_ms(path),
-            Kind::Directory => directory::created_at_ms(path),
+            Kind::Directory | Kind::JuiceFs(_) => directory::created_at_ms(path),
         }
     }
 
@@ -138,6 +151,7 @@ impl Backend {
         match &self.kind {
             Kind::Btrfs(b) => b.remove_tree(path),
             Kind::Directory => directory::remove_tree(path),
+            Kind::JuiceFs(j) => j.remove_tree(path),
         }
     }
 }
@@ -180,6 +194,17 @@ pub(super) fn prepare(cfg: &VolumeStoreConfig) -> Result<Backend, VolumeStoreErr
     } else {
         Kind::Directory
     };
+    Ok(Backend { kind, _lock: lock })
+}
+
+/// The JuiceFS backend on a mounted filesystem (see
+/// [`super::juicefs`]): its lock is this agent's own, on a local file.
+pub(super) fn prepare_juicefs(cfg: &JuiceFsStoreConfig) -> Result<Backend, VolumeStoreError> {
+    if let Some(dir) = cfg.lock_file.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io(format!("create {dir:?}"), e))?;
+    }
+    let lock = lock_file(&cfg.lock_file, &cfg.root())?;
+    let kind = Kind::JuiceFs(JuiceFs::new(cfg.clone(), lock.as_raw_fd()));
     Ok(Backend { kind, _lock: lock })
 }
 
@@ -372,7 +397,12 @@ fn loop_device_of(image: &Path) -> Option<String> {
 /// Takes `<root>/.lock` (flock, exclusive) for the store's lifetime,
 /// waiting up to [`LOCK_WAIT`] for the tools of a killed store to die.
 fn lock(root: &Path) -> Result<std::fs::File, VolumeStoreError> {
-    let path = root.join(".lock");
+    lock_file(&root.join(".lock"), root)
+}
+
+/// Takes the flock on `path` (the lock of the store at `root`).
+fn lock_file(path: &Path, root: &Path) -> Result<std::fs::File, VolumeStoreError> {
+    let path = path.to_path_buf();
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -213,6 +213,7 @@ impl Core {
                 self.strong_after_refused_claim(r, wait_for_execd).await
             }
             Err(e) => {
+                self.avoid_unreachable(&r, &e);
                 tracing::warn!(sandbox = %r.name, agent = %r.agent_id, error = %e, "strong create failed");
                 self.discard_container(&r).await;
                 let _ = self.store.delete(&r.key());
@@ -247,6 +248,19 @@ impl Core {
             r.sandbox_id = SandboxId::generate();
             _retry = Some(self.inflight(&r.sandbox_id));
             self.place_cold_after_claim(&mut r)?;
+            created = self.agent_create(&r, wait_for_execd).await;
+        }
+        if let Err(e) = &created
+            && self.avoid_unreachable(&r, e)
+            && !claimed
+            && r.spec.pvc_volumes.is_empty()
+            && r.spec.snapshot_id.is_empty()
+        {
+            // Nothing reached the agent and nothing is committed: the
+            // create goes to another agent, once.
+            let refused = r.agent_id.clone();
+            self.registry.release(&refused, &r.sandbox_id);
+            self.place_cold_elsewhere(&mut r, &refused)?;
             created = self.agent_create(&r, wait_for_execd).await;
         }
         match created {
@@ -340,6 +354,32 @@ impl Core {
         self.place_with(r, None, &VolumeNeeds::default(), Some(false))
     }
 
+    /// After `refused` could not be reached: a cold placement on another
+    /// agent (a plain create only: no volumes or snapshot pin it).
+    fn place_cold_elsewhere(&self, r: &mut SandboxRecord, refused: &AgentId) -> Result<()> {
+        r.push_event(
+            "warning",
+            "controller",
+            format!("agent {refused} refused the connection; placing on another agent"),
+        );
+        self.place_with(r, Some(refused), &VolumeNeeds::default(), Some(false))
+    }
+
+    /// When `e` says `r`'s agent could not be reached at all (connection
+    /// refused: its API is down, e.g. the agent restarts), takes the agent
+    /// out of placement until its next heartbeat, so the creates after this
+    /// one do not pick it again (it looks least loaded: its creates fail and
+    /// free their slots) until it is lost. True when that was the case.
+    fn avoid_unreachable(&self, r: &SandboxRecord, e: &Error) -> bool {
+        if !connection_refused(e) {
+            return false;
+        }
+        if self.registry.mark_unreachable(&r.agent_id) {
+            tracing::warn!(agent = %r.agent_id, "agent refused the connection: out of placement until it heartbeats again");
+        }
+        true
+    }
+
     /// `warm`: `Some(claim)` for a create (see [`Core::place_create`]).
     fn place_with(
         &self,
@@ -360,6 +400,7 @@ impl Core {
             runtime: (!runtime.is_empty()).then_some(runtime.as_str()),
             pin: volumes.pin.as_deref(),
             volume_root: volumes.volume_root(),
+            shared_volumes: volumes.shared,
         };
         let placed = match warm {
             Some(claim) => self.place_warm(r, &req, claim)?,
@@ -640,6 +681,24 @@ fn new_record(mut req: CreateRequest, consistency: Consistency) -> (SandboxRecor
 
 /// The agent refused a claim: the warm id names a sandbox of another
 /// identity (never handed to a second create).
+/// The agent call failed to connect (connection refused): the request
+/// never left this process.
+fn connection_refused(e: &Error) -> bool {
+    let Error::Agent { status, .. } = e else {
+        return false;
+    };
+    let mut source = std::error::Error::source(status);
+    while let Some(s) = source {
+        if s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 fn refused_claim(e: &Error) -> bool {
     matches!(e, Error::Agent { status, .. } if status.code() == tonic::Code::AlreadyExists)
 }

@@ -8,12 +8,6 @@ use crate::placement::or_default;
 use crate::sandbox::Core;
 use crate::store::{ListRange, SandboxRecord};
 
-fn matches(r: &SandboxRecord, filter: &BTreeMap<String, String>) -> bool {
-    filter
-        .iter()
-        .all(|(k, v)| r.spec.metadata.get(k) == Some(v))
-}
-
 /// A page size as the APIs carry it (signed; 0 = the default); a negative
 /// one is refused.
 pub fn page_size(requested: i32) -> Result<usize> {
@@ -36,40 +30,21 @@ impl Core {
             0 => 500,
             n => n.min(1000),
         };
-        let chunk_size = page_size.max(64);
-        let mut after = (!page_token.is_empty()).then(|| page_token.to_string());
-        let mut out = Vec::new();
-        loop {
-            let chunk = self.store.list(
-                &ListRange::namespace(ns)
-                    .after(after.as_deref())
-                    .limit(chunk_size),
-            )?;
-            let exhausted = chunk.len() < chunk_size;
-            for r in chunk {
-                after = Some(r.name.clone());
-                if !matches(&r, filter) {
-                    continue;
-                }
-                out.push(r);
-                if out.len() == page_size {
-                    // Another page only if something is left to read.
-                    let more = !self
-                        .store
-                        .list(&ListRange::namespace(ns).after(after.as_deref()).limit(1))?
-                        .is_empty();
-                    let next = if more {
-                        after.unwrap_or_default()
-                    } else {
-                        String::new()
-                    };
-                    return Ok((out, next));
-                }
-            }
-            if exhausted {
-                return Ok((out, String::new()));
-            }
-        }
+        let after = (!page_token.is_empty()).then_some(page_token);
+        // One more than the page: another page only if a match is left.
+        // The store answers a filter from its metadata index, so a page
+        // costs its own records, not the namespace's.
+        let mut out = self.store.list_filtered(
+            &ListRange::namespace(ns).after(after).limit(page_size + 1),
+            filter,
+        )?;
+        let next = if out.len() > page_size {
+            out.truncate(page_size);
+            out.last().map(|r| r.name.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok((out, next))
     }
 
     /// Every record of a namespace matching `filter`, in name order, in one
@@ -79,10 +54,8 @@ impl Core {
         namespace: &str,
         filter: &BTreeMap<String, String>,
     ) -> Result<Vec<SandboxRecord>> {
-        let mut all = self
+        Ok(self
             .store
-            .list(&ListRange::namespace(or_default(namespace)))?;
-        all.retain(|r| matches(r, filter));
-        Ok(all)
+            .list_filtered(&ListRange::namespace(or_default(namespace)), filter)?)
     }
 }

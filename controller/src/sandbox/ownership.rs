@@ -34,7 +34,7 @@ use crate::ids::{AgentId, SandboxId, SandboxKey};
 use crate::registry::AgentInfo;
 use crate::sandbox::Core;
 use crate::sandbox::create::record_commit_waits;
-use crate::store::{ListRange, Phase, SandboxRecord};
+use crate::store::{Phase, SandboxRecord};
 
 fn liveness(agent_id: &str, a: Option<&AgentInfo>, now: Instant) -> pb::AgentLiveness {
     match a {
@@ -76,18 +76,14 @@ impl Core {
             .map(|q| q.sandbox_id.clone())
             .collect();
         let ready = self.is_ready();
-        // Leftovers come without a name: one scan of the store finds them by
-        // sandbox id (rare; the janitor only asks for what it found).
-        let by_sid: HashMap<SandboxId, SandboxRecord> =
-            if req.queries.iter().any(|q| q.name.is_empty()) {
-                self.store
-                    .list(&ListRange::all())?
-                    .into_iter()
-                    .map(|r| (r.sandbox_id.clone(), r))
-                    .collect()
-            } else {
-                HashMap::new()
-            };
+        // Leftovers come without a name: the store's container-id index
+        // finds them.
+        let mut by_sid: HashMap<SandboxId, SandboxRecord> = HashMap::new();
+        for q in req.queries.iter().filter(|q| q.name.is_empty()) {
+            if let Some(r) = self.store.get_by_sandbox_id(&q.sandbox_id)? {
+                by_sid.insert(r.sandbox_id.clone(), r);
+            }
+        }
         let agents: HashMap<AgentId, AgentInfo> = self
             .registry
             .agents()

@@ -150,18 +150,16 @@ impl Core {
     /// gone (the agent finds every container of its own at start), so the
     /// failure policy applies.
     fn on_vanished(&self, agent: &AgentId, ids: &[SandboxId]) {
-        let records = match self.store.list(&ListRange::all()) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(%agent, error = %e, "vanished sandboxes not handled: store read failed");
-                return;
-            }
-        };
-        for r in records {
-            if r.agent_id != *agent
-                || !ids.contains(&r.sandbox_id)
-                || !matches!(r.phase, Phase::Running | Phase::Paused)
-            {
+        for sid in ids {
+            let r = match self.store.get_by_sandbox_id(sid) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(%agent, error = %e, "vanished sandboxes not handled: store read failed");
+                    return;
+                }
+            };
+            if r.agent_id != *agent || !matches!(r.phase, Phase::Running | Phase::Paused) {
                 continue;
             }
             let why = format!(
@@ -280,10 +278,19 @@ impl Core {
             if s.name.is_empty() || self.is_inflight(&s.sandbox_id) {
                 continue;
             }
-            match self
-                .store
-                .get(&SandboxKey::new(&s.namespace, s.name.clone()))
-            {
+            let key = SandboxKey::new(&s.namespace, s.name.clone());
+            // The index answers the common case (owned) without decoding
+            // the record; only a container it does not place there is
+            // confirmed on the record itself.
+            match self.store.sandbox_owner(&s.sandbox_id) {
+                Ok(Some(owner)) if owner == key => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "orphan check skipped: store read failed");
+                    return;
+                }
+            }
+            match self.store.get(&key) {
                 Ok(Some(r)) if r.sandbox_id == s.sandbox_id => {}
                 Ok(_) => orphans.push(SandboxId::from(s.sandbox_id.clone())),
                 Err(e) => {

@@ -34,12 +34,18 @@ pub(crate) struct VolumeNeeds {
     pub(crate) pin: Option<AgentId>,
     /// Claim names to create on the chosen agent.
     pub(crate) missing: Vec<String>,
+    /// A missing volume is a local one: the chosen agent needs a volume
+    /// root.
+    pub(crate) local_missing: bool,
+    /// A volume is shared (juicefs): the chosen agent must have its JuiceFS
+    /// mount up. Shared volumes pin nothing.
+    pub(crate) shared: bool,
 }
 
 impl VolumeNeeds {
     /// The chosen agent must have a volume root.
     pub(crate) fn volume_root(&self) -> bool {
-        !self.missing.is_empty()
+        self.local_missing
     }
 }
 
@@ -76,6 +82,10 @@ fn spec_for(v: &PvcVolume) -> Result<pb::VolumeSpec> {
         name: v.claim_name.clone(),
         access_mode: access_mode_out(mode) as i32,
         size_bytes: parse_size(&format!("volumes[{}].pvc.size", v.name), &v.size)?,
+        backend: match crate::volume::shared::is_juicefs(&v.backend) {
+            true => crate::volume::BACKEND_JUICEFS.into(),
+            false => String::new(),
+        },
     })
 }
 
@@ -94,7 +104,8 @@ impl Core {
             return;
         }
         let pool = req.spec.pvc_volumes.iter().find_map(|v| {
-            let e = self.volumes.get(&v.claim_name)?;
+            // A shared volume is in no pool's node.
+            let e = self.volumes.get(&v.claim_name).filter(|e| !e.shared())?;
             self.registry.agent(&e.agent).map(|a| a.pool.pool)
         });
         if let Some(p) = pool {
@@ -107,11 +118,16 @@ impl Core {
     pub(crate) fn resolve_pvcs(&self, vols: &[PvcVolume], may_create: bool) -> Result<VolumeNeeds> {
         let mut home: Option<(AgentId, &str)> = None;
         let mut missing = Vec::new();
+        let (mut local_missing, mut shared) = (false, false);
         for v in vols {
             let Some(e) = self.volumes.get(&v.claim_name) else {
                 if may_create && v.create_if_missing {
                     check_mode(v, access_mode_out(v.access_mode))?;
                     missing.push(v.claim_name.clone());
+                    match self.missing_is_shared(v) {
+                        true => shared = true,
+                        false => local_missing = true,
+                    }
                     continue;
                 }
                 return Err(Error::NotFoundOther(format!(
@@ -126,6 +142,10 @@ impl Core {
                 )));
             };
             check_mode(v, info_access_mode(&e.info))?;
+            if e.shared() {
+                shared = true;
+                continue;
+            }
             match &home {
                 None => home = Some((e.agent, &v.claim_name)),
                 Some((a, first)) if *a != e.agent => {
@@ -151,6 +171,8 @@ impl Core {
         Ok(VolumeNeeds {
             pin: home.map(|h| h.0),
             missing,
+            local_missing,
+            shared,
         })
     }
 
@@ -184,6 +206,11 @@ impl Core {
                     .map_err(|e| self.restore_placement_error(snap, e))?;
             }
         }
+        // ReadWriteOnce of shared volumes, cluster-wide (see volume/shared.rs).
+        if let Err(e) = self.claim_shared_writers(r) {
+            self.registry.release(&r.agent_id, &r.sandbox_id);
+            return Err(e);
+        }
         if let Err(e) = self.create_missing(r, &needs.missing).await {
             self.registry.release(&r.agent_id, &r.sandbox_id);
             return Err(e);
@@ -206,7 +233,13 @@ impl Core {
                 .expect("missing volumes come from the spec");
             let made = match spec_for(v) {
                 Ok(spec) if v.fork_from.is_empty() => self.create_volume_on(&agent, spec).await,
-                Ok(spec) => self.fork_volume_on(&agent, &v.fork_from, spec).await,
+                Ok(mut spec) => {
+                    // A fork stays on its source's filesystem.
+                    if self.missing_is_shared(v) {
+                        spec.backend = crate::volume::BACKEND_JUICEFS.into();
+                    }
+                    self.fork_volume_on(&agent, &v.fork_from, spec).await
+                }
                 Err(e) => Err(e),
             };
             if let Err(e) = made {
@@ -306,7 +339,7 @@ impl Core {
     /// lock already.
     async fn remove_volume_of(&self, r: &SandboxRecord, claim: &str) {
         let removed = match self.volume_home(claim) {
-            Ok((e, a)) if e.agent == r.agent_id => self
+            Ok((e, a)) if e.agent == r.agent_id || e.shared() => self
                 .agents
                 .delete_volume(&a.agent_id, &a.api_endpoint, claim, VOLUME_COPY)
                 .await
@@ -428,6 +461,10 @@ impl Core {
             false => None,
         };
         match self.volumes.get(&v.claim_name) {
+            Some(e) if e.shared() => {
+                check_mode(v, info_access_mode(&e.info))?;
+                self.attach_shared(r, agent, v, &e).map(|()| false)
+            }
             Some(e) if e.agent != r.agent_id => Err(Error::FailedPrecondition(format!(
                 "volume {} is on {}, but sandbox {}/{} runs on {}; a volume is only mounted on its node",
                 v.claim_name,

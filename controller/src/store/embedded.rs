@@ -4,7 +4,14 @@
 //! is small and the write cost is the fsync, not the encoding). Every write
 //! is one transaction with `Durability::Immediate`, so a record the
 //! controller acknowledged survives `kill -9`.
+//!
+//! Two index tables are written in the same transaction as the record, so
+//! they can never disagree with it: container id → record
+//! ([`Store::get_by_sandbox_id`]) and metadata pair → record
+//! ([`Store::list_filtered`]). A file written before they existed gets them
+//! built once when it is opened ([`INDEX_VERSION`]).
 
+use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::Path;
 
@@ -12,7 +19,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::{
     AgentRecord, ListRange, SandboxRecord, SnapshotRecord, Store, StoreError, StoreResult,
-    WarmPoolRecord,
+    WarmPoolRecord, metadata_matches,
 };
 use crate::ids::SandboxKey;
 
@@ -26,6 +33,17 @@ const AGENTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("agents");
 const WARM_POOLS: TableDefinition<'_, &str, (u64, &[u8])> = TableDefinition::new("warm_pools");
 /// snapshot id → (revision, snapshot JSON).
 const SNAPSHOTS: TableDefinition<'_, &str, (u64, &[u8])> = TableDefinition::new("snapshots");
+/// container (sandbox) id → `namespace \0 name`.
+const SANDBOX_IDS: TableDefinition<'_, &str, &str> = TableDefinition::new("sandbox_ids");
+/// `namespace \0 key \0 value \0 name` of every metadata pair → nothing:
+/// the names of one namespace holding one pair are one key range, in name
+/// order.
+const METADATA: TableDefinition<'_, &str, ()> = TableDefinition::new("metadata_index");
+/// `"indexes"` → the [`INDEX_VERSION`] the index tables were built for.
+const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+/// Bumped when the index tables change shape: a file with another version
+/// gets them rebuilt at open.
+const INDEX_VERSION: u64 = 1;
 
 pub struct RedbStore {
     db: Database,
@@ -46,6 +64,21 @@ fn key(k: &SandboxKey) -> String {
 
 fn decode(bytes: &[u8]) -> StoreResult<SandboxRecord> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// [`Store::list_filtered`] by scanning `range` (no namespace, or no
+/// filter to drive an index with).
+fn scan_filtered(
+    store: &RedbStore,
+    range: &ListRange<'_>,
+    filter: &BTreeMap<String, String>,
+) -> StoreResult<Vec<SandboxRecord>> {
+    let all = store.list(&range.limit(0))?;
+    range.take(
+        all.into_iter()
+            .filter(|r| metadata_matches(r, filter))
+            .map(Ok),
+    )
 }
 
 fn parse_revision(r: &str) -> StoreResult<u64> {
@@ -69,9 +102,90 @@ impl RedbStore {
         tx.open_table(AGENTS).map_err(backend)?;
         tx.open_table(WARM_POOLS).map_err(backend)?;
         tx.open_table(SNAPSHOTS).map_err(backend)?;
+        let built = tx
+            .open_table(META)
+            .map_err(backend)?
+            .get("indexes")
+            .map_err(backend)?
+            .map(|v| v.value());
+        if built != Some(INDEX_VERSION) {
+            build_indexes(&tx)?;
+        }
         tx.commit().map_err(backend)?;
         Ok(Self { db })
     }
+}
+
+/// Fills the index tables from every record (a file from before they
+/// existed, or of another index version), inside the opening transaction.
+fn build_indexes(tx: &redb::WriteTransaction) -> StoreResult<()> {
+    let started = std::time::Instant::now();
+    let sandboxes = tx.open_table(SANDBOXES).map_err(backend)?;
+    let mut sids = tx.open_table(SANDBOX_IDS).map_err(backend)?;
+    let mut meta = tx.open_table(METADATA).map_err(backend)?;
+    sids.retain(|_, _| false).map_err(backend)?;
+    meta.retain(|_, _| false).map_err(backend)?;
+    let mut n = 0;
+    for row in sandboxes.iter().map_err(backend)? {
+        let (k, v) = row.map_err(backend)?;
+        index(&mut sids, &mut meta, k.value(), &decode(v.value())?)?;
+        n += 1;
+    }
+    tx.open_table(META)
+        .map_err(backend)?
+        .insert("indexes", INDEX_VERSION)
+        .map_err(backend)?;
+    tracing::info!(records = n, took = ?started.elapsed(), "store indexes built");
+    Ok(())
+}
+
+/// The metadata index key of one pair of the record at `namespace`/`name`.
+fn metadata_key(namespace: &str, key: &str, value: &str, name: &str) -> String {
+    format!("{namespace}\0{key}\0{value}\0{name}")
+}
+
+type SidTable<'t> = redb::Table<'t, &'static str, &'static str>;
+type MetaTable<'t> = redb::Table<'t, &'static str, ()>;
+
+/// Adds `r` (stored at table key `k`) to the index tables.
+fn index(
+    sids: &mut SidTable<'_>,
+    meta: &mut MetaTable<'_>,
+    k: &str,
+    r: &SandboxRecord,
+) -> StoreResult<()> {
+    if !r.sandbox_id.is_empty() {
+        sids.insert(r.sandbox_id.as_str(), k).map_err(backend)?;
+    }
+    for (mk, mv) in &r.spec.metadata {
+        meta.insert(metadata_key(&r.namespace, mk, mv, &r.name).as_str(), ())
+            .map_err(backend)?;
+    }
+    Ok(())
+}
+
+/// Removes `r` (stored at table key `k`) from the index tables; a
+/// container id another record holds now stays its.
+fn unindex(
+    sids: &mut SidTable<'_>,
+    meta: &mut MetaTable<'_>,
+    k: &str,
+    r: &SandboxRecord,
+) -> StoreResult<()> {
+    if !r.sandbox_id.is_empty() {
+        let holder = sids
+            .get(r.sandbox_id.as_str())
+            .map_err(backend)?
+            .map(|g| g.value() == k);
+        if holder == Some(true) {
+            sids.remove(r.sandbox_id.as_str()).map_err(backend)?;
+        }
+    }
+    for (mk, mv) in &r.spec.metadata {
+        meta.remove(metadata_key(&r.namespace, mk, mv, &r.name).as_str())
+            .map_err(backend)?;
+    }
+    Ok(())
 }
 
 impl Store for RedbStore {
@@ -108,6 +222,9 @@ impl Store for RedbStore {
             sandboxes
                 .insert(k.as_str(), encode(&out)?.as_slice())
                 .map_err(backend)?;
+            let mut sids = tx.open_table(SANDBOX_IDS).map_err(backend)?;
+            let mut meta = tx.open_table(METADATA).map_err(backend)?;
+            index(&mut sids, &mut meta, &k, &out)?;
             if !record.request_id.is_empty() {
                 rids.insert(record.request_id.as_str(), k.as_str())
                     .map_err(backend)?;
@@ -159,6 +276,12 @@ impl Store for RedbStore {
             out.revision = (parse_revision(&current.revision)? + 1).to_string();
             t.insert(k.as_str(), encode(&out)?.as_slice())
                 .map_err(backend)?;
+            if current.sandbox_id != out.sandbox_id || current.spec.metadata != out.spec.metadata {
+                let mut sids = tx.open_table(SANDBOX_IDS).map_err(backend)?;
+                let mut meta = tx.open_table(METADATA).map_err(backend)?;
+                unindex(&mut sids, &mut meta, &k, &current)?;
+                index(&mut sids, &mut meta, &k, &out)?;
+            }
         }
         tx.commit().map_err(backend)?;
         Ok(out)
@@ -178,6 +301,11 @@ impl Store for RedbStore {
             {
                 let mut rids = tx.open_table(REQUEST_IDS).map_err(backend)?;
                 rids.remove(r.request_id.as_str()).map_err(backend)?;
+            }
+            if let Some(r) = &removed {
+                let mut sids = tx.open_table(SANDBOX_IDS).map_err(backend)?;
+                let mut meta = tx.open_table(METADATA).map_err(backend)?;
+                unindex(&mut sids, &mut meta, &key(k), r)?;
             }
             removed
         };
@@ -206,6 +334,85 @@ impl Store for RedbStore {
             ))
             .map_err(backend)?;
         range.take(rows.map(|row| decode(row.map_err(backend)?.1.value())))
+    }
+
+    fn get_by_sandbox_id(&self, sandbox_id: &str) -> StoreResult<Option<SandboxRecord>> {
+        if sandbox_id.is_empty() {
+            return Ok(None);
+        }
+        let tx = self.db.begin_read().map_err(backend)?;
+        let sids = tx.open_table(SANDBOX_IDS).map_err(backend)?;
+        let Some(k) = sids
+            .get(sandbox_id)
+            .map_err(backend)?
+            .map(|g| g.value().to_string())
+        else {
+            return Ok(None);
+        };
+        let t = tx.open_table(SANDBOXES).map_err(backend)?;
+        let found = t.get(k.as_str()).map_err(backend)?;
+        let record = found.map(|g| decode(g.value())).transpose()?;
+        Ok(record.filter(|r| r.sandbox_id == sandbox_id))
+    }
+
+    fn sandbox_owner(&self, sandbox_id: &str) -> StoreResult<Option<SandboxKey>> {
+        if sandbox_id.is_empty() {
+            return Ok(None);
+        }
+        let tx = self.db.begin_read().map_err(backend)?;
+        let sids = tx.open_table(SANDBOX_IDS).map_err(backend)?;
+        let found = sids.get(sandbox_id).map_err(backend)?;
+        Ok(found.and_then(|g| {
+            g.value()
+                .split_once('\0')
+                .map(|(ns, name)| SandboxKey::new(ns, name))
+        }))
+    }
+
+    fn list_filtered(
+        &self,
+        range: &ListRange<'_>,
+        filter: &BTreeMap<String, String>,
+    ) -> StoreResult<Vec<SandboxRecord>> {
+        // The index drives by its first pair; the others are checked on the
+        // records it yields (they are few: those holding the first pair).
+        let (Some(ns), Some((fk, fv))) = (range.namespace, filter.iter().next()) else {
+            return scan_filtered(self, range, filter);
+        };
+        let tx = self.db.begin_read().map_err(backend)?;
+        let meta = tx.open_table(METADATA).map_err(backend)?;
+        let t = tx.open_table(SANDBOXES).map_err(backend)?;
+        let prefix = metadata_key(ns, fk, fv, "");
+        let lo = match range.after {
+            Some(a) => Bound::Excluded(metadata_key(ns, fk, fv, a)),
+            None => Bound::Included(prefix.clone()),
+        };
+        // Every key of the prefix (which ends in \0) sorts below the prefix
+        // with its last byte raised to \u{1}.
+        let hi = Bound::Excluded(format!("{}\u{1}", &prefix[..prefix.len() - 1]));
+        let rows = meta
+            .range::<&str>((
+                lo.as_ref().map(|s| s.as_str()),
+                hi.as_ref().map(|s| s.as_str()),
+            ))
+            .map_err(backend)?;
+        let records = rows.filter_map(|row| {
+            let row = match row {
+                Ok(row) => row,
+                Err(e) => return Some(Err(backend(e))),
+            };
+            let name = &row.0.value()[prefix.len()..];
+            match t.get(table_key(ns, name).as_str()) {
+                Ok(Some(g)) => match decode(g.value()) {
+                    Ok(r) if metadata_matches(&r, filter) => Some(Ok(r)),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e)),
+                },
+                Ok(None) => None,
+                Err(e) => Some(Err(backend(e))),
+            }
+        });
+        range.take(records)
     }
 
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()> {

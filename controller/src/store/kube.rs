@@ -104,9 +104,10 @@ use crate::ids::{AgentId, SandboxId, SandboxKey};
 use super::{
     AgentRecord, Consistency, Event, ExitObserver, FailurePolicy, HostVolume, ListRange, Phase,
     PvcVolume, Resources, SandboxRecord, SandboxSpec as RecordSpec, SnapshotPhase, SnapshotRecord,
-    SnapshotVolumeRecord, Store, StoreError, StoreResult, WarmPoolRecord,
+    SnapshotVolumeRecord, Store, StoreError, StoreResult, WarmPoolRecord, metadata_matches,
 };
 
+mod index;
 mod status;
 mod tombstone;
 
@@ -234,8 +235,12 @@ impl<K: Eq + std::hash::Hash, T: Resource> Overlay<K, T> {
     }
 
     /// The watch delivered `obj`, stored at `key` (`deleted`: as a DELETED
-    /// event).
-    fn observed(&mut self, key: K, obj: &T, deleted: bool) {
+    /// event). Returns the keys whose entries outlived [`OVERLAY_TTL`] and
+    /// were dropped (the cache shows them again).
+    fn observed(&mut self, key: K, obj: &T, deleted: bool) -> Vec<K>
+    where
+        K: Clone,
+    {
         let uid = obj.meta().uid.as_deref().unwrap_or_default();
         let settled = match self.entries.get(&key) {
             Some((Pending::Present(mine), _)) => {
@@ -248,7 +253,15 @@ impl<K: Eq + std::hash::Hash, T: Resource> Overlay<K, T> {
         if settled {
             self.entries.remove(&key);
         }
-        self.entries.retain(|_, (_, at)| at.elapsed() < OVERLAY_TTL);
+        let mut expired = Vec::new();
+        self.entries.retain(|k, (_, at)| {
+            let keep = at.elapsed() < OVERLAY_TTL;
+            if !keep {
+                expired.push(k.clone());
+            }
+            keep
+        });
+        expired
     }
 
     /// Shadows the cache with an own write of `obj` unless the cache
@@ -309,13 +322,18 @@ pub struct KubeStore {
     agents: Api<Lease>,
     cache: reflector::Store<Sandbox>,
     overlay: Arc<Mutex<Overlay<SandboxKey, Sandbox>>>,
+    /// Lookups besides the key, and key order (`index`); locked after
+    /// `overlay` when both are.
+    index: Arc<Mutex<index::SandboxIndex>>,
     warm: OwnRecords<WarmPoolRecord>,
     snapshots: OwnRecords<SnapshotRecord>,
     /// The SandboxTemplates of every namespace (`crate::template`).
     templates: crate::template::TemplateCatalog,
-    /// Serializes request-id checks with creates: the API server has no
-    /// unique index on request ids, this store (one leader) provides it.
-    create_lock: Mutex<()>,
+    /// Serializes request-id checks with creates of the same request id:
+    /// the API server has no unique index on request ids, this store (one
+    /// leader) provides it. Creates of other request ids (and without one)
+    /// run side by side: one lock for all held each create's round trips.
+    create_locks: RequestIdLocks,
     write_timeout: Duration,
     status_period: Duration,
     expired_sandbox_retention: Duration,
@@ -408,20 +426,32 @@ async fn watch_own_records<R: OwnRecord>(
         |o: &R::Object| o.name_any(),
         R::PLURAL,
         sync_timeout,
+        |_, _, _| {},
     )
     .await?;
     Ok(records(Ok(cache)))
 }
 
+/// What changed in a watched cache, for [`watch_cached`]'s `changed`.
+enum Changed<'a, K> {
+    /// The view of these keys (cache + overlay) may have changed.
+    Keys(&'a [K]),
+    /// The watch listed everything anew (deletions missed while it was
+    /// away come without an event).
+    Relisted,
+}
+
 /// Starts the watch of `api`'s objects (`plural` in logs and errors),
 /// feeding a reflector cache and settling `overlay`'s own writes, and waits
-/// for its first full list.
+/// for its first full list. `changed` is told, under the overlay's lock,
+/// what each event changed.
 async fn watch_cached<T, K>(
     api: &Api<T>,
     overlay: Arc<Mutex<Overlay<K, T>>>,
     key_of: fn(&T) -> K,
     plural: &'static str,
     sync_timeout: Duration,
+    mut changed: impl FnMut(&Overlay<K, T>, &reflector::Store<T>, Changed<'_, K>) + Send + 'static,
 ) -> StoreResult<reflector::Store<T>>
 where
     T: Resource<DynamicType = ()>
@@ -431,24 +461,35 @@ where
         + Send
         + Sync
         + 'static,
-    K: Eq + std::hash::Hash + Send + 'static,
+    K: Eq + std::hash::Hash + Clone + Send + 'static,
 {
     let (cache, writer) = reflector::store();
     let events = reflector::reflector(
         writer,
         watcher(api.clone(), watcher::Config::default()).default_backoff(),
     );
+    let reader = cache.clone();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         while let Some(ev) = events.next().await {
-            match ev {
-                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                    overlay.lock().observed(key_of(&o), &o, false)
+            let (o, deleted) = match ev {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => (o, false),
+                Ok(watcher::Event::Delete(o)) => (o, true),
+                Ok(watcher::Event::InitDone) => {
+                    changed(&overlay.lock(), &reader, Changed::Relisted);
+                    continue;
                 }
-                Ok(watcher::Event::Delete(o)) => overlay.lock().observed(key_of(&o), &o, true),
-                Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
-                Err(e) => tracing::warn!(error = %e, "{plural} watch failed; retrying"),
-            }
+                Ok(watcher::Event::Init) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "{plural} watch failed; retrying");
+                    continue;
+                }
+            };
+            let key = key_of(&o);
+            let mut overlay = overlay.lock();
+            let mut keys = overlay.observed(key.clone(), &o, deleted);
+            keys.push(key);
+            changed(&overlay, &reader, Changed::Keys(&keys));
         }
     });
     tokio::time::timeout(sync_timeout, cache.wait_until_ready())
@@ -460,6 +501,55 @@ where
         })?
         .map_err(backend)?;
     Ok(cache)
+}
+
+/// One lock per request id a create is running with (see
+/// `KubeStore::create_locks`), forgotten when nobody holds or waits.
+#[derive(Default)]
+struct RequestIdLocks {
+    map: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+impl RequestIdLocks {
+    /// Runs `f` holding `request_id`'s lock (no lock for an empty one).
+    fn hold<T>(&self, request_id: &str, f: impl FnOnce() -> T) -> T {
+        if request_id.is_empty() {
+            return f();
+        }
+        let lock = self
+            .map
+            .lock()
+            .entry(request_id.to_string())
+            .or_default()
+            .clone();
+        let out = {
+            let _held = lock.lock();
+            f()
+        };
+        let mut map = self.map.lock();
+        // Clones are taken under the map's lock: 2 = the map's and ours.
+        if Arc::strong_count(&lock) == 2 {
+            map.remove(request_id);
+        }
+        out
+    }
+}
+
+/// How many keys a list takes from the index at a time.
+const LIST_CHUNK: usize = 256;
+
+/// What the store shows at `key`: an own write the watch has not
+/// delivered, else the cache.
+fn merged(
+    overlay: &Overlay<SandboxKey, Sandbox>,
+    cache: &reflector::Store<Sandbox>,
+    key: &SandboxKey,
+) -> Option<Arc<Sandbox>> {
+    match overlay.fresh(key) {
+        Some(Pending::Present(o)) => Some(o.clone()),
+        Some(Pending::Deleted { .. }) => None,
+        None => cache.get(&object_ref(key)),
+    }
 }
 
 fn key_of(obj: &Sandbox) -> SandboxKey {
@@ -490,6 +580,25 @@ impl KubeStore {
             .map_err(backend)?;
         let overlay = Arc::new(Mutex::new(Overlay::new()));
         let ov = overlay.clone();
+        let index = Arc::new(Mutex::new(index::SandboxIndex::default()));
+        let ix = index.clone();
+        let reindex = move |overlay: &Overlay<SandboxKey, Sandbox>,
+                            cache: &reflector::Store<Sandbox>,
+                            what: Changed<'_, SandboxKey>| {
+            let mut ix = ix.lock();
+            match what {
+                Changed::Keys(keys) => {
+                    for key in keys {
+                        ix.set(key, merged(overlay, cache, key).as_deref());
+                    }
+                }
+                Changed::Relisted => {
+                    let all = cache.state().into_iter().map(|o| (key_of(&o), o)).collect();
+                    let all = overlay.overlay(all);
+                    ix.rebuild(all.iter().map(|(k, o)| (k.clone(), &**o)));
+                }
+            }
+        };
         let sync_timeout = store_config.sync_timeout;
         let ns = store_config.agents_namespace.clone();
         let templates = crate::template::TemplateCatalog::start(config.clone(), sync_timeout);
@@ -499,7 +608,7 @@ impl KubeStore {
             let sandboxes: Api<Sandbox> = Api::all(client.clone());
             let agents: Api<Lease> = Api::namespaced(client.clone(), &ns);
             let (cache, warm, snapshots) = futures::try_join!(
-                watch_cached(&sandboxes, ov, key_of, "sandboxes", sync_timeout),
+                watch_cached(&sandboxes, ov, key_of, "sandboxes", sync_timeout, reindex),
                 watch_own_records(client.clone(), &ns, sync_timeout),
                 watch_own_records(client, &ns, sync_timeout),
             )?;
@@ -519,10 +628,11 @@ impl KubeStore {
             agents,
             cache,
             overlay,
+            index,
             warm,
             snapshots,
             templates,
-            create_lock: Mutex::new(()),
+            create_locks: RequestIdLocks::default(),
             write_timeout: store_config.write_timeout,
             status_period: store_config.status_period,
             expired_sandbox_retention: store_config.expired_sandbox_retention,
@@ -558,6 +668,53 @@ impl KubeStore {
         self.cache.get(&object_ref(key))
     }
 
+    /// The record at `key` if `check` accepts it: the index's candidates
+    /// are confirmed on the record itself.
+    fn confirmed(
+        &self,
+        key: Option<SandboxKey>,
+        check: impl Fn(&SandboxRecord) -> bool,
+    ) -> StoreResult<Option<SandboxRecord>> {
+        let Some(obj) = key.and_then(|k| self.lookup(&k)) else {
+            return Ok(None);
+        };
+        Ok(from_object(&obj)?.filter(|r| check(r)))
+    }
+
+    /// The records of `keys` in order (those gone meanwhile left out).
+    fn records_of(
+        &self,
+        keys: impl IntoIterator<Item = SandboxKey>,
+    ) -> impl Iterator<Item = StoreResult<SandboxRecord>> {
+        keys.into_iter()
+            .filter_map(|k| self.lookup(&k))
+            .filter_map(|o| from_object(&o).transpose())
+    }
+
+    /// Re-indexes `key` after an own write, under the overlay's lock.
+    fn reindex(&self, overlay: &Overlay<SandboxKey, Sandbox>, key: &SandboxKey) {
+        let view = merged(overlay, &self.cache, key);
+        self.index.lock().set(key, view.as_deref());
+    }
+
+    /// Every record of `range` (no limit) from one copy of the whole view:
+    /// cheaper per record than a lookup per key when most are read anyway.
+    fn list_everything(&self, range: &ListRange<'_>) -> StoreResult<Vec<SandboxRecord>> {
+        let records = self
+            .snapshot()
+            .into_iter()
+            .filter(|(key, _)| range.contains(key))
+            .filter_map(|(key, obj)| match from_object(&obj) {
+                Ok(Some(r)) => Some(Ok(r)),
+                Ok(None) => {
+                    tracing::debug!(sandbox = %key.name, namespace = %key.namespace, "skipping a Sandbox sandbolt did not write");
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            });
+        records.collect()
+    }
+
     /// Every Sandbox as this store sees it, keyed by namespace and name.
     fn snapshot(&self) -> BTreeMap<SandboxKey, Arc<Sandbox>> {
         let all: BTreeMap<_, _> = self
@@ -580,7 +737,8 @@ impl KubeStore {
         let key = key_of(&obj);
         let mut overlay = self.overlay.lock();
         let cached = self.cache.get(&object_ref(&key));
-        overlay.wrote(key, obj.clone(), cached);
+        overlay.wrote(key.clone(), obj.clone(), cached);
+        self.reindex(&overlay, &key);
         obj
     }
 
@@ -603,7 +761,8 @@ impl KubeStore {
         let key = key_of(obj);
         let mut overlay = self.overlay.lock();
         let cached = self.cache.get(&object_ref(&key));
-        overlay.deleted(key, obj, cached);
+        overlay.deleted(key.clone(), obj, cached);
+        self.reindex(&overlay, &key);
     }
 
     /// Writes the status derived from `record` if it differs from `written`'s
@@ -664,6 +823,31 @@ impl KubeStore {
             }
             Err(e) => Err(api_error(e, key)),
         }
+    }
+
+    /// [`Store::create`] under the request id's lock.
+    fn create_unique(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
+        if !record.request_id.is_empty()
+            && let Some(holder) = self.get_by_request_id(&record.request_id)?
+        {
+            return Err(StoreError::AlreadyExists(Box::new(holder)));
+        }
+        let key = record.key();
+        let obj = to_object(record, None)?;
+        let created = match self.create_object(&key, &obj)? {
+            Ok(o) => o,
+            // An expired sandbox's remains: a new sandbox of the name
+            // replaces them.
+            Err(holder) if tombstone::is_tombstone(&holder) => {
+                self.remove_tombstone(&holder)?;
+                self.create_object(&key, &obj)?
+                    .map_err(|holder| taken_by(&key, &holder))?
+            }
+            Err(holder) => return Err(taken_by(&key, &holder)),
+        };
+        let newest = self.sync_status(record, created);
+        let obj = self.remember(newest);
+        from_object(&obj)?.ok_or_else(|| StoreError::Corrupt("written without state".into()))
     }
 
     fn remove_tombstone(&self, obj: &Sandbox) -> StoreResult<()> {
@@ -1528,28 +1712,8 @@ impl Store for KubeStore {
     }
 
     fn create(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
-        let _serial = self.create_lock.lock();
-        if !record.request_id.is_empty()
-            && let Some(holder) = self.get_by_request_id(&record.request_id)?
-        {
-            return Err(StoreError::AlreadyExists(Box::new(holder)));
-        }
-        let key = record.key();
-        let obj = to_object(record, None)?;
-        let created = match self.create_object(&key, &obj)? {
-            Ok(o) => o,
-            // An expired sandbox's remains: a new sandbox of the name
-            // replaces them.
-            Err(holder) if tombstone::is_tombstone(&holder) => {
-                self.remove_tombstone(&holder)?;
-                self.create_object(&key, &obj)?
-                    .map_err(|holder| taken_by(&key, &holder))?
-            }
-            Err(holder) => return Err(taken_by(&key, &holder)),
-        };
-        let newest = self.sync_status(record, created);
-        let obj = self.remember(newest);
-        from_object(&obj)?.ok_or_else(|| StoreError::Corrupt("written without state".into()))
+        self.create_locks
+            .hold(&record.request_id, || self.create_unique(record))
     }
 
     fn get(&self, key: &SandboxKey) -> StoreResult<Option<SandboxRecord>> {
@@ -1558,20 +1722,60 @@ impl Store for KubeStore {
             None => Ok(None),
         }
     }
-
     fn get_by_request_id(&self, request_id: &str) -> StoreResult<Option<SandboxRecord>> {
-        // A scan of the cache: request ids are arbitrary strings (no label
-        // value can hold them) and creates with one are rare next to reads.
-        for obj in self.snapshot().values() {
-            if let Some(raw) = obj.annotations().get(STATE_ANNOTATION)
-                && raw.contains(request_id)
-                && let Some(r) = from_object(obj)?
-                && r.request_id == request_id
-            {
-                return Ok(Some(r));
+        // Request ids are arbitrary strings (no label value can hold them,
+        // no field selector finds them): the index has them.
+        let key = self.index.lock().by_request_id(request_id);
+        self.confirmed(key, |r| r.request_id == request_id)
+    }
+
+    fn get_by_sandbox_id(&self, sandbox_id: &str) -> StoreResult<Option<SandboxRecord>> {
+        let key = self.index.lock().by_sandbox_id(sandbox_id);
+        self.confirmed(key, |r| r.sandbox_id == sandbox_id)
+    }
+
+    fn sandbox_owner(&self, sandbox_id: &str) -> StoreResult<Option<SandboxKey>> {
+        Ok(self.index.lock().by_sandbox_id(sandbox_id))
+    }
+
+    fn list_filtered(
+        &self,
+        range: &ListRange<'_>,
+        filter: &BTreeMap<String, String>,
+    ) -> StoreResult<Vec<SandboxRecord>> {
+        let (Some(ns), Some((k, v))) = (range.namespace, filter.iter().next()) else {
+            let all = self.list(&range.limit(0))?;
+            let matching = all.into_iter().filter(|r| metadata_matches(r, filter));
+            return range.take(matching.map(Ok));
+        };
+        // Driven by the first pair's names; the other pairs are checked on
+        // the records. Read in chunks: the lock is not held while records
+        // decode.
+        let want = if range.limit == 0 {
+            usize::MAX
+        } else {
+            range.limit
+        };
+        let mut from = range.after.map(str::to_string);
+        let mut out = Vec::new();
+        while out.len() < want {
+            let names = self
+                .index
+                .lock()
+                .names_with(ns, (k, v), from.as_deref(), LIST_CHUNK);
+            let Some(last) = names.last().cloned() else {
+                break;
+            };
+            let keys = names.into_iter().map(|n| SandboxKey::new(ns, n));
+            for r in self.records_of(keys) {
+                let r = r?;
+                if metadata_matches(&r, filter) && out.len() < want {
+                    out.push(r);
+                }
             }
+            from = Some(last);
         }
-        Ok(None)
+        Ok(out)
     }
 
     fn replace(&self, record: &SandboxRecord) -> StoreResult<SandboxRecord> {
@@ -1715,19 +1919,28 @@ impl Store for KubeStore {
     }
 
     fn list(&self, range: &ListRange<'_>) -> StoreResult<Vec<SandboxRecord>> {
-        let records = self
-            .snapshot()
-            .into_iter()
-            .filter(|(key, _)| range.contains(key))
-            .filter_map(|(key, obj)| match from_object(&obj) {
-                Ok(Some(r)) => Some(Ok(r)),
-                Ok(None) => {
-                    tracing::debug!(sandbox = %key.name, namespace = %key.namespace, "skipping a Sandbox sandbolt did not write");
-                    None
-                }
-                Err(e) => Some(Err(e)),
-            });
-        range.take(records)
+        if range.limit == 0 {
+            return self.list_everything(range);
+        }
+        // A page: keys from the index (only objects holding a record:
+        // tombstones and Sandboxes sandbolt did not write are not in it),
+        // records by key. Read in chunks, so a page decodes only its own
+        // records and the index's lock is not held while they decode.
+        let want = range.limit;
+        let mut from: Option<SandboxKey> = None;
+        let mut out = Vec::new();
+        while out.len() < want {
+            let chunk = (want - out.len()).min(LIST_CHUNK);
+            let keys = self.index.lock().keys(range, from.as_ref(), chunk);
+            let Some(last) = keys.last().cloned() else {
+                break;
+            };
+            for r in self.records_of(keys) {
+                out.push(r?);
+            }
+            from = Some(last);
+        }
+        Ok(out)
     }
 
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()> {
@@ -1816,14 +2029,17 @@ impl Store for KubeStore {
     }
 
     fn deletions_requested(&self) -> Vec<SandboxKey> {
-        self.snapshot()
+        // Candidates from the index, confirmed on the objects.
+        let candidates = self.index.lock().terminating();
+        candidates
             .into_iter()
-            .filter(|(_, o)| {
-                o.metadata.deletion_timestamp.is_some()
-                    && o.finalizers().iter().any(|f| f == FINALIZER)
-                    && o.annotations().contains_key(STATE_ANNOTATION)
+            .filter(|k| {
+                self.lookup(k).is_some_and(|o| {
+                    o.metadata.deletion_timestamp.is_some()
+                        && o.finalizers().iter().any(|f| f == FINALIZER)
+                        && o.annotations().contains_key(STATE_ANNOTATION)
+                })
             })
-            .map(|(k, _)| k)
             .collect()
     }
 }

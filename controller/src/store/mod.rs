@@ -592,6 +592,13 @@ impl<'a> ListRange<'a> {
     }
 }
 
+/// Whether `r`'s metadata hold every pair of `filter`.
+pub fn metadata_matches(r: &SandboxRecord, filter: &BTreeMap<String, String>) -> bool {
+    filter
+        .iter()
+        .all(|(k, v)| r.spec.metadata.get(k) == Some(v))
+}
+
 pub trait Store: Send + Sync + 'static {
     /// Inserts a new record. Fails with `AlreadyExists` (carrying the holder)
     /// when the name or the non-empty request id is taken.
@@ -618,6 +625,38 @@ pub trait Store: Send + Sync + 'static {
     }
     /// The records `range` selects, in namespace and name order.
     fn list(&self, range: &ListRange<'_>) -> StoreResult<Vec<SandboxRecord>>;
+    /// The record whose container is `sandbox_id` (`ReportReaped`, the
+    /// janitor's nameless ownership queries, vanished containers). By
+    /// default a scan; both backends answer from an index.
+    fn get_by_sandbox_id(&self, sandbox_id: &str) -> StoreResult<Option<SandboxRecord>> {
+        Ok(self
+            .list(&ListRange::all())?
+            .into_iter()
+            .find(|r| r.sandbox_id == sandbox_id))
+    }
+    /// The key of the record whose container is `sandbox_id` as the index
+    /// says, without reading the record: the heartbeat's orphan check asks
+    /// it for every reported sandbox. It may lag where the index does (the
+    /// Kubernetes store): "no owner" is for the caller to confirm.
+    fn sandbox_owner(&self, sandbox_id: &str) -> StoreResult<Option<SandboxKey>> {
+        Ok(self.get_by_sandbox_id(sandbox_id)?.map(|r| r.key()))
+    }
+    /// The records `range` selects whose metadata hold every pair of
+    /// `filter` (all of them when it is empty), in name order, at most
+    /// `range.limit`. By default a scan; both backends answer from an
+    /// index of metadata pairs.
+    fn list_filtered(
+        &self,
+        range: &ListRange<'_>,
+        filter: &BTreeMap<String, String>,
+    ) -> StoreResult<Vec<SandboxRecord>> {
+        let all = self.list(&range.limit(0))?;
+        range.take(
+            all.into_iter()
+                .filter(|r| metadata_matches(r, filter))
+                .map(Ok),
+        )
+    }
 
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()>;
     fn list_agents(&self) -> StoreResult<Vec<AgentRecord>>;

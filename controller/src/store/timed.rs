@@ -32,11 +32,26 @@ impl TimedStore {
     /// too: a conflict costs the round trip all the same).
     fn timed<T>(&self, op: &'static str, write: impl FnOnce(&dyn Store) -> T) -> T {
         let started = Instant::now();
-        let out = write(self.inner.as_ref());
+        let out = blocking(|| write(self.inner.as_ref()));
         let store = self.inner.backend();
         self.metrics
             .observe_store_write(StoreWrite { store, op }, started.elapsed());
         out
+    }
+}
+
+/// Runs `f`, which blocks (a write's fsync or API round trip, a read of
+/// every record), off the async runtime's worker when called on one: the
+/// store is synchronous and the controller calls it from async handlers;
+/// on a multi-threaded runtime the worker's other tasks (heartbeats,
+/// reads, other creates) move to another thread meanwhile instead of
+/// waiting behind it. Elsewhere (no runtime, a current-thread runtime as in
+/// unit tests, a blocking thread) `f` simply runs.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
@@ -63,7 +78,26 @@ impl Store for TimedStore {
         self.timed("delete_tombstone", |s| s.delete_tombstone(key))
     }
     fn list(&self, range: &ListRange<'_>) -> StoreResult<Vec<SandboxRecord>> {
+        if range.limit == 0 {
+            return blocking(|| self.inner.list(range));
+        }
         self.inner.list(range)
+    }
+    fn get_by_sandbox_id(&self, sandbox_id: &str) -> StoreResult<Option<SandboxRecord>> {
+        self.inner.get_by_sandbox_id(sandbox_id)
+    }
+    fn sandbox_owner(&self, sandbox_id: &str) -> StoreResult<Option<SandboxKey>> {
+        self.inner.sandbox_owner(sandbox_id)
+    }
+    fn list_filtered(
+        &self,
+        range: &ListRange<'_>,
+        filter: &std::collections::BTreeMap<String, String>,
+    ) -> StoreResult<Vec<SandboxRecord>> {
+        if range.limit == 0 {
+            return blocking(|| self.inner.list_filtered(range, filter));
+        }
+        self.inner.list_filtered(range, filter)
     }
     fn put_agent(&self, agent: &AgentRecord) -> StoreResult<()> {
         self.timed("put_agent", |s| s.put_agent(agent))

@@ -8,6 +8,10 @@
 //! agent is silent, operations answer UNAVAILABLE naming the node, and
 //! reads answer the last reported state with `available = false`.
 //!
+//! A shared volume (backend `juicefs`, on the cluster's JuiceFS) is on no
+//! one node: it is created and served through any heartbeating agent whose
+//! JuiceFS mount is up, and `available` says whether one is.
+//!
 //! Names are unique across the cluster. The check and the agent call that
 //! makes a name exist run under the name's lock (`Core::volume_names`), and
 //! not before the restarted controller has heard from every agent it knows
@@ -15,6 +19,7 @@
 //! a volume of that name.
 
 pub mod service;
+pub mod shared;
 
 use std::time::Duration;
 
@@ -27,6 +32,7 @@ use crate::placement::or_default;
 use crate::registry::{AgentInfo, VolumeNode};
 use crate::sandbox::Core;
 use crate::store::{AccessMode, ListRange};
+use crate::volume::shared::{SharedTarget, is_juicefs};
 use crate::volume_index::{VolumeEntry, volume_name};
 
 /// Deadline of a quick volume call (get, create, attach, detach).
@@ -44,6 +50,16 @@ pub struct VolumeView {
     /// Its agent heartbeats and this state is its answer (or its last
     /// heartbeat's); false: the last state reported, nothing can be done.
     pub available: bool,
+    /// `info.mounts`, each with the agent that reported it (a shared
+    /// volume's holders are on several agents).
+    pub holders: Vec<(AgentId, pb::VolumeMountHolder)>,
+}
+
+impl VolumeView {
+    /// On the cluster's shared filesystem (juicefs), not one node's.
+    pub fn shared(&self) -> bool {
+        crate::volume_index::is_shared(&self.info)
+    }
 }
 
 impl VolumeView {
@@ -63,6 +79,8 @@ pub struct NewVolume {
     pub node_name: String,
     /// Empty: any pool.
     pub pool: String,
+    /// "" / "local" (a node's volume root) or "juicefs" (shared).
+    pub backend: String,
 }
 
 /// A fork (VolumeService.ForkVolume).
@@ -128,12 +146,15 @@ pub fn parse_size(field: &str, s: &str) -> Result<i64> {
     i64::try_from(b).map_err(|_| invalid(format!("{field} {s:?} is too large")))
 }
 
-/// The backend a request names: only `local` (or empty) exists.
+/// The shared volume backend: the cluster's JuiceFS filesystem.
+pub const BACKEND_JUICEFS: &str = "juicefs";
+
+/// The backend a request names: `local` (or empty) or `juicefs`.
 pub fn check_backend(field: &str, s: &str) -> Result<()> {
     match s {
-        "" | "local" => Ok(()),
+        "" | "local" | BACKEND_JUICEFS => Ok(()),
         other => Err(invalid(format!(
-            "{field} {other:?} is not a volume backend sandbolt has; use \"local\" (or leave it empty)"
+            "{field} {other:?} is not a volume backend sandbolt has; use \"local\" (or leave it empty) or \"juicefs\""
         ))),
     }
 }
@@ -172,6 +193,11 @@ fn not_found(name: &str) -> Error {
     Error::NotFoundOther(format!("volume {name} not found"))
 }
 
+/// The spec backend of an indexed volume: "juicefs" for a shared one.
+pub fn backend_of(entry: &VolumeEntry) -> &'static str {
+    if entry.shared() { BACKEND_JUICEFS } else { "" }
+}
+
 /// The node a volume lives on, for messages.
 fn node_of(entry: &VolumeEntry, agent: Option<&AgentInfo>) -> String {
     match agent {
@@ -197,6 +223,9 @@ impl Core {
     pub(crate) fn refuse_taken(&self, name: &str) -> Result<()> {
         match self.volumes.get(name) {
             None => Ok(()),
+            Some(e) if e.shared() => Err(Error::AlreadyExistsOther(format!(
+                "volume {name} already exists (shared, on JuiceFS)"
+            ))),
             Some(e) => {
                 let node = node_of(&e, self.registry.agent(&e.agent).as_ref());
                 Err(Error::AlreadyExistsOther(format!(
@@ -207,8 +236,22 @@ impl Core {
     }
 
     /// The index entry of `name` and its agent, which must be heartbeating.
+    /// A shared volume's is any agent with its filesystem mounted.
     pub(crate) fn volume_home(&self, name: &str) -> Result<(VolumeEntry, AgentInfo)> {
         let entry = self.volumes.get(name).ok_or_else(|| not_found(name))?;
+        if entry.shared() {
+            let to = SharedTarget {
+                prefer: Some(&entry.agent),
+                ..Default::default()
+            };
+            return match self.shared_agent(to) {
+                Ok(a) => Ok((entry, a)),
+                Err(Error::Unavailable(why) | Error::FailedPrecondition(why)) => Err(
+                    Error::Unavailable(format!("volume {name} is shared (juicefs): {why}")),
+                ),
+                Err(e) => Err(e),
+            };
+        }
         match self.registry.agent(&entry.agent) {
             Some(a) if !a.lost => Ok((entry, a)),
             a => Err(Error::Unavailable(format!(
@@ -220,24 +263,39 @@ impl Core {
     }
 
     fn view(&self, entry: VolumeEntry, available: bool) -> VolumeView {
+        if entry.shared() {
+            let reachable = self.shared_agent(SharedTarget::default()).is_ok();
+            return VolumeView {
+                node_name: String::new(),
+                available: available && reachable,
+                agent: entry.agent,
+                info: entry.info,
+                holders: entry.holders,
+            };
+        }
         let agent = self.registry.agent(&entry.agent);
         VolumeView {
             node_name: node_of(&entry, agent.as_ref()),
             available: available && agent.is_some_and(|a| !a.lost),
             agent: entry.agent,
             info: entry.info,
+            holders: entry.holders,
         }
     }
 
+    /// Indexes an agent's answer and views the volume as indexed (a shared
+    /// volume's holders on other agents included).
     fn answered(&self, agent: &AgentInfo, info: pb::VolumeInfo) -> VolumeView {
         self.volumes.answered(&agent.agent_id, &info);
-        self.view(
-            VolumeEntry {
+        let entry = self
+            .volumes
+            .get(volume_name(&info))
+            .unwrap_or_else(|| VolumeEntry {
                 agent: agent.agent_id.clone(),
+                holders: Vec::new(),
                 info,
-            },
-            true,
-        )
+            });
+        self.view(entry, true)
     }
 
     /// Creates a volume; see [`NewVolume`] for the choice of node.
@@ -247,11 +305,18 @@ impl Core {
         self.require_volume_writes()?;
         let _name = self.volume_names.lock(req.name.clone()).await;
         self.refuse_taken(&req.name)?;
-        let node = self.choose_volume_node(&req.node_name, &req.pool)?;
-        let agent = self
-            .registry
-            .agent(&node.agent_id)
-            .ok_or_else(|| Error::Unavailable(format!("agent {} vanished", node.agent_id)))?;
+        let agent = if is_juicefs(&req.backend) {
+            self.shared_agent(SharedTarget {
+                prefer: None,
+                node_name: &req.node_name,
+                pool: &req.pool,
+            })?
+        } else {
+            let node = self.choose_volume_node(&req.node_name, &req.pool)?;
+            self.registry
+                .agent(&node.agent_id)
+                .ok_or_else(|| Error::Unavailable(format!("agent {} vanished", node.agent_id)))?
+        };
         let spec = pb::VolumeSpec {
             name: req.name.clone(),
             access_mode: access_mode_out(match req.access_mode {
@@ -259,9 +324,14 @@ impl Core {
                 m => m,
             }) as i32,
             size_bytes: req.size_bytes,
+            backend: if is_juicefs(&req.backend) {
+                BACKEND_JUICEFS.into()
+            } else {
+                String::new()
+            },
         };
         let info = self.create_volume_on(&agent, spec).await?;
-        tracing::info!(node = %node.node_name, agent = %agent.agent_id, "volume created");
+        tracing::info!(node = %agent.node_name, agent = %agent.agent_id, backend = %req.backend, "volume created");
         Ok(self.answered(&agent, info))
     }
 
@@ -343,6 +413,10 @@ impl Core {
         check_name("name", name)?;
         let entry = self.volumes.get(name).ok_or_else(|| not_found(name))?;
         let agent = match self.registry.agent(&entry.agent) {
+            _ if entry.shared() => match self.volume_home(name) {
+                Ok((_, a)) => a,
+                Err(_) => return Ok(self.view(entry, false)),
+            },
             Some(a) if !a.lost => a,
             _ => return Ok(self.view(entry, false)),
         };
@@ -383,6 +457,7 @@ impl Core {
         check_name("name", name)?;
         let _name = self.volume_names.lock(name.to_string()).await;
         let (entry, agent) = self.volume_home(name)?;
+        self.refuse_shared_mounted(&entry, "deleting it")?;
         let existed = self
             .agents
             .delete_volume(&agent.agent_id, &agent.api_endpoint, name, VOLUME_COPY)
@@ -479,7 +554,8 @@ impl Core {
     pub async fn restore_volume(&self, volume: &str, snapshot: &str) -> Result<VolumeView> {
         check_name("volume", volume)?;
         check_name("snapshot", snapshot)?;
-        let (_, agent) = self.volume_home(volume)?;
+        let (entry, agent) = self.volume_home(volume)?;
+        self.refuse_shared_mounted(&entry, "restoring it")?;
         let info = self
             .agents
             .restore_volume(
@@ -506,7 +582,7 @@ impl Core {
         self.require_volume_writes()?;
         let _name = self.volume_names.lock(req.name.clone()).await;
         self.refuse_taken(&req.name)?;
-        let (_, agent) = self.volume_home(&req.source)?;
+        let (source, agent) = self.volume_home(&req.source)?;
         let body = pb::ForkVolumeRequest {
             source: req.source.clone(),
             snapshot: req.snapshot.clone(),
@@ -514,6 +590,8 @@ impl Core {
                 name: req.name.clone(),
                 access_mode: access_mode_out(req.access_mode) as i32,
                 size_bytes: req.size_bytes,
+                // A fork stays on its source's filesystem.
+                backend: backend_of(&source).into(),
             }),
         };
         let info = self
@@ -523,6 +601,15 @@ impl Core {
             .map_err(|e| e.volume_agent(&agent.node_name))?;
         tracing::info!(node = %agent.node_name, "volume forked");
         Ok(self.answered(&agent, info))
+    }
+
+    /// The node an agent runs on (its id when unknown), for answers.
+    pub(crate) fn node_name_of(&self, agent: &AgentId) -> String {
+        self.registry
+            .agent(agent)
+            .map(|a| a.node_name)
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| agent.to_string())
     }
 
     /// The sandbox a volume mount holder names: from what its agent

@@ -10,7 +10,9 @@ use tonic::{Request, Response, Status};
 
 use crate::ids::SandboxKey;
 use crate::sandbox::Core;
-use crate::volume::{ForkVolume, NewVolume, VolumeView, access_mode_in, check_backend, parse_size};
+use crate::volume::{
+    BACKEND_JUICEFS, ForkVolume, NewVolume, VolumeView, access_mode_in, check_backend, parse_size,
+};
 
 pub struct VolumeServer {
     core: Arc<Core>,
@@ -36,11 +38,11 @@ pub(crate) fn named_volume(core: &Core, v: &VolumeView) -> pb::NamedVolume {
     let info = &v.info;
     let spec = info.spec.clone().unwrap_or_default();
     let mut records = None;
-    let mounts = info
-        .mounts
+    let mounts = v
+        .holders
         .iter()
-        .map(|m| {
-            let key = core.mount_holder(&v.agent, &m.sandbox_id, &mut records);
+        .map(|(agent, m)| {
+            let key = core.mount_holder(agent, &m.sandbox_id, &mut records);
             let (namespace, sandbox_name) = match key {
                 Some(SandboxKey { namespace, name }) => (namespace, name),
                 None => (String::new(), m.sandbox_id.clone()),
@@ -50,16 +52,23 @@ pub(crate) fn named_volume(core: &Core, v: &VolumeView) -> pb::NamedVolume {
                 sandbox_name,
                 mount_path: m.mount_path.clone(),
                 read_only: m.read_only,
+                node_name: core.node_name_of(agent),
             }
         })
         .collect();
+    let shared = v.shared();
     pb::NamedVolume {
         name: spec.name,
-        backend: "local".into(),
+        backend: if shared { BACKEND_JUICEFS } else { "local" }.into(),
         access_mode: spec.access_mode,
         size_bytes: spec.size_bytes,
         node_name: v.node_name.clone(),
-        agent_id: v.agent.to_string(),
+        // A shared volume is held by no agent (any mounted one serves it).
+        agent_id: if shared {
+            String::new()
+        } else {
+            v.agent.to_string()
+        },
         created_at_unix_ms: info.created_at_unix_ms,
         used_bytes: info.used_bytes,
         capabilities: info.capabilities.as_ref().map(|c| pb::VolumeCapabilities {
@@ -67,6 +76,7 @@ pub(crate) fn named_volume(core: &Core, v: &VolumeView) -> pb::NamedVolume {
             instant_snapshots: c.instant_snapshots,
             instant_forks: c.instant_forks,
             quota: c.quota,
+            shared: c.shared,
         }),
         snapshots: info.snapshots.iter().map(snapshot_out).collect(),
         mounts,
@@ -92,6 +102,7 @@ impl VolumeService for VolumeServer {
                 name: q.name,
                 node_name: q.node_name,
                 pool: q.pool,
+                backend: q.backend,
             })
             .await?;
         Ok(Response::new(named_volume(&self.core, &v)))

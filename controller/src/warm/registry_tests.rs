@@ -58,6 +58,7 @@ fn place(r: &Registry, id: &str, a: &WarmAsk<'_>) -> Result<WarmPlacement, Place
         runtime: None,
         pin: None,
         volume_root: false,
+        shared_volumes: false,
     };
     r.allocate_warm(&req, &SandboxId::from(id), a)
 }
@@ -183,6 +184,7 @@ fn a_sandbox_pools_max_sandboxes_bounds_new_sandboxes_warm_or_cold() {
         runtime: None,
         pin: None,
         volume_root: false,
+        shared_volumes: false,
     };
     let e = r.allocate_new(&req, &"c3".into()).unwrap_err();
     assert!(

@@ -668,6 +668,7 @@ fn stand_in_capabilities() -> pb::VolumeCapabilities {
         instant_snapshots: true,
         instant_forks: true,
         quota: false,
+        shared: false,
     }
 }
 

@@ -38,9 +38,16 @@ default
 {{- end -}}
 {{- end -}}
 
-{{/* In-cluster URL of the controller's FastPath + RegistryService port. */}}
+{{/* In-cluster URL of the controller's FastPath + RegistryService port
+(https:// with values "tls" on). */}}
 {{- define "sandbolt.controllerUrl" -}}
-{{- printf "http://%s-fastpath.%s.svc:%d" (include "sandbolt.fullname" .) .Release.Namespace (int .Values.controller.fastpath.port) -}}
+{{- printf "%s://%s-fastpath.%s.svc:%d" (ternary "https" "http" .Values.tls.enabled) (include "sandbolt.fullname" .) .Release.Namespace (int .Values.controller.fastpath.port) -}}
+{{- end -}}
+
+{{/* The Secret with the controller's TLS certificate (tls.crt, tls.key)
+and its CA (ca.crt): values tls.secretName, else the one the chart makes. */}}
+{{- define "sandbolt.tlsSecret" -}}
+{{- default (printf "%s-tls" (include "sandbolt.fullname" .)) .Values.tls.secretName -}}
 {{- end -}}
 
 {{- define "sandbolt.checkValues" -}}
@@ -67,6 +74,20 @@ default
 {{- $names = append $names .name -}}
 {{- if not (has (default "runc" .runtime) (list "runc" "crun" "runsc")) -}}
 {{- fail (printf "pool %q: runtime must be runc, crun or runsc, not %q" .name .runtime) -}}
+{{- end -}}
+{{- if and (eq (default "runc" .runtime) "runsc") (ne $.Values.agent.network "egress") -}}
+{{- fail (printf "pool %q: runtime runsc needs agent.network=egress: gVisor's network stack runs on the sandbox's own veth, and its agents refuse runsc without sandbox networking" .name) -}}
+{{- end -}}
+{{- if and (eq (default "runc" .runtime) "runsc") (ne (toString $.Values.agent.userNamespace) "off") -}}
+{{- fail (printf "pool %q: runtime runsc needs agent.userNamespace=off: its agents refuse runsc with node user namespaces (gVisor is the boundary there)" .name) -}}
+{{- end -}}
+{{- with .runsc -}}
+{{- if not (has (default "ptrace" .platform) (list "ptrace" "kvm")) -}}
+{{- fail (printf "pools[].runsc.platform must be ptrace or kvm, not %q" .platform) -}}
+{{- end -}}
+{{- if not (has (default "none" .overlay) (list "none" "memory")) -}}
+{{- fail (printf "pools[].runsc.overlay must be none or memory, not %q" .overlay) -}}
+{{- end -}}
 {{- end -}}
 {{- if lt (int (default 256 .maxSandboxesPerAgent)) 1 -}}
 {{- fail (printf "pool %q: maxSandboxesPerAgent must be at least 1" .name) -}}
