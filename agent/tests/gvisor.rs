@@ -503,3 +503,168 @@ async fn runsc_refuses_what_gvisor_cannot_have_naming_the_field() {
     delete_leaving_nothing_of_gvisor(&mut env, id).await;
     finish(env).await;
 }
+
+/// What the janitor hears from the controller in
+/// [`the_janitor_reaps_a_runsc_sandbox_no_record_owns`]: no record owns any
+/// container, and the agent is unknown.
+struct NoRecords;
+
+#[tonic::async_trait]
+impl sandbolt_janitor::OwnershipSource for NoRecords {
+    async fn ownership(
+        &self,
+        _node_name: &str,
+        queries: &[sandbolt_janitor::rules::ContainerFacts],
+    ) -> sandbolt_janitor::Result<sandbolt_janitor::rules::OwnershipReport> {
+        use sandbolt_janitor::rules::{OwnershipAnswer, OwnershipReport, RecordState};
+        Ok(OwnershipReport {
+            ready: true,
+            answers: queries
+                .iter()
+                .map(|q| OwnershipAnswer {
+                    sandbox_id: q.sandbox_id.clone(),
+                    record: RecordState::Absent,
+                    ..Default::default()
+                })
+                .collect(),
+            agents: vec![],
+            fast_commit_deadline_ms: 0,
+        })
+    }
+
+    async fn report_reaped(
+        &self,
+        _reaped: &sandbolt_janitor::ReapNotice<'_>,
+    ) -> sandbolt_janitor::Result<()> {
+        Ok(())
+    }
+}
+
+/// The janitor reaps a runsc sandbox that no record owns, with its agent
+/// stopped, as it reaps a runc one: through containerd and the runc shim,
+/// which finds the agent's runsc wrapper and runsc root in the container's
+/// runtime options. No container, task, snapshot or runsc process is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_janitor_reaps_a_runsc_sandbox_no_record_owns() {
+    let mut env = gvisor_env().await;
+    let id = "sb-gvisor-orphan";
+    env.create(runsc_spec(id))
+        .await
+        .expect("create a runsc sandbox");
+    assert!(
+        !host_processes_of(id).is_empty(),
+        "the runsc sandbox runs on the node"
+    );
+    // The agent goes away; its sandbox keeps running, owned by nobody.
+    if let Some(agent) = env.agent.take() {
+        agent.shutdown().await;
+    }
+    assert!(!host_processes_of(id).is_empty(), "still running");
+
+    let mut jcfg = sandbolt_janitor::JanitorConfig::new(
+        "node-test",
+        env.bed.containerd_socket(),
+        "http://127.0.0.1:1",
+        TOKEN,
+        env.state.path().join("janitor"),
+    );
+    jcfg.grace_period = Duration::ZERO;
+    jcfg.agent_state_dir = Some(env.state.path().to_path_buf());
+    let janitor = sandbolt_janitor::Janitor::with_source(jcfg, std::sync::Arc::new(NoRecords))
+        .await
+        .expect("janitor");
+    let report = janitor.scan_once().await.expect("scan");
+    assert!(
+        report
+            .reaped
+            .iter()
+            .any(|r| r.sandbox_id == id && r.reason == sandbolt_janitor::ReapReason::NoRecord),
+        "{report:?}"
+    );
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(leftovers(&env, id), Vec::<String>::new());
+    let left = host_processes_of(id);
+    assert!(left.is_empty(), "runsc processes left: {left:?}");
+    finish(env).await;
+}
+
+/// Egress under gVisor follows the same policy as under runc: gVisor's
+/// netstack sends through the sandbox's veth, so the node's nftables chain
+/// and DNS proxy see its packets. With default deny and one allowed name,
+/// the allowed host is closed until the name is resolved through the
+/// proxy, open after; a denied name is NXDOMAIN and its host stays closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn runsc_sandbox_egress_follows_its_policy_through_the_dns_proxy() {
+    use sandbolt_test_support::dns::StaticDns;
+    use sandbolt_test_support::nethost::{DocRange, PORT, TestHost};
+    let allowed = TestHost::start(DocRange::TestNet3);
+    let denied = TestHost::start(DocRange::TestNet3);
+    let dns = StaticDns::start(
+        [
+            ("allowed.example", vec![allowed.addr()]),
+            ("denied.example", vec![denied.addr()]),
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(
+        TestHost::fetch_from_root(allowed.addr()).is_some()
+            && TestHost::fetch_from_root(denied.addr()).is_some(),
+        "control: both hosts answer the node"
+    );
+    let mut env = Env::start_with(|cfg| {
+        gvisor_agent(cfg);
+        cfg.network.as_mut().unwrap().dns_upstreams = vec![dns.addr()];
+    })
+    .await;
+    let id = "sb-gvisor-egress";
+    let mut s = runsc_spec(id);
+    s.network_policy_json =
+        r#"{"defaultAction":"deny","egress":[{"action":"allow","target":"allowed.example"}]}"#
+            .into();
+    env.create(s)
+        .await
+        .expect("create a runsc sandbox with a policy");
+    let agent = env.agent.take().unwrap();
+    let reach = |ip: std::net::Ipv4Addr| {
+        format!("nc -w 2 {ip} {PORT} </dev/null && echo OPEN-{ip} || echo CLOSED-{ip}")
+    };
+
+    let before = exec_ok(&agent, id, &reach(allowed.addr())).await;
+    assert!(
+        before.contains(&format!("CLOSED-{}", allowed.addr())),
+        "closed until the name is resolved: {before}"
+    );
+    let lookup = exec_ok(&agent, id, "nslookup allowed.example").await;
+    assert!(
+        lookup.contains(&allowed.addr().to_string()),
+        "the proxy answers the allowed name: {lookup}"
+    );
+    let after = exec_ok(&agent, id, &reach(allowed.addr())).await;
+    assert!(
+        after.contains(&allowed.line().trim().to_string()),
+        "open once resolved: {after}"
+    );
+    let refused = exec_ok(
+        &agent,
+        id,
+        "nslookup denied.example && echo RESOLVED || echo NOT-RESOLVED",
+    )
+    .await;
+    assert!(
+        refused.contains("NOT-RESOLVED") && !refused.contains(&denied.addr().to_string()),
+        "a denied name is not resolved: {refused}"
+    );
+    assert_eq!(
+        dns.queries_for("denied.example"),
+        0,
+        "a denied name is answered locally"
+    );
+    let closed = exec_ok(&agent, id, &reach(denied.addr())).await;
+    assert!(
+        closed.contains(&format!("CLOSED-{}", denied.addr())),
+        "the denied host stays closed: {closed}"
+    );
+    env.agent = Some(agent);
+    delete_leaving_nothing_of_gvisor(&mut env, id).await;
+    finish(env).await;
+}

@@ -1454,12 +1454,26 @@ fn runsc_pool_gets_the_nodes_runsc_and_needs_egress() {
         err.contains("pool \"secure\": runtime runsc needs agent.network=egress"),
         "{err}"
     );
-    let mut userns = values("egress");
-    userns["agent"]["userNamespace"] = json!("node");
-    let err = check(Some(userns), &[]).expect_err("runsc with node user namespaces");
+    // User namespaces are on by default; a runsc pool's agents run without
+    // them (gVisor is the boundary there), every other pool's with them.
     assert!(
-        err.contains("pool \"secure\": runtime runsc needs agent.userNamespace=off"),
-        "{err}"
+        args(a).contains(&"--user-namespace=off".into()),
+        "{:?}",
+        args(a)
+    );
+    assert!(
+        args(plain).contains(&"--user-namespace=node".into()),
+        "{:?}",
+        args(plain)
+    );
+    let mut userns_off = values("egress");
+    userns_off["agent"]["userNamespace"] = json!("off");
+    let (objs, _) = check(Some(userns_off), &[]).unwrap_or_else(|e| panic!("{e}"));
+    let plain = container(find(&objs, "DaemonSet", "sb-sandbolt-agent-plain"), "agent");
+    assert!(
+        args(plain).contains(&"--user-namespace=off".into()),
+        "{:?}",
+        args(plain)
     );
     let mut platform = values("egress");
     platform["pools"][1]["runsc"] = json!({"platform": "systrap"});

@@ -78,9 +78,6 @@ and its CA (ca.crt): values tls.secretName, else the one the chart makes. */}}
 {{- if and (eq (default "runc" .runtime) "runsc") (ne $.Values.agent.network "egress") -}}
 {{- fail (printf "pool %q: runtime runsc needs agent.network=egress: gVisor's network stack runs on the sandbox's own veth, and its agents refuse runsc without sandbox networking" .name) -}}
 {{- end -}}
-{{- if and (eq (default "runc" .runtime) "runsc") (ne (toString $.Values.agent.userNamespace) "off") -}}
-{{- fail (printf "pool %q: runtime runsc needs agent.userNamespace=off: its agents refuse runsc with node user namespaces (gVisor is the boundary there)" .name) -}}
-{{- end -}}
 {{- with .runsc -}}
 {{- if not (has (default "ptrace" .platform) (list "ptrace" "kvm")) -}}
 {{- fail (printf "pools[].runsc.platform must be ptrace or kvm, not %q" .platform) -}}
