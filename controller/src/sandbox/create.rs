@@ -679,8 +679,6 @@ fn new_record(mut req: CreateRequest, consistency: Consistency) -> (SandboxRecor
     (r, req)
 }
 
-/// The agent refused a claim: the warm id names a sandbox of another
-/// identity (never handed to a second create).
 /// The agent call failed to connect (connection refused): the request
 /// never left this process.
 fn connection_refused(e: &Error) -> bool {
@@ -699,6 +697,8 @@ fn connection_refused(e: &Error) -> bool {
     false
 }
 
+/// The agent refused a claim: the warm id names a sandbox of another
+/// identity (never handed to a second create).
 fn refused_claim(e: &Error) -> bool {
     matches!(e, Error::Agent { status, .. } if status.code() == tonic::Code::AlreadyExists)
 }
