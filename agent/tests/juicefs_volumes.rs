@@ -283,24 +283,32 @@ async fn juicefs_volumes_create_snapshot_fork_restore_quota_and_delete() {
         .unwrap();
     let small = data(&mp, "small");
     let chunk = vec![7u8; 1 << 20];
+    // Files are only added, never removed between tries: a file written
+    // before the mount loaded the quota and removed after would count
+    // against the usage negatively, and a write-then-remove loop could
+    // then stay under the limit for good (our reading of a failure seen
+    // under load, where the old loop never got EDQUOT in 60 s). One MiB every
+    // quarter second at most bounds what this writes before the mount
+    // learns the quota (about every 12 s).
+    let written = std::sync::Mutex::new((0usize, std::time::Instant::now()));
     eventually("a write past the quota to fail with EDQUOT", WAIT, || {
-        for i in 0..8 {
-            // JuiceFS may refuse at write or at flush: both are checked
-            // (a dropped File ignores close's error).
-            let written = std::fs::File::create(small.join(format!("c{i}"))).and_then(|mut f| {
-                std::io::Write::write_all(&mut f, &chunk)?;
-                f.sync_all()
-            });
-            match written {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EDQUOT) => return Some(()),
-                Err(e) => panic!("unexpected write error: {e}"),
-            }
+        let mut w = written.lock().unwrap();
+        if w.0 > 0 && w.1.elapsed() < std::time::Duration::from_millis(250) {
+            return None;
         }
-        for i in 0..8 {
-            let _ = std::fs::remove_file(small.join(format!("c{i}")));
+        let n = w.0;
+        *w = (n + 1, std::time::Instant::now());
+        // JuiceFS may refuse at write or at flush: both are checked (a
+        // dropped File ignores close's error).
+        let result = std::fs::File::create(small.join(format!("c{n}"))).and_then(|mut f| {
+            std::io::Write::write_all(&mut f, &chunk)?;
+            f.sync_all()
+        });
+        match result {
+            Ok(()) => None,
+            Err(e) if e.raw_os_error() == Some(libc::EDQUOT) => Some(()),
+            Err(e) => panic!("unexpected write error: {e}"),
         }
-        None
     })
     .await;
 
